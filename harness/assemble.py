@@ -1,0 +1,147 @@
+"""Turn the stages' results into report.json's dict and the per-item samples: score, decide, plan capacity."""
+
+from __future__ import annotations
+
+import time
+
+from harness import __version__
+from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, recommend
+from harness.evalsets import score_item
+from harness.measure.capacity import plan_capacity
+from harness.measure.kv import kv_bytes_per_token
+from harness.quantize import VLLM_QUANTIZATION
+
+
+def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]]:
+    from harness.metrics import tokenizer_name
+    from harness.pipeline import REPORT_SCHEMA_VERSION, environment
+    from harness.runtime.device import device_info
+
+    spec = inputs.spec
+    samples: list[dict] = []
+    outcomes = {}
+    for name, run in runs.items():
+        items = score_format(inputs, run, samples)
+        outcomes[name] = FormatOutcome(
+            name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
+            gates={e.name: list(e.gate) for e in inputs.evalsets},
+            peak_bytes=_memory(run).get("peak_bytes"),
+            ttft_p95_ms=(_latency(run).get("batch_1") or {}).get("ttft_ms", {}).get("p95"),
+            tpot_p95_ms=(_latency(run).get("batch_1") or {}).get("tpot_ms", {}).get("p95"),
+        )
+    baseline = outcomes["baseline"]
+    decisions = {name: decide_format(baseline, outcome, inputs.policy)
+                 for name, outcome in outcomes.items() if name != "baseline"}
+    max_model_len = spec.capacity.max_model_len or _longest_request(inputs)
+    formats = {}
+    for name, run in runs.items():
+        entry = format_entry(inputs, run, max_model_len)
+        if name == "baseline":
+            entry.update(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
+                         reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],
+                         checks=[], scores=baseline_scores(baseline))
+        else:
+            decision = decisions[name]
+            entry.update(role="candidate", verdict=decision.verdict, reasons=decision.reasons,
+                         checks=decision.checks, scores=decision.scores)
+        formats[name] = entry
+    report = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "tool": {"name": "quantgate", "version": __version__},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": round(wall_s, 1),
+        "model": {**inputs.source.as_dict(), "architecture": (inputs.model_config.get("architectures") or ["?"])[0],
+                  "num_parameters": _num_parameters(runs), "dtype": inputs.model_config.get("dtype")
+                  or inputs.model_config.get("torch_dtype")},
+        "device": device_info(spec.threads),
+        "environment": environment(),
+        "settings": {"seed": spec.seed, "batch_size": spec.batch_size, "max_items": spec.max_items,
+                     "max_new_tokens": spec.max_new_tokens, "formats": spec.formats, "dtype": spec.dtype,
+                     "threads": spec.threads, "latency_requests": spec.latency_requests,
+                     "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
+                     "decoding": "greedy", "capacity": spec.capacity.model_dump()},
+        "policy": inputs.policy.as_dict(),
+        "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,
+                              "spec": str(e.spec_path), "metrics": list(e.metrics), "gate": list(e.gate),
+                              "tokenizer": tokenizer_name(e.language) if e.task == "generation" else None,
+                              "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
+        "formats": formats,
+        "recommendation": recommend(decisions, {n: o.peak_bytes for n, o in outcomes.items()}),
+        "exit_code": exit_code(decisions, inputs.policy),
+        "samples": "samples.jsonl",
+    }
+    return report, samples
+
+
+def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    items_by_set: dict[str, dict[str, dict[str, float]]] = {}
+    for evalset in inputs.evalsets:
+        result = (run.generations.get(evalset.name) or {}).get("result")
+        if not result:
+            continue
+        prompts = {p.item_id: p.text for p in inputs.prompts[evalset.name]}
+        outputs = {o["id"]: o for o in result["outputs"]}
+        scores = {}
+        for item in evalset.items:
+            output = outputs.get(item.id)
+            if output is None:
+                continue
+            metrics = score_item(evalset, item, output["prediction"])
+            scores[item.id] = metrics
+            samples.append({"format": run.name, "evalset": evalset.name, "id": item.id, "prompt": prompts[item.id],
+                            "prediction": output["prediction"],
+                            "references": list(item.answers if evalset.task == "qa" else item.references),
+                            "new_tokens": output["new_tokens"], **metrics})
+        items_by_set[evalset.name] = scores
+    return items_by_set
+
+
+def format_entry(inputs, run, max_model_len: int) -> dict:
+    memory = dict(_memory(run))
+    latency = dict(_latency(run))
+    kv_predicted = kv_bytes_per_token(inputs.model_config)
+    entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run}
+    if memory:
+        memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
+                      kv_bytes_per_token=kv_predicted,
+                      figures=("NVML device used memory (what nvidia-smi shows); allocator peaks alongside"
+                               if memory.get("nvml_peak_used_bytes") is not None else
+                               "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
+                               else "peak RSS of the format's subprocess (CPU)"))
+    else:
+        memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
+    entry["memory"] = memory
+    if latency:
+        latency.update(device=memory.get("device"), threads=inputs.spec.threads)
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            latency[key] = latency["batch_1"][key]
+    entry["latency"] = latency or {k: {"p50": None, "p95": None} for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    entry["capacity"] = None
+    if memory.get("weights_bytes"):
+        capacity = inputs.spec.capacity
+        entry["capacity"] = plan_capacity(
+            memory["weights_bytes"], memory.get("activation_peak_bytes") or 0, kv_predicted,
+            gpu_memory_gib=capacity.gpu_memory_gib, gpu_memory_utilization=capacity.gpu_memory_utilization,
+            max_model_len=max_model_len, quantization=VLLM_QUANTIZATION[run.name]).as_dict()
+    generated = [g["result"] for g in run.generations.values() if g.get("result")]
+    entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
+                           "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
+                           "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
+                           "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated]}
+    return entry
+
+
+def _memory(run) -> dict:
+    return ((run.measurement or {}).get("result") or {}).get("memory") or {}
+
+
+def _latency(run) -> dict:
+    return ((run.measurement or {}).get("result") or {}).get("latency") or {}
+
+
+def _longest_request(inputs) -> int:
+    return max((p.tokens + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)
+
+
+def _num_parameters(runs) -> int | None:
+    return _memory(runs["baseline"]).get("parameters") if "baseline" in runs else None

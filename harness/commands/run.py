@@ -1,0 +1,100 @@
+"""`quantgate run`: the whole pipeline for one model and a list of formats."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from harness.errors import UserError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="quantize, measure, evaluate, decide and report",
+                                   description="Quantize a model into each format, measure memory and latency, "
+                                               "score it on your evalsets and decide GO / NO-GO / INCONCLUSIVE.")
+    parser.add_argument("--config", help="run spec TOML (CLI flags override its values)")
+    parser.add_argument("--model", help="Hugging Face model directory, .gguf file, or 'demo' (default)")
+    parser.add_argument("--formats", help="comma-separated: baseline,int8,gptq,awq (baseline is always added)")
+    parser.add_argument("--evalsets", nargs="+", metavar="PATH", help="evalset specs, data files or directories "
+                        "(default: the bundled evalsets/)")
+    parser.add_argument("--out", help="output directory (default: quantgate-report)")
+    parser.add_argument("--policy", help="policy TOML: margins, floors, budgets (default: built-in)")
+    parser.add_argument("--group-size", type=int, help="GPTQ/AWQ group size (default: largest of 128/64/32 "
+                        "that divides every layer's input width)")
+    parser.add_argument("--calibration", help="calibration texts: a text file (one per line) or JSONL with 'text' "
+                        "(default: built from the evalsets)")
+    parser.add_argument("--calibration-samples", type=int, help="number of calibration texts (default 32)")
+    parser.add_argument("--max-items", type=int, help="use only the first N items of each evalset")
+    parser.add_argument("--max-new-tokens", type=int, help="cap every evalset's max_new_tokens")
+    parser.add_argument("--batch-size", type=int, help="generation batch size (default 8)")
+    parser.add_argument("--threads", type=int, help="torch threads per format subprocess on CPU (default 1)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="compute dtype for the baseline (default: the checkpoint's)")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan (default 80)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization (default 0.90)")
+    parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
+                        "(default: longest prompt + max new tokens seen)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(func=run)
+
+
+def spec_from_args(args):
+    from harness.config import build_spec
+    from harness.quantize import parse_formats
+
+    if args.resume:
+        if not args.out:
+            raise UserError("--resume needs --out DIR: the run directory to continue")
+        saved = Path(args.out) / "run.json"
+        try:
+            values = json.loads(saved.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise UserError(f"--resume: {saved} is missing or unreadable; nothing to resume (run without --resume)") from None
+        from harness.config import RunSpec
+
+        return RunSpec(**values)
+    capacity = {k: v for k, v in {"gpu_memory_gib": args.gpu_memory_gib,
+                                  "gpu_memory_utilization": args.gpu_memory_utilization,
+                                  "max_model_len": args.max_model_len}.items() if v is not None}
+    overrides = {
+        "model": args.model, "formats": parse_formats(args.formats) if args.formats else None,
+        "evalsets": args.evalsets, "out": args.out, "policy": args.policy, "group_size": args.group_size,
+        "calibration": args.calibration, "calibration_samples": args.calibration_samples,
+        "max_items": args.max_items, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+        "threads": args.threads, "dtype": args.dtype, "seed": args.seed,
+        "use_cache": False if args.no_cache else None, "trust_remote_code": True if args.trust_remote_code else None,
+    }
+    spec = build_spec(args.config, overrides)
+    if capacity:
+        spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update=capacity)})
+    return spec
+
+
+def run(args) -> int:
+    from harness import progress
+    from harness.pipeline import run_pipeline
+
+    progress.configure(quiet=args.quiet)
+    spec = spec_from_args(args)
+    report, code = run_pipeline(spec)
+    print_summary(report, Path(spec.out))
+    return code
+
+
+def print_summary(report: dict, out_dir: Path) -> None:
+    lines = ["", f"{'format':<10} {'verdict':<13} {'peak memory':>12}  reason"]
+    for name, entry in report["formats"].items():
+        peak = (entry.get("memory") or {}).get("peak_bytes")
+        peak_text = f"{peak / 2**20:,.0f} MiB" if peak else "-"
+        reason = (entry.get("reasons") or [""])[0]
+        lines.append(f"{name:<10} {entry['verdict']:<13} {peak_text:>12}  {reason[:110]}")
+    rec = report.get("recommendation") or {}
+    lines.append(f"recommendation: {rec.get('format') or 'none'} - {rec.get('why', '')}")
+    lines.append(f"report: {out_dir / 'report.md'}  (also report.html, report.json, junit.xml, scores.csv)")
+    print("\n".join(lines))
+    sys.stdout.flush()

@@ -1,0 +1,96 @@
+"""The run spec: every setting of a run, from a TOML file and CLI flags, validated with readable errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness.errors import UserError
+from harness.quantize import FORMATS
+
+BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
+
+
+class FormatSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int | None = Field(default=None, gt=0)
+    calibration_samples: int | None = Field(default=None, gt=0)
+
+
+class CapacitySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu_memory_gib: float = Field(default=80.0, gt=0)
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = "demo"
+    formats: list[str] = Field(default_factory=lambda: list(FORMATS))
+    evalsets: list[str] = Field(default_factory=lambda: [str(BUNDLED_EVALSETS)])
+    out: str = "quantgate-report"
+    policy: str | None = None
+    group_size: int | None = Field(default=None, gt=0)
+    format_settings: dict[str, FormatSettings] = Field(default_factory=dict)
+    calibration: str | None = None
+    calibration_samples: int = Field(default=32, gt=0)
+    max_items: int | None = Field(default=None, gt=0)
+    max_new_tokens: int | None = Field(default=None, gt=0)
+    batch_size: int = Field(default=8, gt=0)
+    threads: int = Field(default=1, gt=0)
+    dtype: str = "auto"
+    seed: int = 0
+    latency_requests: int = Field(default=8, gt=0)
+    warmup_requests: int = Field(default=2, ge=0)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
+    use_cache: bool = True
+    trust_remote_code: bool = False
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, value: list[str]) -> list[str]:
+        unknown = [f for f in value if f not in FORMATS]
+        if unknown:
+            raise ValueError(f"unknown format {unknown} (known: {', '.join(FORMATS)})")
+        return ["baseline"] + [f for f in dict.fromkeys(value) if f != "baseline"]
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError("dtype must be auto, bfloat16, float16 or float32")
+        return value
+
+    def group_size_for(self, fmt: str) -> int | None:
+        settings = self.format_settings.get(fmt)
+        return settings.group_size if settings and settings.group_size else self.group_size
+
+    def calibration_samples_for(self, fmt: str) -> int:
+        settings = self.format_settings.get(fmt)
+        return settings.calibration_samples if settings and settings.calibration_samples else self.calibration_samples
+
+
+def build_spec(config_path: str | None, overrides: dict, source_name: str = "command line") -> RunSpec:
+    """Config file values first, CLI flags (non-None overrides) on top."""
+    values: dict = {}
+    if config_path:
+        path = Path(config_path)
+        try:
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"--config {path}: no such file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path}: not valid TOML ({exc})") from None
+        if isinstance(values.get("formats"), dict):  # [formats.gptq] tables: names and per-format settings
+            values["format_settings"] = values["formats"]
+            values["formats"] = list(values["formats"])
+        source_name = str(path)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunSpec(**values)
+    except ValidationError as exc:
+        problems = [f"{source_name}: field '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in exc.errors()]
+        raise UserError(problems[0], problems=problems[1:]) from None

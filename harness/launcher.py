@@ -1,0 +1,88 @@
+"""Run a worker job in a fresh subprocess, relaying its progress and keeping its noise in a log file."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import progress
+from harness.cache import atomic_write_json, cache_dir
+
+# GPTQModel draws its own bars; we read its layer counter from the log to draw ours.
+_LAYER_PROGRESS = re.compile(r"Quantizing [^\n\r]*?layer \[?(\d+) of (\d+)\]?")
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    returncode: int
+    log_path: Path
+
+    @property
+    def killed_by(self) -> str | None:
+        if self.returncode < 0:
+            try:
+                return signal.Signals(-self.returncode).name
+            except ValueError:
+                return f"signal {-self.returncode}"
+        return None
+
+
+def worker_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    hf_home = cache_dir("hf_home")
+    tmp = cache_dir("tmp")
+    env.setdefault("HF_HOME", str(hf_home))  # tokenicer would otherwise point it at /tmp/tokenicer_hf_home
+    env["TMPDIR"] = str(tmp)  # GPTQModel offloads layers here during quantization
+    if env.get("QUANTGATE_ALLOW_NETWORK") != "1":
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
+               TQDM_DISABLE="1")
+    env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_worker(job: dict, job_path: Path, log_path: Path, label: str) -> WorkerExit:
+    atomic_write_json(job_path, job)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment(),
+                                 text=True, encoding="utf-8", errors="replace", bufsize=1,
+                                 cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
+        relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)
+        relay.start()
+        try:
+            for line in child.stdout:
+                if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
+                    log.write(line)
+            child.wait()
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            relay.join(timeout=5)
+    return WorkerExit(child.returncode, log_path)
+
+
+def _relay_stderr(stream, log, label: str) -> None:
+    last = (-1, -1)
+    buffer = ""
+    while chunk := stream.read(4096):
+        log.write(chunk)
+        buffer = (buffer + chunk)[-8192:]
+        matches = _LAYER_PROGRESS.findall(buffer)
+        if matches:
+            done, total = (int(x) for x in matches[-1])
+            if (done, total) != last:
+                last = (done, total)
+                progress.step(f"{label}: quantizing layers", max(done - 1, 0), total)
+            buffer = buffer[-200:]

@@ -1,0 +1,163 @@
+"""Peak-memory trackers, used as context managers around one phase of a format's subprocess.
+
+CPU: resident set size of this process; the kernel's high-water mark (VmHWM) is reset per phase through
+/proc/self/clear_refs. GPU: the caching allocator's peaks (reset per phase) and the device's used memory as NVML
+reports it (what nvidia-smi shows and what OOMs), sampled every 10 ms in a thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from harness.runtime.device import is_cuda
+
+
+@dataclass
+class PhasePeak:
+    peak_bytes: int = 0  # the figure that OOMs: RSS on CPU, NVML device used on GPU (allocator reserved without NVML)
+    start_bytes: int = 0
+    rss_peak_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = None
+    cuda_max_reserved_bytes: int | None = None
+    cuda_allocated_start_bytes: int | None = None
+    nvml_peak_used_bytes: int | None = None
+
+
+def current_rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _RssSampler(threading.Thread):
+    """Fallback where VmHWM cannot be reset: sample RSS every 10 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = current_rss_bytes()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.01):
+            self.peak = max(self.peak, current_rss_bytes())
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return max(self.peak, current_rss_bytes())
+
+
+class _NvmlSampler(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._pynvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(_cuda_index())
+        self.peak = self.used()
+        self._stop_event = threading.Event()
+
+    def used(self) -> int:
+        return int(self._pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.01):
+            self.peak = max(self.peak, self.used())
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return max(self.peak, self.used())
+
+
+def _cuda_index() -> int:
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    first = visible.split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+class track_peak:
+    """`with track_peak() as peak: ...` fills `peak` (a PhasePeak) when the block ends."""
+
+    def __enter__(self) -> PhasePeak:
+        self.result = PhasePeak()
+        self._sampler = None if _reset_rss_peak() else _RssSampler()
+        if self._sampler:
+            self._sampler.start()
+        self.result.start_bytes = current_rss_bytes()
+        self._nvml = None
+        if is_cuda():
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.result.cuda_allocated_start_bytes = torch.cuda.memory_allocated()
+            try:
+                self._nvml = _NvmlSampler()
+                self._nvml.start()
+            except Exception:  # noqa: BLE001 - NVML missing: allocator figures still stand
+                self._nvml = None
+        return self.result
+
+    def __exit__(self, *exc) -> None:
+        result = self.result
+        result.rss_peak_bytes = self._sampler.stop() if self._sampler else _status_kib("VmHWM") * 1024
+        result.peak_bytes = result.rss_peak_bytes
+        if is_cuda():
+            import torch
+
+            torch.cuda.synchronize()
+            result.cuda_max_allocated_bytes = torch.cuda.max_memory_allocated()
+            result.cuda_max_reserved_bytes = torch.cuda.max_memory_reserved()
+            result.peak_bytes = result.cuda_max_reserved_bytes
+            if self._nvml:
+                result.nvml_peak_used_bytes = self._nvml.stop()
+                result.peak_bytes = result.nvml_peak_used_bytes
+
+
+def weights_bytes(model) -> int:
+    """Bytes of parameters and buffers as loaded (quantized packs, scales and zeros included)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in seen:  # tied embeddings count once
+            continue
+        seen.add(id(tensor))
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def kv_cache_bytes(past_key_values) -> int:
+    """Bytes held by a transformers KV cache object (DynamicCache or legacy tuples)."""
+    total = 0
+    layers = getattr(past_key_values, "layers", None)
+    if layers is not None:
+        for layer in layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if tensor is not None and hasattr(tensor, "numel"):
+                    total += tensor.numel() * tensor.element_size()
+        return total
+    for entry in past_key_values:
+        for tensor in entry:
+            total += tensor.numel() * tensor.element_size()
+    return total

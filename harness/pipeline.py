@@ -1,0 +1,364 @@
+"""The run, top to bottom: source -> quantize -> measure -> evaluate -> decide -> report.
+
+Each format's quantization and its measurement/evaluation run in fresh subprocesses (harness.worker). Every
+stage result lives in the cache under a content-hash key, written atomically the moment it finishes, so a rerun
+(or `--resume` after a crash, a kill or Ctrl-C) redoes only what is missing, and changing one input reruns
+only the stages that depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from harness import __version__, progress
+from harness.cache import atomic_write_json, atomic_write_text, cache_dir, read_json, remove_tree, sha256_file, stable_hash
+from harness.config import RunSpec
+from harness.errors import UserError
+from harness.evalsets import EvalSet, calibration_texts, load_evalsets, render_messages, render_plain, score_item
+from harness.launcher import run_worker
+from harness.policy import Policy, load_policy
+from harness.quantize import VLLM_QUANTIZATION, quantizer_for, recipe_for
+from harness.quantize.base import Recipe, package_versions
+from harness.source import ModelSource, resolve_source
+
+REPORT_SCHEMA_VERSION = 1
+ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
+                        "numpy", "nvidia-ml-py")
+
+
+@dataclass
+class Prompt:
+    evalset: str
+    item_id: str
+    text: str
+    tokens: int
+    max_new_tokens: int
+
+
+@dataclass
+class FormatRun:
+    """What the stages produced for one format."""
+
+    name: str
+    status: str = "ok"  # ok | failed | interrupted
+    error: str | None = None
+    artifact: dict | None = None
+    measurement: dict | None = None
+    generations: dict[str, dict] = field(default_factory=dict)
+    stages_run: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunInputs:
+    spec: RunSpec
+    out_dir: Path
+    source: ModelSource
+    model_config: dict
+    evalsets: list[EvalSet]
+    policy: Policy
+    recipes: dict[str, Recipe]
+    prompts: dict[str, list[Prompt]]
+    calibration: list[str]
+
+
+def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
+    started = time.time()
+    inputs = prepare_inputs(spec)
+    runs: dict[str, FormatRun] = {}
+    interrupted = False
+    try:
+        for fmt in spec.formats:
+            runs[fmt] = run_format(inputs, fmt)
+    except KeyboardInterrupt:
+        interrupted = True
+        progress.say("interrupted: writing a partial report; `quantgate run --resume --out "
+                     f"{inputs.out_dir}` continues from what finished")
+        for fmt in spec.formats:
+            runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
+    from harness.assemble import assemble_report
+
+    report, samples = assemble_report(inputs, runs, wall_s=time.time() - started)
+    write_run_outputs(inputs.out_dir, report, samples)
+    return report, 130 if interrupted else report["exit_code"]
+
+
+def prepare_inputs(spec: RunSpec) -> RunInputs:
+    """Everything that can be checked before expensive work starts is checked here."""
+    out_dir = prepare_output_dir(Path(spec.out))
+    atomic_write_json(out_dir / "run.json", spec.model_dump())
+    evalsets = load_evalsets(spec.evalsets)
+    if spec.max_items:
+        evalsets = [replace(e, items=e.items[: spec.max_items]) for e in evalsets]
+    policy = load_policy(spec.policy)
+    source = resolve_source(spec.model)
+    model_config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+    if model_config.get("auto_map") and not spec.trust_remote_code:
+        raise UserError(f"{source.path}/config.json: this model needs custom code (auto_map); quantgate runs "
+                        "no remote code unless you pass --trust-remote-code")
+    recipes = {fmt: recipe_for(fmt, model_config, spec.group_size_for(fmt), spec.calibration_samples_for(fmt),
+                               spec.seed) for fmt in spec.formats if fmt != "baseline"}
+    prompts = render_prompts(source.path, evalsets, spec)
+    calibration = load_calibration(spec, evalsets) if any(r.calibration_samples for r in recipes.values()) else []
+    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration)
+
+
+def prepare_output_dir(out_dir: Path) -> Path:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"--out {out_dir}: cannot write there ({exc.strerror}); choose a writable directory") from None
+    return out_dir.resolve()
+
+
+def render_prompts(model_path: Path, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:
+    """Render each item through the model's chat template (plain text when it has none) and count its tokens."""
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    rendered: dict[str, list[Prompt]] = {}
+    for evalset in evalsets:
+        max_new = min(evalset.max_new_tokens, spec.max_new_tokens or evalset.max_new_tokens)
+        texts = [tokenizer.apply_chat_template(render_messages(evalset, item), add_generation_prompt=True,
+                                               tokenize=False) if has_template else render_plain(evalset, item)
+                 for item in evalset.items]
+        counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        rendered[evalset.name] = [Prompt(evalset.name, item.id, text, count, max_new)
+                                  for item, text, count in zip(evalset.items, texts, counts)]
+    return rendered
+
+
+def load_calibration(spec: RunSpec, evalsets: list[EvalSet]) -> list[str]:
+    wanted = max(spec.calibration_samples_for(f) for f in spec.formats if f != "baseline")
+    if not spec.calibration:
+        return calibration_texts(evalsets, wanted)
+    path = Path(spec.calibration)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--calibration {path}: cannot read it ({exc})") from None
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                texts.append(str(json.loads(line)["text"]))
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
+        else:
+            texts.append(line)
+    if not texts:
+        raise UserError(f"--calibration {path}: no calibration texts in it (one text per line, or JSONL with 'text')")
+    return texts[:wanted]
+
+
+# ---------------------------------------------------------------- one format's stages
+
+
+def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
+    run = FormatRun(fmt)
+    label = fmt
+    if fmt == "baseline":
+        artifact_key, artifact_path = inputs.source.fingerprint, inputs.source.path
+        run.artifact = {"path": str(artifact_path), "size_bytes": _weights_size(artifact_path), "cached": True,
+                        "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}}
+    else:
+        artifact = ensure_artifact(inputs, fmt, run)
+        if artifact is None:
+            return run
+        artifact_key, artifact_path = artifact
+    measure_task, generate_tasks = pending_evaluation(inputs, fmt, artifact_key, run)
+    if measure_task or generate_tasks:
+        progress.say(f"{label}: loading the model to " + " and ".join(
+            (["measure memory and latency"] if measure_task else []) +
+            ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
+        job = {"kind": "evaluate", "format": fmt, "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
+               "threads": inputs.spec.threads, "batch_size": inputs.spec.batch_size, "measure": measure_task,
+               "generate": generate_tasks, "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
+        failure_path = Path(job["failure_path"])
+        failure_path.unlink(missing_ok=True)
+        exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
+                           label)
+        run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t['evalset']}" for t in generate_tasks]
+        if exit_.returncode != 0:
+            run.status, run.error = "failed", _failure_reason(failure_path, exit_, "evaluation")
+    collect_results(inputs, fmt, artifact_key, run)
+    return run
+
+
+def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, Path] | None:
+    recipe = inputs.recipes[fmt]
+    quantizer = quantizer_for(fmt)
+    calibration = inputs.calibration[: recipe.calibration_samples] if recipe.calibration_samples else []
+    manifest = {"engine": quantizer.engine, "versions": quantizer.versions(), "format": fmt,
+                "recipe": recipe.as_dict(), "source": inputs.source.fingerprint,
+                "calibration_hash": "sha256:" + stable_hash(calibration), "calibration_texts": len(calibration),
+                "device": _device_kind(), "quantgate": __version__}
+    key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
+    out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
+    cached = inputs.spec.use_cache and artifact_is_valid(out_dir)
+    if not cached:
+        remove_tree(out_dir)
+        progress.say(f"{fmt}: quantizing ({manifest['engine']} {manifest['versions'].get(manifest['engine'], '')}, "
+                     f"{_recipe_text(recipe)})")
+        calibration_path = _stage_dir(inputs, fmt) / "calibration.json"
+        atomic_write_json(calibration_path, calibration)
+        failure_path = _stage_dir(inputs, fmt) / "quantize.failed.json"
+        failure_path.unlink(missing_ok=True)
+        job = {"kind": "quantize", "format": fmt, "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
+               "calibration_path": str(calibration_path), "out_dir": str(out_dir), "manifest": manifest,
+               "threads": inputs.spec.threads, "failure_path": str(failure_path)}
+        started = time.time()
+        exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
+                           fmt)
+        run.stages_run.append("quantize")
+        if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
+            run.status, run.error = "failed", _failure_reason(failure_path, exit_, "quantization")
+            return None
+        seal_artifact(out_dir)
+        progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
+    else:
+        progress.say(f"{fmt}: reusing cached artifact {out_dir.name}")
+    run.artifact = {"path": str(out_dir), "size_bytes": _weights_size(out_dir), "cached": cached,
+                    "manifest": read_json(out_dir / "quantgate_manifest.json")}
+    return key, out_dir
+
+
+def seal_artifact(out_dir: Path) -> None:
+    """Record each file's hash so a truncated or edited artifact is detected and rebuilt, never used."""
+    files = {f.name: sha256_file(f) for f in sorted(out_dir.iterdir()) if f.is_file() and f.name != "quantgate_seal.json"}
+    atomic_write_json(out_dir / "quantgate_seal.json", files)
+
+
+def artifact_is_valid(out_dir: Path) -> bool:
+    seal = read_json(out_dir / "quantgate_seal.json")
+    if not isinstance(seal, dict) or "quantgate_manifest.json" not in seal:
+        return False
+    for name, digest in seal.items():
+        path = out_dir / name
+        if not path.is_file() or sha256_file(path) != digest:
+            progress.say(f"cache: {path} is missing or corrupt; rebuilding it")
+            return False
+    return True
+
+
+def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatRun):
+    spec = inputs.spec
+    settings = {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+                "device": _device_kind(), "quantgate": __version__}
+    batch1, batched, batched_new = probe_workload(inputs)
+    measure_key = stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
+                               "warmup": spec.warmup_requests})
+    measure_path = cache_dir("results") / f"measure-{measure_key}.json"
+    measure_task = None
+    if not (spec.use_cache and _valid_result(measure_path, "memory")):
+        measure_task = {"result_path": str(measure_path), "batch1": batch1, "batched": batched,
+                        "batched_max_new_tokens": batched_new, "warmup": spec.warmup_requests}
+    run.measurement = {"path": str(measure_path), "key": measure_key}
+    generate_tasks = []
+    for evalset in inputs.evalsets:
+        prompts = inputs.prompts[evalset.name]
+        key = stable_hash({"artifact": artifact_key, "settings": settings, "evalset": evalset.content_hash,
+                           "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts]})
+        path = cache_dir("results") / f"generate-{key}.json"
+        run.generations[evalset.name] = {"path": str(path), "key": key}
+        if not (spec.use_cache and _valid_result(path, "outputs")):
+            generate_tasks.append({"evalset": evalset.name, "key": key, "result_path": str(path),
+                                   "max_new_tokens": prompts[0].max_new_tokens if prompts else 1,
+                                   "items": [{"id": p.item_id, "prompt": p.text} for p in prompts]})
+    return measure_task, generate_tasks
+
+
+def probe_workload(inputs: RunInputs):
+    """The fixed workload that memory and latency are measured on, derived from the evalsets' prompts:
+    the first prompts of each set, round-robin, one at a time; and the longest prompts as one full batch."""
+    per_set = [inputs.prompts[e.name] for e in inputs.evalsets]
+    batch1: list[list] = []
+    for index in range(max((len(p) for p in per_set), default=0)):
+        for prompts in per_set:
+            if index < len(prompts) and len(batch1) < inputs.spec.latency_requests:
+                batch1.append([prompts[index].text, prompts[index].max_new_tokens])
+    everything = sorted((p for prompts in per_set for p in prompts), key=lambda p: (-p.tokens, p.evalset, p.item_id))
+    longest = everything[: inputs.spec.batch_size]
+    batched_new = max((p.max_new_tokens for p in everything), default=1)
+    return batch1, [p.text for p in longest], batched_new
+
+
+def collect_results(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatRun) -> None:
+    measured = read_json(Path(run.measurement["path"]))
+    run.measurement = dict(run.measurement, result=measured if isinstance(measured, dict) else None)
+    for name, entry in run.generations.items():
+        result = read_json(Path(entry["path"]))
+        entry["result"] = result if isinstance(result, dict) and "outputs" in result else None
+    missing = [n for n, e in run.generations.items() if e["result"] is None]
+    if run.status == "ok" and (missing or run.measurement["result"] is None):
+        run.status = "failed"
+        run.error = "evaluation finished without results for " + ", ".join(missing or ["measurement"])
+
+
+def _valid_result(path: Path, required_key: str) -> bool:
+    value = read_json(path)
+    return isinstance(value, dict) and required_key in value
+
+
+def _failure_reason(failure_path: Path, exit_, stage: str) -> str:
+    failure = read_json(failure_path)
+    if isinstance(failure, dict) and failure.get("error"):
+        return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
+    if exit_.killed_by == "SIGKILL":
+        from harness.measure.oom import oom_reason
+
+        return (f"{stage} subprocess was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9): "
+                f"{oom_reason(None, killed_signal=9)} (log: {exit_.log_path})")
+    if exit_.killed_by:
+        return f"{stage} subprocess was killed by {exit_.killed_by} (log: {exit_.log_path})"
+    return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"
+
+
+def _stage_dir(inputs: RunInputs, fmt: str) -> Path:
+    path = inputs.out_dir / "stages" / fmt
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _weights_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin"))
+
+
+def _recipe_text(recipe: Recipe) -> str:
+    parts = [f"{recipe.bits}-bit"]
+    if recipe.group_size:
+        parts.append(f"group {recipe.group_size}")
+    if recipe.calibration_samples:
+        parts.append(f"{recipe.calibration_samples} calibration texts")
+    return ", ".join(parts)
+
+
+def _device_kind() -> str:
+    from harness.runtime.device import is_cuda
+
+    return "cuda" if is_cuda() else "cpu"
+
+
+def environment() -> dict:
+    import platform
+
+    return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
+
+
+def write_run_outputs(out_dir: Path, report: dict, samples: list[dict]) -> None:
+    from harness.report import write_reports
+
+    atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+    atomic_write_json(out_dir / "report.json", report)
+    write_reports(out_dir, report)

@@ -1,0 +1,132 @@
+"""The decision policy: how much each metric may drop, absolute floors, memory and latency budgets.
+
+Read from a TOML file (see policies/default.toml); every key has a built-in default, and the file's
+`[margins]` are merged over the default margins. Unknown keys and wrong types are errors.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.errors import UserError
+
+GIB = 1024**3
+
+# Non-inferiority margins in score points (0-100): a candidate may lose at most this much.
+DEFAULT_MARGINS: dict[str, float] = {
+    "rougeL": 1.0,
+    "rouge1": 1.0,
+    "rouge2": 1.0,
+    "f1": 2.0,
+    "em": 2.0,
+    "contains": 2.0,
+}
+
+
+class Policy(BaseModel):
+    """What a candidate format must satisfy to be GO. Keys `margins`/`floors` take `metric` or `evalset/metric`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    margins: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MARGINS))
+    floors: dict[str, float] = Field(default_factory=dict)
+    max_memory_bytes: int | None = Field(default=None, gt=0)
+    max_memory_gib: float | None = Field(default=None, gt=0)
+    max_ttft_p95_ms: float | None = Field(default=None, gt=0)
+    max_tpot_p95_ms: float | None = Field(default=None, gt=0)
+    inconclusive_is: Literal["fail", "pass"] = "fail"
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    resamples: int = Field(default=2000, ge=2000)
+    seed: int = 0
+
+    @field_validator("margins", mode="before")
+    @classmethod
+    def _merge_default_margins(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {**DEFAULT_MARGINS, **value}
+        return value
+
+    @field_validator("margins", "floors")
+    @classmethod
+    def _finite_non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, points in value.items():
+            if not math.isfinite(points) or points < 0:
+                raise ValueError(f"{key} = {points}: must be a finite number of points >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_memory_budget(self) -> Policy:
+        if self.max_memory_bytes is not None and self.max_memory_gib is not None:
+            raise ValueError("set max_memory_bytes or max_memory_gib, not both")
+        return self
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        if self.max_memory_bytes is not None:
+            return self.max_memory_bytes
+        if self.max_memory_gib is not None:
+            return int(self.max_memory_gib * GIB)
+        return None
+
+    def margin_for(self, evalset: str, metric: str) -> float | None:
+        return self.margins.get(f"{evalset}/{metric}", self.margins.get(metric))
+
+    def floor_for(self, evalset: str, metric: str) -> float | None:
+        return self.floors.get(f"{evalset}/{metric}", self.floors.get(metric))
+
+    def without_budgets(self) -> Policy:
+        """This policy with memory and latency budgets removed (for inputs that carry no measurements)."""
+        return self.model_copy(
+            update={"max_memory_bytes": None, "max_memory_gib": None, "max_ttft_p95_ms": None, "max_tpot_p95_ms": None}
+        )
+
+    def has_budgets(self) -> bool:
+        return any(
+            v is not None for v in (self.memory_budget_bytes, self.max_ttft_p95_ms, self.max_tpot_p95_ms)
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    """The policy in `path`, or the built-in defaults when `path` is None."""
+    if path is None:
+        return Policy()
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the policy file ({exc.strerror or exc}); check the --policy path") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML: {exc}") from exc
+    return policy_from_dict(data, source=str(path))
+
+
+def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
+    """Validate a policy given as a mapping (a TOML table); errors name `source` and the key."""
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        messages = [f"{source}: {_describe(err)}" for err in exc.errors()]
+        raise UserError(messages[0], problems=messages[1:]) from exc
+
+
+def _describe(err: dict[str, Any]) -> str:
+    location = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(Policy.model_fields)
+        return f"unknown key '{location}' (allowed: {allowed})"
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if not location:
+        return message
+    return f"key '{location}': {message}, got {err.get('input')!r}"

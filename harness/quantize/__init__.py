@@ -1,0 +1,67 @@
+"""The formats quantgate knows, their engines, and the checks a recipe must pass before any work starts."""
+
+from __future__ import annotations
+
+from harness.errors import UserError
+from harness.quantize.base import Quantizer, Recipe
+
+FORMATS = ("baseline", "int8", "gptq", "awq")
+GROUP_SIZE_CHOICES = (128, 64, 32)
+VLLM_QUANTIZATION = {"baseline": None, "int8": "bitsandbytes", "gptq": "gptq", "awq": "awq"}
+
+
+def quantizer_for(name: str) -> Quantizer:
+    if name == "int8":
+        from harness.quantize.bnb_int8 import BnbInt8Quantizer
+
+        return BnbInt8Quantizer()
+    if name in ("gptq", "awq"):
+        from harness.quantize.gptqmodel_engine import GptqModelQuantizer
+
+        return GptqModelQuantizer(name)
+    raise UserError(f"unknown format '{name}' (known: {', '.join(FORMATS)})")
+
+
+def parse_formats(text: str) -> list[str]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FORMATS]
+    if unknown:
+        raise UserError(f"--formats: unknown format {', '.join(repr(u) for u in unknown)} (known: {', '.join(FORMATS)})")
+    if not names:
+        raise UserError("--formats: name at least one format (e.g. --formats int8,gptq,awq)")
+    ordered = ["baseline"] + [n for n in dict.fromkeys(names) if n != "baseline"]
+    return ordered
+
+
+def linear_input_widths(config: dict) -> dict[str, int]:
+    """Input width of each quantized linear layer kind in a Llama-style decoder (what a group must divide)."""
+    text = config.get("text_config", config)
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    intermediate = int(text.get("intermediate_size") or 4 * hidden)
+    return {"q/k/v_proj": hidden, "o_proj": heads * head_dim, "gate/up_proj": hidden, "down_proj": intermediate}
+
+
+def choose_group_size(config: dict, requested: int | None, fmt: str) -> int:
+    widths = linear_input_widths(config)
+    if requested is not None:
+        bad = {name: width for name, width in widths.items() if width % requested}
+        if requested <= 0 or bad:
+            detail = ", ".join(f"{name} has {width} inputs" for name, width in bad.items()) or "must be positive"
+            fits = [g for g in GROUP_SIZE_CHOICES if all(w % g == 0 for w in widths.values())]
+            raise UserError(f"{fmt}: group size {requested} does not divide this model's layer widths ({detail}); "
+                            f"use --group-size {fits[0] if fits else 32}")
+        return requested
+    for group in GROUP_SIZE_CHOICES:
+        if all(width % group == 0 for width in widths.values()):
+            return group
+    raise UserError(f"{fmt}: no group size of {GROUP_SIZE_CHOICES} divides the layer widths {widths}; "
+                    "pass --group-size N that divides all of them")
+
+
+def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int) -> Recipe:
+    if fmt == "int8":
+        return Recipe("int8", bits=8, calibration_samples=0, seed=seed, extra={"llm_int8_threshold": 6.0})
+    return Recipe(fmt, bits=4, group_size=choose_group_size(config, group_size, fmt),
+                  calibration_samples=calibration_samples, seed=seed,)

@@ -1,0 +1,43 @@
+"""Keep library noise off the user's console.
+
+torchao prints "Failed to load ..._C_mxfp8..." at import from C++ (so Python's logging cannot catch it), GPTQModel
+prints a banner, bitsandbytes warns on every matmul. Workers send all of it to their log file; in the parent
+process the few imports we need are wrapped in quiet_imports(), which redirects the OS-level stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+
+
+@contextlib.contextmanager
+def quiet_imports():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def silence_library_logging() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import logging
+
+    for name in ("transformers", "gptqmodel", "bitsandbytes", "torchao", "datasets", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)

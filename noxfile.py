@@ -1,0 +1,78 @@
+"""Developer and CI entry points.
+
+    nox -s demo    install, fetch the demo model, run the whole pipeline, write reports/demo/
+    nox -s tests   the test suite (what .ci/run calls)
+    nox -s bench   speed benchmarks, written to reports/bench/latest.md
+
+All sessions share one project environment in .venv (installing gptqmodel builds a few sdists: minutes, so it
+is done once and redone only when pyproject.toml changes). torch is installed first from its pin: any other torch
+pulls a multi-gigabyte CUDA build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+VENV = ROOT / ".venv"
+PYTHON = VENV / "bin" / "python"
+TORCH_PIN = "torch==2.13.0"
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "none"
+
+
+def _ensure_env(session: nox.Session, extras: str) -> None:
+    stamp = VENV / f".quantgate-{extras.replace(',', '-')}"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + TORCH_PIN.encode()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == digest and PYTHON.exists():
+        return
+    if not PYTHON.exists():
+        session.run(sys.executable, "-m", "venv", str(VENV))
+    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check"]
+    if Path("/opt/wheels").is_dir():  # this machine kind keeps the CPU torch wheel there
+        pip += ["--find-links", "/opt/wheels"]
+    session.run(*pip, "--upgrade", "pip")
+    session.run(*pip, TORCH_PIN)
+    session.run(*pip, "-e", f".[{extras}]")
+    stamp.write_text(digest)
+
+
+def _install_chromium(session: nox.Session) -> None:
+    """The HTML report is checked in a real headless browser; Debian's chromium is installable where we are root."""
+    if shutil.which("chromium") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", env=env, external=True, success_codes=[0, 100])
+    session.run("apt-get", "install", "-y", "-qq", "chromium", env=env, external=True, success_codes=[0, 100])
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    _ensure_env(session, "test")
+    _install_chromium(session)
+    session.run(str(PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    _ensure_env(session, "test")
+    out = ROOT / "reports" / "demo"
+    code = subprocess.call([str(PYTHON), "-m", "harness", "run", "--model", "demo",
+                            "--formats", "baseline,int8,gptq,awq", "--out", str(out), *session.posargs], cwd=ROOT)
+    # Exit 1 only means "some format is not GO": the demo itself succeeded and wrote its report.
+    if code not in (0, 1):
+        session.error(f"quantgate run failed with exit code {code}")
+    session.log(f"report: {out / 'report.md'} (exit code {code}: {'all GO' if code == 0 else 'not all GO'})")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    _ensure_env(session, "test,bench")
+    session.run(str(PYTHON), str(ROOT / "benchmarks" / "run.py"), *session.posargs)
