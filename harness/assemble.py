@@ -63,7 +63,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
         "policy": inputs.policy.as_dict(),
         "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,
                               "spec": str(e.spec_path), "metrics": list(e.metrics), "gate": list(e.gate),
-                              "tokenizer": tokenizer_name(e.language) if e.task == "generation" else None,
+                              "tokenizer": tokenizer_name(e.language, e.task),
                               "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
         "formats": formats,
         "recommendation": recommend(decisions, {n: o.peak_bytes for n, o in outcomes.items()}),
@@ -100,7 +100,8 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
     memory = dict(_memory(run))
     latency = dict(_latency(run))
     kv_predicted = kv_bytes_per_token(inputs.model_config)
-    entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run}
+    entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run,
+             "compute_dtype": ((run.measurement or {}).get("result") or {}).get("compute_dtype")}
     if memory:
         memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
                       kv_bytes_per_token=kv_predicted,

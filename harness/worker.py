@@ -74,6 +74,8 @@ def run_quantize(job: dict) -> None:
 
 
 def run_evaluate(job: dict) -> None:
+    import transformers  # noqa: F401 - imported before the load phase so its RSS is not counted as weights
+
     from harness.measure.memory import track_peak, weights_bytes
     from harness.runtime.transformers_backend import LoadedModel
 
@@ -137,6 +139,7 @@ def measure_format(model, measure: dict, tokens, load_peak, weights: int) -> dic
         "latency": {"warmup_requests": min(len(batch1), int(measure.get("warmup", 2))),
                     "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
         "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
+        "compute_dtype": model.dtype,
     }
 
 

@@ -22,8 +22,8 @@ _QA_TOKENIZER_NAMES = {
 }
 
 
-def tokenizer_name(task: str, language: str) -> str:
-    """What the report records as the tokenizer a set's metrics used."""
+def tokenizer_name(language: str, task: str = "generation") -> str:
+    """What the report records as the tokenizer a set's metrics used (ROUGE's by default)."""
     if task == "qa":
         return _QA_TOKENIZER_NAMES[language]
     return RougeDefaultTokenizer.name if language == "en" else MixedTokenizer.name

@@ -8,7 +8,9 @@ with runs of Latin letters/digits kept as one token each; F1 from the longest co
 run of segments (its `find_lcs`); EM on the punctuation-free strings. Two deliberate departures: the
 punctuation set is the script's list plus every ASCII and Unicode punctuation mark (the script leaves
 e.g. ',' '.' '?' to nltk, which makes them tokens), and Latin runs are split on whitespace instead of
-nltk.word_tokenize (equivalent once punctuation is gone, and needs no tokenizer data).
+nltk.word_tokenize (equivalent once punctuation is gone, and needs no tokenizer data). The script
+deletes punctuation without splitting, so "Apple，Google" became one token; here only in-word joiners
+(- _ ' ’ / ·) are deleted that way ("ω-force" -> "ωforce", as in the script) and other marks separate.
 
 language "auto": the Chinese rules when the gold answers (or, with no gold, the prediction) contain CJK.
 """
@@ -31,6 +33,7 @@ _ARTICLES_RE = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _CMRC_SPECIAL = frozenset(
     "-:_*^/\\~`+=，。：？！“”；’《》…·、「」（）－～『』"
 )
+_IN_WORD_JOINERS = frozenset("-_'’/·－")
 
 
 def _is_zh_punct(ch: str) -> bool:
@@ -54,9 +57,12 @@ def segment_zh(text: str) -> list[str]:
     segments: list[str] = []
     run = ""
     for ch in text.lower().strip():
+        if ch in _IN_WORD_JOINERS:
+            continue  # deleted, not a separator: "ω-force" becomes one token "ωforce"
         if _is_zh_punct(ch):
-            continue  # skipped, not a separator: "ω-force" becomes one token "ωforce", as in the script
-        if CJK_RE.match(ch):
+            segments.extend(run.split())
+            run = ""
+        elif CJK_RE.match(ch):
             segments.extend(run.split())
             run = ""
             segments.append(ch)

@@ -35,6 +35,7 @@ class GptqModelQuantizer:
         else:
             config = GPTQConfig(bits=recipe.bits or 4, group_size=recipe.group_size)
             backend = BACKEND.AUTO
-        model = GPTQModel.load(str(source_path), config, device=device, backend=backend)
-        model.quantize(calibration, batch_size=1)
+        model = GPTQModel.load(str(source_path), config, device=device)
+        # AWQ's auto backend asks for CUDA; on CPU name the portable torch kernel.
+        model.quantize(calibration, batch_size=1, backend=backend)
         model.save(str(out_dir))

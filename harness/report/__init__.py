@@ -1,0 +1,54 @@
+"""Render a run's report.json (+ samples.jsonl) as report.md, report.html, junit.xml, scores.csv.
+
+report.json itself is written by the pipeline; everything here only reads it, so
+`quantgate report RUN_DIR` can re-render a run without a model.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harness.report.view import load_report, load_samples, samples_path, validate_report
+
+__all__ = ["OUTPUT_NAMES", "load_report", "write_reports"]
+
+OUTPUT_NAMES = ("report.md", "report.html", "junit.xml", "scores.csv")
+
+
+def write_reports(run_dir: Path, report: dict[str, Any]) -> list[Path]:
+    """Write the four renderings into run_dir and return their paths (in OUTPUT_NAMES order)."""
+    from harness.report.html import render_html
+    from harness.report.junit import render_junit
+    from harness.report.markdown import render_markdown
+    from harness.report.scores_csv import render_scores_csv
+
+    run_dir = Path(run_dir)
+    validate_report(report, str(run_dir / "report.json"))
+    samples = load_samples(samples_path(run_dir, report))
+    rendered = {
+        "report.md": render_markdown(report, samples),
+        "report.html": render_html(report, samples),
+        "junit.xml": render_junit(report),
+        "scores.csv": render_scores_csv(report, samples),
+    }
+    paths = []
+    for name in OUTPUT_NAMES:
+        path = run_dir / name
+        _write_atomic(path, rendered[name])
+        paths.append(path)
+    return paths
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A reader (CI uploading junit.xml, a browser) never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8", newline="") as handle:  # "x": normal umask permissions
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -9,7 +9,6 @@ verdict table is always kept.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,24 +25,31 @@ from harness.report.units import (
     fmt_num,
     fmt_signed,
     is_number,
+    prompt_excerpt,
 )
-from harness.report.view import formats_in_order, gated_scores, iter_scores, verdict_of
+from harness.report.view import (
+    ARTIFACT_COLUMNS,
+    EVALSET_COLUMNS,
+    LATENCY_COLUMNS,
+    LEGEND,
+    artifact_rows,
+    capacity_text,
+    environment_items,
+    evalset_rows,
+    formats_in_order,
+    gated_scores,
+    iter_scores,
+    latency_caption,
+    latency_rows,
+    memory_caption,
+    memory_rows,
+    provenance_items,
+    verdict_of,
+    vllm_command,
+)
 
 MAX_BYTES = 64 * 1024
 _TRUNCATED_NOTE = "\n\n_Report truncated to stay under 64 KiB; report.json and report.html hold everything._\n"
-
-LEGEND = (
-    "- **GO**: for every gated metric the 95% interval of (candidate − baseline) lies above −margin, "
-    "every floor holds and every memory/latency budget holds.",
-    "- **NO-GO**: an interval lies wholly below −margin, a floor or budget fails, or the format did not run "
-    "(its error is shown).",
-    "- **INCONCLUSIVE**: an interval straddles −margin; the data cannot tell. Add items: MDE is the smallest drop "
-    "this evalset could detect.",
-    "- Deltas are paired item by item on a 0–100 scale: `−1.2 [−3.0, +0.5]` is the mean change and its 95% "
-    "interval; ✓ pass, ✗ fail, ? inconclusive.",
-    "- Memory is the peak of each format's own process on the device named in its section; **BASELINE** is the "
-    "reference every candidate is compared with.",
-)
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
 _MD_SPECIAL = set("\\`*_[]<>&~|")
@@ -110,7 +116,7 @@ def _render(report: dict[str, Any], groups: list[RegressionGroup], layout: _Layo
         _title(report),
         _verdict_table(report, layout),
         _recommendation(report),
-        "**How to read a verdict**\n\n" + "\n".join(LEGEND),
+        "**How to read a verdict**\n\n" + "\n".join(f"- **{term}** {text}" for term, text in LEGEND),
     ]
     for name, fmt in formats_in_order(report):
         parts.append(_format_section(report, name, fmt, groups, layout))
@@ -265,98 +271,28 @@ def _scores_table(fmt: dict[str, Any], layout: _Layout) -> str:
 
 
 def _memory_table(fmt: dict[str, Any]) -> str:
-    memory = fmt.get("memory") or {}
-    if not any(is_number(v) for v in memory.values()):
+    rows = memory_rows(fmt)
+    if not rows:
         return ""
-    kv = memory.get("kv_bytes_per_token")
-    tokens = memory.get("largest_batch_tokens")
-    rows = [
-        ("Weights", _with_measured(memory, "weights_bytes")),
-        ("KV cache per token", _with_measured(memory, "kv_bytes_per_token")),
-        (
-            f"KV cache at largest batch ({fmt_int(tokens)} tokens)",
-            fmt_bytes(kv * tokens) if is_number(kv) and is_number(tokens) else DASH,
-        ),
-        ("Activation peak", fmt_bytes(memory.get("activation_peak_bytes"))),
-        ("**Peak**", f"**{fmt_bytes(memory.get('peak_bytes'))}**"),
-    ]
-    for key, label in (
-        ("rss_peak_bytes", "Peak RSS"),
-        ("cuda_max_allocated_bytes", "torch.cuda max allocated"),
-        ("cuda_max_reserved_bytes", "torch.cuda max reserved"),
-        ("nvml_peak_used_bytes", "NVML peak used (nvidia-smi)"),
-    ):
-        if is_number(memory.get(key)):
-            rows.append((label, fmt_bytes(memory[key])))
-    where = md_inline(memory.get("device") or "unknown device")
-    figure = memory.get("figures")
-    caption = f"**Memory** on {where}" + (f"; peak is {md_inline(figure)}" if figure else "")
-    return caption + "\n\n| Figure | Bytes |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
-
-
-def _with_measured(memory: dict[str, Any], key: str) -> str:
-    value = fmt_bytes(memory.get(key))
-    measured = memory.get(f"{key}_measured")
-    if is_number(measured) and measured != memory.get(key):
-        value += f" (measured {fmt_bytes(measured)})"
-    return value
+    lines = [f"| **{r.label}** | **{r.value}** |" if r.is_peak else f"| {r.label} | {r.value} |" for r in rows]
+    return f"**{md_inline(memory_caption(fmt))}**\n\n| Figure | Bytes |\n|---|---|\n" + "\n".join(lines)
 
 
 def _latency_table(fmt: dict[str, Any]) -> str:
-    latency = fmt.get("latency") or {}
-    runs = []
-    batch_1 = latency.get("batch_1") or (
-        {k: latency[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms") if k in latency} or None
-    )
-    if batch_1:
-        runs.append(("batch 1", batch_1))
-    batched = latency.get("batched")
-    if batched:
-        runs.append((f"batch {fmt_int(batched.get('batch_size'))}", batched))
-    if not runs:
+    rows = latency_rows(fmt)
+    if not rows:
         return ""
-    rows = [
-        "| Run | TTFT p50 | TTFT p95 | TPOT p50 | TPOT p95 | E2E p50 | E2E p95 | Throughput |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for label, run in runs:
-        cells = [label]
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            cells += [fmt_ms(dig(run, key, "p50")), fmt_ms(dig(run, key, "p95"))]
-        tput = run.get("throughput_tok_s")
-        cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
-        rows.append("| " + " | ".join(cells) + " |")
-    where = md_inline(latency.get("device") or "unknown device")
-    extra = []
-    if is_number(latency.get("threads")):
-        extra.append(f"{latency['threads']} thread(s)")
-    if is_number(latency.get("warmup_requests")):
-        extra.append(f"{latency['warmup_requests']} warm-up requests")
-    caption = f"**Latency** on {where}" + (f" ({', '.join(extra)})" if extra else "")
-    return caption + "\n\n" + "\n".join(rows)
+    lines = ["| " + " | ".join(LATENCY_COLUMNS) + " |", "|" + "---|" * len(LATENCY_COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return f"**{md_inline(latency_caption(fmt))}**\n\n" + "\n".join(lines)
 
 
 def _capacity(fmt: dict[str, Any]) -> str:
-    cap = fmt.get("capacity") or {}
-    if not cap:
+    text = capacity_text(fmt)
+    if not text:
         return ""
-    gib, util = cap.get("gpu_memory_gib"), cap.get("gpu_memory_utilization")
-    target = f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU"
-    if is_number(util):
-        target += f" at {util:.2f} utilization"
-    fits = cap.get("fits")
-    line = (
-        f"**Capacity** on a {target}, max-model-len {fmt_int(cap.get('max_model_len'))}: "
-        f"KV room {fmt_bytes(cap.get('kv_room_bytes'))}, "
-        f"max concurrent sequences {fmt_int(cap.get('max_num_seqs'))}, "
-        f"max batched tokens {fmt_int(cap.get('max_num_batched_tokens'))}; "
-        + ("fits." if fits is True else "**does not fit**." if fits is False else "fit unknown.")
-    )
-    if cap.get("note"):
-        line += f" {md_inline(cap['note'])}"
-    if cap.get("vllm_flags"):
-        line += f"\n\n    vllm serve MODEL {' '.join(str(cap['vllm_flags']).split())}"
-    return line
+    command = vllm_command(fmt)
+    return f"**Capacity.** {md_inline(text)}" + (f"\n\n    {command}" if command else "")
 
 
 def _regressions(group: RegressionGroup, layout: _Layout) -> str:
@@ -378,7 +314,7 @@ def _regressions(group: RegressionGroup, layout: _Layout) -> str:
             + " | ".join(
                 [
                     md_cell(clip(reg.item_id, 60)),
-                    _excerpt_cell(reg.prompt, layout.excerpt_chars),
+                    md_cell(prompt_excerpt(reg.prompt, layout.excerpt_chars)) or "_(empty)_",
                     _excerpt_cell(reg.baseline_output, layout.excerpt_chars),
                     _excerpt_cell(reg.candidate_output, layout.excerpt_chars),
                     f"{fmt_num(reg.baseline_score)} → {fmt_num(reg.candidate_score)} ({fmt_signed(reg.change)})",
@@ -400,111 +336,25 @@ def _excerpt_cell(text: str, limit: int) -> str:
 
 
 def _provenance(report: dict[str, Any], layout: _Layout) -> str:
-    model = report.get("model") or {}
-    device = report.get("device") or {}
-    settings = report.get("settings") or {}
-    tool = report.get("tool") or {}
     lines = ["## Provenance", ""]
-    model_bits = [
-        f"source {md_inline(model.get('source') or DASH)}",
-        f"path {md_code(clip(model.get('path'), layout.cell_chars)) if model.get('path') else DASH}",
-        f"fingerprint {md_code(model.get('fingerprint')) if model.get('fingerprint') else DASH}",
-    ]
-    for key in ("architecture", "dtype"):
-        if model.get(key):
-            model_bits.append(f"{key} {md_inline(model[key])}")
-    if is_number(model.get("num_parameters")):
-        model_bits.append(f"{fmt_int(model['num_parameters'])} parameters")
-    lines.append("- **Model:** " + ", ".join(model_bits))
-    if model.get("note"):
-        lines.append(f"- **Model note:** {md_inline(clip(model['note'], 2 * layout.cell_chars))}")
-    dev = [md_inline(device.get("kind") or DASH), md_inline(device.get("name") or "")]
-    if is_number(device.get("total_memory_bytes")):
-        dev.append(fmt_bytes(device["total_memory_bytes"]))
-    lines.append(f"- **Device:** {' '.join(d for d in dev if d)}; threads {fmt_int(device.get('threads'))}")
-    lines.append(
-        f"- **Settings:** seed {md_inline(settings.get('seed', DASH))}, batch size "
-        f"{md_inline(settings.get('batch_size', DASH))}, max items {md_inline(settings.get('max_items') or 'all')}, "
-        f"bootstrap resamples {md_inline(settings.get('resamples', DASH))}"
-    )
-    lines.append(
-        f"- **Run:** {md_inline(tool.get('name') or 'quantgate')} {md_inline(tool.get('version') or '')}, "
-        f"created {md_inline(report.get('created_at') or DASH)}, wall {fmt_num(report.get('wall_s'))} s"
-    )
-    env = report.get("environment") or {}
+    for label, text in provenance_items(report):
+        lines.append(f"- **{label}:** {md_inline(clip(text, 2 * layout.cell_chars))}")
+    env = environment_items(report)
     if env:
-        items = [f"{md_inline(k)} {md_inline(clip(v, 60))}" for k, v in env.items()]
-        shown = items[: 2 * layout.list_items]
-        more = f", … {len(items) - len(shown)} more" if len(items) > len(shown) else ""
+        shown = [md_inline(clip(item, 80)) for item in env[: 2 * layout.list_items]]
+        more = f", … {len(env) - len(shown)} more" if len(env) > len(shown) else ""
         lines.append("- **Environment:** " + ", ".join(shown) + more)
-    lines += _evalset_table(report, layout)
-    lines += _artifact_table(report, layout)
+    lines += _table(EVALSET_COLUMNS, evalset_rows(report), layout, "evalsets")
+    lines += _table(ARTIFACT_COLUMNS, artifact_rows(report), layout, "artifacts")
     return "\n".join(lines)
 
 
-def _evalset_table(report: dict[str, Any], layout: _Layout) -> list[str]:
-    evalsets = report.get("evalsets") or {}
-    if not evalsets:
+def _table(columns: tuple[str, ...], rows: list[list[str]], layout: _Layout, what: str) -> list[str]:
+    if not rows:
         return []
-    rows = [
-        "",
-        "| Evalset | Task | Language | Items | Gate | Tokenizer | Hash | Spec |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    items = list(evalsets.items())
-    for name, spec in items[: layout.list_items]:
-        spec = spec or {}
-        rows.append(
-            "| "
-            + " | ".join(
-                [
-                    md_cell(name),
-                    md_cell(spec.get("task") or DASH),
-                    md_cell(spec.get("language") or DASH),
-                    fmt_int(spec.get("n")),
-                    md_cell(", ".join(str(g) for g in spec.get("gate") or []) or DASH),
-                    md_cell(clip(spec.get("tokenizer") or DASH, 60)),
-                    md_code(clip(spec.get("hash"), 80)) if spec.get("hash") else DASH,
-                    md_cell(clip(spec.get("spec") or DASH, 80)),
-                ]
-            )
-            + " |"
-        )
-    if len(items) > layout.list_items:
-        rows.append(f"\n… {len(items) - layout.list_items} more evalsets in report.json")
-    return rows
-
-
-def _artifact_table(report: dict[str, Any], layout: _Layout) -> list[str]:
-    rows = ["", "| Format | Artifact | Size | Cached | Manifest |", "|---|---|---|---|---|"]
-    for name, fmt in formats_in_order(report):
-        artifact = fmt.get("artifact") or {}
-        if not artifact:
-            continue
-        cached = artifact.get("cached")
-        rows.append(
-            "| "
-            + " | ".join(
-                [
-                    md_cell(name),
-                    md_code(clip(artifact.get("path"), 100)) if artifact.get("path") else DASH,
-                    fmt_bytes(artifact.get("size_bytes")),
-                    "yes" if cached is True else "no" if cached is False else DASH,
-                    md_cell(clip(manifest_summary(artifact.get("manifest")), layout.cell_chars)),
-                ]
-            )
-            + " |"
-        )
-    return rows if len(rows) > 3 else []
-
-
-def manifest_summary(manifest: Any) -> str:
-    """'engine gptqmodel 7.6.0; recipe {"bits": 4, ...}' from an artifact manifest."""
-    if not isinstance(manifest, dict) or not manifest:
-        return DASH
-    bits = []
-    for key, value in manifest.items():
-        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-        bits.append(f"{key}: {shown}")
-    return "; ".join(bits)
-
+    lines = ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for cells in rows[: layout.list_items]:
+        lines.append("| " + " | ".join(md_cell(clip(c, layout.cell_chars)) for c in cells) + " |")
+    if len(rows) > layout.list_items:
+        lines.append(f"\n… {len(rows) - layout.list_items} more {what} in report.json")
+    return lines

@@ -7,6 +7,7 @@ formats leave fields they could not measure null) and returns display text.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 DASH = "—"
@@ -73,12 +74,8 @@ def fmt_int(value: Any) -> str:
     return f"{int(value):,}"
 
 
-def excerpt(text: Any, limit: int) -> str:
-    """Shorten to about `limit` characters keeping head and tail.
-
-    Rendered prompts start with boilerplate instructions and end with the question,
-    so the middle is what a reviewer can lose.
-    """
+def excerpt(text: Any, limit: int, head_share: float = 0.4) -> str:
+    """Shorten to about `limit` characters keeping head and tail, cutting the middle."""
     if text is None:
         return ""
     text = str(text)
@@ -86,12 +83,26 @@ def excerpt(text: Any, limit: int) -> str:
         return text
     if limit < 8:
         return text[:limit] + "…"
-    head = int(limit * 0.4)
+    head = int(limit * head_share)
     tail = limit - head - 3
-    return f"{text[:head]} … {text[len(text) - tail:]}"
+    return f"{text[:head].rstrip()} … {text[len(text) - tail:].lstrip()}"
 
 
 def clip(text: Any, limit: int) -> str:
     """Shorten to `limit` characters from the start (one-line fields: errors, flags, hashes)."""
     text = "" if text is None else str(text)
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+# ChatML / Llama-3 style control tokens (<|im_start|>, <|eot_id|>): noise in an excerpt
+_CHAT_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,40}\|>")
+
+
+def prompt_excerpt(prompt: Any, limit: int) -> str:
+    """A rendered prompt on one line without chat control tokens, tail-heavy.
+
+    Prompts open with the same boilerplate instruction and end with the item's own
+    context and question, so the end is what tells items apart.
+    """
+    text = " ".join(_CHAT_TOKEN.sub(" ", "" if prompt is None else str(prompt)).split())
+    return excerpt(text, limit, head_share=0.2)

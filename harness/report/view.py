@@ -13,9 +13,24 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import UserError
+from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_ms, fmt_num, is_number
 
 SCHEMA_VERSION = 1
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
+
+# "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
+LEGEND = (
+    ("GO", "means every gated metric's 95% interval of (candidate − baseline) lies above −margin, "
+     "every floor holds and every memory/latency budget holds."),
+    ("NO-GO", "means an interval lies wholly below −margin, a floor or budget fails, or the format did not run "
+     "(its error is shown)."),
+    ("INCONCLUSIVE", "means an interval straddles −margin: the data cannot tell. Add items; MDE is the smallest "
+     "drop this evalset could detect."),
+    ("Deltas", "are paired item by item on a 0–100 scale: −1.2 [−3.0, +0.5] is the mean change and its 95% "
+     "interval; ✓ pass, ✗ fail, ? inconclusive."),
+    ("Memory", "is the peak of each format's own process on the device named in its section; BASELINE is the "
+     "reference every candidate is compared with."),
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,249 @@ def verdict_of(fmt: dict[str, Any]) -> str:
 
 
 def exit_code_of(report: dict[str, Any]) -> int:
-    """0 when every candidate is GO, else 1 (the CLI convention)."""
+    """The run's recorded exit code (decide applies the policy, e.g. inconclusive_is = "pass");
+    when absent, 0 if every candidate is GO, else 1."""
+    recorded = report.get("exit_code")
+    if recorded in (0, 1) and not isinstance(recorded, bool):
+        return int(recorded)
     cands = candidates(report)
     return 0 if cands and all(verdict_of(fmt) == "GO" for _, fmt in cands) else 1
+
+
+# --- plain-text figures shared by the Markdown and HTML renderers (they escape them) --------
+
+LATENCY_COLUMNS = ("Run", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50", "E2E p95", "Throughput")
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    label: str
+    value: str
+    is_peak: bool = False
+
+
+def memory_rows(fmt: dict[str, Any]) -> list[MemoryRow]:
+    """Weights / KV / activations / peak, then the raw device figures that exist; [] if nothing was measured."""
+    memory = fmt.get("memory") or {}
+    if not any(is_number(memory.get(k)) for k in ("peak_bytes", "weights_bytes", "activation_peak_bytes")):
+        return []
+    kv, tokens = memory.get("kv_bytes_per_token"), memory.get("largest_batch_tokens")
+    rows = [
+        MemoryRow("Weights", _with_measured(memory, "weights_bytes")),
+        MemoryRow("KV cache per token", _with_measured(memory, "kv_bytes_per_token")),
+    ]
+    if is_number(kv) and is_number(tokens):
+        rows.append(MemoryRow(f"KV cache at largest batch ({fmt_int(tokens)} tokens)", fmt_bytes(kv * tokens)))
+    rows.append(MemoryRow("Activation peak", fmt_bytes(memory.get("activation_peak_bytes"))))
+    rows.append(MemoryRow("Peak", fmt_bytes(memory.get("peak_bytes")), is_peak=True))
+    for key, label in (
+        ("rss_peak_bytes", "Peak RSS"),
+        ("cuda_max_allocated_bytes", "torch.cuda max allocated"),
+        ("cuda_max_reserved_bytes", "torch.cuda max reserved"),
+        ("nvml_peak_used_bytes", "NVML peak used (nvidia-smi)"),
+    ):
+        if is_number(memory.get(key)):
+            rows.append(MemoryRow(label, fmt_bytes(memory[key])))
+    return rows
+
+
+def _with_measured(memory: dict[str, Any], key: str) -> str:
+    value = fmt_bytes(memory.get(key))
+    measured = memory.get(f"{key}_measured")
+    if is_number(measured) and measured != memory.get(key):
+        value += f" (measured {fmt_bytes(measured)})"
+    return value
+
+
+def memory_caption(fmt: dict[str, Any]) -> str:
+    memory = fmt.get("memory") or {}
+    caption = f"Memory on {memory.get('device') or 'unknown device'}"
+    return caption + (f"; peak is {memory['figures']}" if memory.get("figures") else "")
+
+
+def latency_run(fmt: dict[str, Any], which: str) -> dict[str, Any] | None:
+    """'batch_1' (falling back to the top-level copies) or 'batched'."""
+    latency = fmt.get("latency") or {}
+    if which == "batched":
+        run = latency.get("batched")
+    else:
+        run = latency.get("batch_1") or {k: latency[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms") if latency.get(k)}
+    if not isinstance(run, dict):
+        return None
+    # a format that never ran still carries {"p50": null, ...} placeholders
+    measured = any(is_number(v) for stats in run.values() if isinstance(stats, dict) for v in stats.values())
+    return run if measured else None
+
+
+def latency_rows(fmt: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for which in ("batch_1", "batched"):
+        run = latency_run(fmt, which)
+        if not run:
+            continue
+        label = "batch 1" if which == "batch_1" else f"batch {fmt_int(run.get('batch_size'))}"
+        cells = [label]
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            stats = run.get(key) or {}
+            cells += [fmt_ms(stats.get("p50")), fmt_ms(stats.get("p95"))]
+        tput = run.get("throughput_tok_s")
+        cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
+        rows.append(cells)
+    return rows
+
+
+def latency_caption(fmt: dict[str, Any]) -> str:
+    latency = fmt.get("latency") or {}
+    extra = []
+    if is_number(latency.get("threads")):
+        extra.append(f"{latency['threads']} thread(s)")
+    if is_number(latency.get("warmup_requests")):
+        extra.append(f"{latency['warmup_requests']} warm-up requests")
+    return f"Latency on {latency.get('device') or 'unknown device'}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def capacity_text(fmt: dict[str, Any]) -> str:
+    """One sentence: target GPU, KV room, concurrent sequences, whether it fits; '' when not computed."""
+    cap = fmt.get("capacity") or {}
+    if not cap:
+        return ""
+    gib, util = cap.get("gpu_memory_gib"), cap.get("gpu_memory_utilization")
+    target = f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU"
+    if is_number(util):
+        target += f" at {util:.2f} utilization"
+    fits = cap.get("fits")
+    text = (
+        f"On a {target}, max-model-len {fmt_int(cap.get('max_model_len'))}: "
+        f"KV room {fmt_bytes(cap.get('kv_room_bytes'))}, "
+        f"max concurrent sequences {fmt_int(cap.get('max_num_seqs'))}, "
+        f"max batched tokens {fmt_int(cap.get('max_num_batched_tokens'))}; "
+        + ("fits." if fits is True else "does not fit." if fits is False else "fit unknown.")
+    )
+    return text + (f" {cap['note']}" if cap.get("note") else "")
+
+
+def vllm_command(fmt: dict[str, Any]) -> str:
+    flags = (fmt.get("capacity") or {}).get("vllm_flags")
+    return f"vllm serve MODEL {' '.join(str(flags).split())}" if flags else ""
+
+
+def manifest_summary(manifest: Any) -> str:
+    """'engine: gptqmodel; versions: {...}; recipe: {...}' from an artifact manifest."""
+    if not isinstance(manifest, dict) or not manifest:
+        return DASH
+    bits = []
+    for key, value in manifest.items():
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+        bits.append(f"{key}: {shown}")
+    return "; ".join(bits)
+
+
+def provenance_items(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, plain text) lines: model, device, settings, run, environment."""
+    model = report.get("model") or {}
+    device = report.get("device") or {}
+    settings = report.get("settings") or {}
+    tool = report.get("tool") or {}
+    model_bits = [
+        f"source {model.get('source') or DASH}",
+        f"path {model.get('path') or DASH}",
+        f"fingerprint {model.get('fingerprint') or DASH}",
+    ]
+    model_bits += [f"{key} {model[key]}" for key in ("architecture", "dtype") if model.get(key)]
+    if is_number(model.get("num_parameters")):
+        model_bits.append(f"{fmt_int(model['num_parameters'])} parameters")
+    items = [("Model", ", ".join(model_bits))]
+    if model.get("note"):
+        items.append(("Model note", str(model["note"])))
+    dev = [str(device.get("kind") or DASH), str(device.get("name") or "")]
+    if is_number(device.get("total_memory_bytes")):
+        dev.append(fmt_bytes(device["total_memory_bytes"]))
+    items.append(("Device", f"{' '.join(d for d in dev if d)}; threads {fmt_int(device.get('threads'))}"))
+    items.append(
+        (
+            "Settings",
+            f"seed {settings.get('seed', DASH)}, batch size {settings.get('batch_size', DASH)}, "
+            f"max items {settings.get('max_items') or 'all'}, bootstrap resamples {settings.get('resamples', DASH)}",
+        )
+    )
+    items.append(
+        (
+            "Run",
+            f"{tool.get('name') or 'quantgate'} {tool.get('version') or ''}, "
+            f"created {report.get('created_at') or DASH}, wall {fmt_num(report.get('wall_s'))} s",
+        )
+    )
+    return items
+
+
+def environment_items(report: dict[str, Any]) -> list[str]:
+    return [f"{k} {v}" for k, v in (report.get("environment") or {}).items()]
+
+
+def evalset_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Evalset, task, language, items, gate, tokenizer, hash, spec."""
+    rows = []
+    for name, spec in (report.get("evalsets") or {}).items():
+        spec = spec if isinstance(spec, dict) else {}
+        rows.append(
+            [
+                str(name),
+                str(spec.get("task") or DASH),
+                str(spec.get("language") or DASH),
+                fmt_int(spec.get("n")),
+                ", ".join(str(g) for g in spec.get("gate") or []) or DASH,
+                str(spec.get("tokenizer") or DASH),
+                str(spec.get("hash") or DASH),
+                str(spec.get("spec") or DASH),
+            ]
+        )
+    return rows
+
+
+EVALSET_COLUMNS = ("Evalset", "Task", "Language", "Items", "Gate", "Tokenizer", "Hash", "Spec")
+ARTIFACT_COLUMNS = ("Format", "Artifact", "Size", "Cached", "Manifest")
+
+
+def artifact_rows(report: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, fmt in formats_in_order(report):
+        artifact = fmt.get("artifact") or {}
+        if not artifact:
+            continue
+        cached = artifact.get("cached")
+        rows.append(
+            [
+                name,
+                str(artifact.get("path") or DASH),
+                fmt_bytes(artifact.get("size_bytes")),
+                "yes" if cached is True else "no" if cached is False else DASH,
+                manifest_summary(artifact.get("manifest")),
+            ]
+        )
+    return rows
+
+
+def load_report(run_dir: Path) -> dict[str, Any]:
+    """RUN_DIR/report.json, checked; every problem a one-line UserError."""
+    run_dir = Path(run_dir)
+    path = run_dir if run_dir.name == "report.json" and run_dir.is_file() else run_dir / "report.json"
+    if not path.parent.is_dir():
+        raise UserError(f"{path.parent}: no such directory; pass the output directory of `quantgate run`")
+    if not path.is_file():
+        raise UserError(
+            f"{path}: not found; pass the output directory of `quantgate run` (it holds report.json and samples.jsonl)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-run `quantgate run`") from exc
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); re-run `quantgate run` to rewrite it"
+        ) from exc
+    validate_report(report, str(path))
+    return report

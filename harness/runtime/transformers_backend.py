@@ -58,10 +58,16 @@ class LoadedModel:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        import json
+
+        from harness.runtime.device import compute_dtype
+
+        self.dtype = compute_dtype(dtype, json.loads((Path(artifact_path) / "config.json").read_text()))
+        torch_dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(artifact_path, dtype=torch_dtype, device_map=device_map())
         self.model.eval()
         self.device = next(self.model.parameters()).device
+        self.dtype = str(self.model.dtype).replace("torch.", "")
         # Greedy decoding: drop sampling defaults a checkpoint's generation_config may carry.
         config = self.model.generation_config
         config.do_sample = False

@@ -1,0 +1,259 @@
+"""`quantgate decide`: a verdict from two per-item score files, without running any model.
+
+Each JSONL line is one item: {"id": ..., "<metric>": <number>, ...}, optionally with "evalset" to
+group items (default group "scores"). Numeric fields are metrics, except the bookkeeping fields in
+NOT_METRICS; other fields (prompt, prediction, references, ...) are ignored, so samples.jsonl lines
+of a single format work as input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness import __version__
+from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, num, signed
+from harness.errors import UserError
+from harness.policy import load_policy
+
+DEFAULT_GROUP = "scores"
+NOT_METRICS = {"id", "evalset", "format", "new_tokens", "prompt_tokens", "index"}
+MAX_LISTED = 10
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "decide",
+        help="verdict from two per-item score files (JSONL)",
+        description="Compare a candidate's per-item scores with the baseline's, item by item, under a policy.",
+    )
+    p.add_argument("--baseline", required=True, type=Path, help="baseline scores, one JSON object per line")
+    p.add_argument("--candidate", required=True, type=Path, help="candidate scores, same ids")
+    p.add_argument("--policy", type=Path, default=None, help="policy TOML (default: built-in margins)")
+    p.add_argument("--json", type=Path, default=None, dest="json_out", help="write the decision as JSON here")
+    p.add_argument(
+        "--gate",
+        nargs="+",
+        action="extend",
+        metavar="METRIC",
+        default=None,
+        help="metrics the verdict gates on (METRIC or EVALSET/METRIC); default: every metric with a policy margin",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    base_rows, base_order = read_scores(args.baseline)
+    cand_rows, cand_order = read_scores(args.candidate)
+    _require_same_ids(args.baseline, base_rows, args.candidate, cand_rows)
+
+    metric_sets = {
+        group: (_metrics_in(base_rows[group]), _metrics_in(cand_rows[group])) for group in base_rows
+    }
+    gates = _gates(metric_sets, args.gate, policy)
+    if not any(gates.values()):
+        shared_names = sorted({m for base_m, cand_m in metric_sets.values() for m in base_m & cand_m})
+        raise UserError(
+            f"nothing to gate on: no metric in both files ({', '.join(shared_names) or 'none'}) has a policy margin; "
+            "add one under [margins] in --policy, or name metrics with --gate"
+        )
+    notes = []
+    for group, (base_metrics, cand_metrics) in metric_sets.items():
+        for metric in base_metrics - cand_metrics:
+            notes.append(f"{_label(group, metric)} is only in {args.baseline}: not compared")
+        for metric in cand_metrics - base_metrics:
+            notes.append(f"{_label(group, metric)} is only in {args.candidate}: not compared")
+    if policy.has_budgets():
+        notes.append("memory and latency budgets are not checked: score files carry no measurements")
+        policy = policy.without_budgets()
+
+    shared = {g: base_m & cand_m for g, (base_m, cand_m) in metric_sets.items()}
+    baseline = FormatOutcome(
+        name="baseline", items=_only(base_rows, shared, base_order), gates=gates
+    )
+    candidate = FormatOutcome(
+        name="candidate", items=_only(cand_rows, shared, base_order), gates=gates
+    )
+    decision = decide_format(baseline, candidate, policy)
+    code = exit_code({"candidate": decision}, policy)
+
+    _print_table(decision, baseline_scores(baseline), policy.confidence)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"\nVerdict: {decision.verdict}")
+    for reason in decision.reasons:
+        print(f"  - {reason}")
+
+    if args.json_out is not None:
+        _write_json(
+            args.json_out,
+            {
+                "schema_version": 1,
+                "tool": {"name": "quantgate", "version": __version__},
+                "baseline": {"path": str(args.baseline), "scores": baseline_scores(baseline)},
+                "candidate": {"path": str(args.candidate), **decision.as_dict()},
+                "notes": notes,
+                "policy": policy.as_dict(),
+                "exit_code": code,
+            },
+        )
+    return code
+
+
+# --- input ----------------------------------------------------------------------------------------
+
+
+def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]]]:
+    """group -> id -> metric -> score, and the (group, id) order of the file."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc}); check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason}); expected JSON lines") from exc
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    first_line: dict[tuple[str, str], int] = {}
+    order: list[tuple[str, str]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not valid JSON ({exc.msg}); expected one JSON object per line") from exc
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: expected a JSON object like {{\"id\": \"q1\", \"f1\": 80.0}}")
+        item_id = record.get("id")
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or item_id == "":
+            raise UserError(f"{where}: field 'id': missing or not a string/integer; every line needs an id")
+        group = record.get("evalset", DEFAULT_GROUP)
+        if not isinstance(group, str) or not group:
+            raise UserError(f"{where}: field 'evalset': expected a non-empty string, got {group!r}")
+        key = (group, str(item_id))
+        if key in first_line:
+            raise UserError(
+                f"{where}: duplicate id {item_id!r}{_in_group(group)} (first on line {first_line[key]}); "
+                "give each item one line (one format per file)"
+            )
+        first_line[key] = number
+        order.append(key)
+        metrics: dict[str, float] = {}
+        for field, value in record.items():
+            if field in NOT_METRICS or value is None or isinstance(value, (str, list, dict)):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(f"{where}: field '{field}': expected a finite number, got {value!r}")
+            metrics[field] = float(value)
+        rows.setdefault(group, {})[str(item_id)] = metrics
+    if not rows:
+        raise UserError(f"{path}: no items; expected one JSON object per line with an 'id' and metric fields")
+    return rows, order
+
+
+def _require_same_ids(base_path: Path, base_rows: dict, cand_path: Path, cand_rows: dict) -> None:
+    def keys(rows: dict) -> list[tuple[str, str]]:
+        return [(group, item_id) for group, items in rows.items() for item_id in items]
+
+    cand_keys = set(keys(cand_rows))
+    base_keys = set(keys(base_rows))
+    only_base = [k for k in keys(base_rows) if k not in cand_keys]
+    only_cand = [k for k in keys(cand_rows) if k not in base_keys]
+    if not only_base and not only_cand:
+        return
+    missing = [(k, base_path) for k in only_base] + [(k, cand_path) for k in only_cand]
+    listed = ", ".join(f"{_item_label(*k)} (only in {p.name})" for k, p in missing[:MAX_LISTED])
+    more = f", and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+    raise UserError(
+        f"{len(missing)} id(s) are in one file only: {listed}{more}; "
+        f"score the same items in {base_path} and {cand_path}"
+    )
+
+
+def _metrics_in(items: dict[str, dict[str, float]]) -> set[str]:
+    return {metric for row in items.values() for metric in row}
+
+
+def _gates(metric_sets: dict, requested: list[str] | None, policy) -> dict[str, list[str]]:
+    gates: dict[str, list[str]] = {}
+    for group, (base_metrics, cand_metrics) in metric_sets.items():
+        shared = base_metrics & cand_metrics
+        if requested is None:
+            chosen = [m for m in sorted(shared) if policy.margin_for(group, m) is not None]
+        else:
+            chosen = [m for m in sorted(shared) if m in requested or f"{group}/{m}" in requested]
+        gates[group] = chosen
+    if requested is not None:
+        known = {m for metrics in metric_sets.values() for m in metrics[0] & metrics[1]}
+        known |= {f"{g}/{m}" for g, metrics in metric_sets.items() for m in metrics[0] & metrics[1]}
+        unknown = [g for g in requested if g not in known]
+        if unknown:
+            raise UserError(
+                f"--gate {' '.join(unknown)}: not a metric in both files "
+                f"(available: {', '.join(sorted({m for ms in metric_sets.values() for m in ms[0] & ms[1]}))})"
+            )
+    return gates
+
+
+def _only(rows: dict, shared: dict[str, set[str]], order: list[tuple[str, str]]) -> dict:
+    """The rows restricted to shared metrics, in the baseline file's item order."""
+    items: dict[str, dict[str, dict[str, float]]] = {}
+    for group, item_id in order:
+        row = rows[group][item_id]
+        items.setdefault(group, {})[item_id] = {m: v for m, v in row.items() if m in shared[group]}
+    return items
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _print_table(decision, base_scores: dict, confidence: float) -> None:
+    header = ["metric", "n", "baseline", "candidate", "delta", f"{confidence:.0%} CI", "margin", "status"]
+    rows = []
+    for group, metrics in decision.scores.items():
+        for metric, s in metrics.items():
+            base_value = base_scores.get(group, {}).get(metric, {}).get("value")
+            ci = "n/a" if s["ci_low"] is None else f"[{num(s['ci_low'])}, {num(s['ci_high'])}]"
+            rows.append(
+                [
+                    _label(group, metric),
+                    str(s["n"]),
+                    num(base_value),
+                    num(s["value"]),
+                    signed(s["delta"]),
+                    ci,
+                    "n/a" if s["margin"] is None else num(-s["margin"]),
+                    s["status"] or "(not gated)",
+                ]
+            )
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write the decision ({exc.strerror or exc}); check --json") from exc
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _label(group: str, metric: str) -> str:
+    return metric if group == DEFAULT_GROUP else f"{group}/{metric}"
+
+
+def _item_label(group: str, item_id: str) -> str:
+    return item_id if group == DEFAULT_GROUP else f"{group}/{item_id}"
+
+
+def _in_group(group: str) -> str:
+    return "" if group == DEFAULT_GROUP else f" in evalset {group!r}"

@@ -1,0 +1,336 @@
+"""Verdicts: each candidate format against the baseline, item by item, under a policy.
+
+GO when every gated metric's interval lies above -margin and every floor and budget holds;
+NO-GO when a gated interval lies wholly below -margin, a floor or budget fails, or the format crashed;
+INCONCLUSIVE otherwise (the data cannot tell: the reason says how large a drop the set can detect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from harness.policy import Policy
+from harness.stats import PairedComparison, compare_paired
+
+Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
+CheckStatus = Literal["pass", "fail", "inconclusive"]
+MINUS = "\u2212"
+
+
+@dataclass(frozen=True)
+class FormatOutcome:
+    """What one format produced: per-item scores and measurements (None where not measured)."""
+
+    name: str
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None
+    items: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # evalset -> id -> metric -> score
+    gates: dict[str, list[str]] = field(default_factory=dict)  # evalset -> gated metrics
+    peak_bytes: int | None = None
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    kind: Literal["metric", "floor", "memory", "latency", "run"]
+    status: CheckStatus
+    detail: str
+    reason: str  # the line for `reasons` when the check does not pass
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "kind": self.kind, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class FormatDecision:
+    name: str
+    verdict: Verdict
+    reasons: list[str]
+    checks: list[dict[str, str]]
+    scores: dict[str, dict[str, dict[str, Any]]]  # evalset -> metric -> report.json score entry
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reasons": self.reasons, "checks": self.checks, "scores": self.scores}
+
+
+def decide_formats(baseline: FormatOutcome, candidates: Iterable[FormatOutcome], policy: Policy) -> dict[str, FormatDecision]:
+    return {candidate.name: decide_format(baseline, candidate, policy) for candidate in candidates}
+
+
+def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy) -> FormatDecision:
+    if candidate.status != "ok":
+        error = candidate.error or f"{candidate.name} failed without an error message; see its log"
+        return _decision(candidate.name, [Check("run", "run", "fail", error, error)], {})
+    if baseline.status != "ok":
+        error = f"baseline failed, so {candidate.name} cannot be compared: {baseline.error or 'no error message'}"
+        return _decision(candidate.name, [Check("run", "run", "fail", error, error)], {})
+
+    checks: list[Check] = []
+    scores: dict[str, dict[str, dict[str, Any]]] = {}
+    for evalset in _ordered_union(baseline.items, candidate.items):
+        base_items = baseline.items.get(evalset, {})
+        cand_items = candidate.items.get(evalset, {})
+        pairing = _pairing_check(evalset, candidate.name, base_items, cand_items)
+        if pairing is not None:
+            checks.append(pairing)
+        gated = set(baseline.gates.get(evalset, [])) | set(candidate.gates.get(evalset, []))
+        metrics = _ordered_union(
+            *(row for row in base_items.values()),
+            *(row for row in cand_items.values()),
+            baseline.gates.get(evalset, []),
+            candidate.gates.get(evalset, []),
+        )
+        scores[evalset] = {}
+        for metric in metrics:
+            entry, metric_checks = _score_metric(evalset, metric, base_items, cand_items, metric in gated, policy)
+            scores[evalset][metric] = entry
+            checks.extend(metric_checks)
+    checks.extend(_budget_checks(candidate, policy))
+    return _decision(candidate.name, checks, scores)
+
+
+def _decision(name: str, checks: list[Check], scores: dict) -> FormatDecision:
+    failed = [c for c in checks if c.status == "fail"]
+    open_ = [c for c in checks if c.status == "inconclusive"]
+    if failed:
+        verdict: Verdict = "NO-GO"
+    elif open_:
+        verdict = "INCONCLUSIVE"
+    else:
+        verdict = "GO"
+    reasons = [c.reason for c in failed + open_] if failed or open_ else [_go_reason(checks)]
+    return FormatDecision(name, verdict, reasons, [c.as_dict() for c in checks], scores)
+
+
+def _go_reason(checks: list[Check]) -> str:
+    kinds = [c.kind for c in checks]
+    parts = [
+        f"{kinds.count('metric')} gated metric(s) above their margins",
+        *([f"{kinds.count('floor')} floor(s) met"] if "floor" in kinds else []),
+        *(["memory within budget"] if "memory" in kinds else []),
+        *(["latency within budget"] if "latency" in kinds else []),
+    ]
+    return "every check passes: " + ", ".join(parts)
+
+
+# --- metrics --------------------------------------------------------------------------------------
+
+
+def _pairing_check(evalset: str, name: str, base_items: dict, cand_items: dict) -> Check | None:
+    only_base = [i for i in base_items if i not in cand_items]
+    only_cand = [i for i in cand_items if i not in base_items]
+    if not only_base and not only_cand:
+        return None
+    paired = len(base_items) - len(only_base)
+    sides = []
+    if only_base:
+        sides.append(f"{len(only_base)} item(s) have no {name} score ({_preview(only_base)})")
+    if only_cand:
+        sides.append(f"{len(only_cand)} item(s) have no baseline score ({_preview(only_cand)})")
+    detail = "; ".join(sides) + f"; compared on the {paired} paired item(s)"
+    name = f"{evalset}/items"
+    return Check(name, "run", "inconclusive", detail, f"{name}: {detail}")
+
+
+def _score_metric(
+    evalset: str, metric: str, base_items: dict, cand_items: dict, gated: bool, policy: Policy
+) -> tuple[dict[str, Any], list[Check]]:
+    ids = [i for i, row in base_items.items() if metric in row and metric in cand_items.get(i, {})]
+    base = [float(base_items[i][metric]) for i in ids]
+    cand = [float(cand_items[i][metric]) for i in ids]
+    comparison = compare_paired(
+        base, cand, confidence=policy.confidence, resamples=policy.resamples, seed=policy.seed
+    )
+    value = sum(cand) / len(cand) if cand else None
+    margin = policy.margin_for(evalset, metric)
+    name = f"{evalset}/{metric}"
+    checks: list[Check] = []
+    if gated:
+        checks.append(_metric_check(name, metric, comparison, margin))
+    floor = policy.floor_for(evalset, metric)
+    if floor is not None:
+        checks.append(_floor_check(name, value, floor))
+    entry = {
+        "value": value,
+        "delta": comparison.delta,
+        "ci_low": comparison.ci_low,
+        "ci_high": comparison.ci_high,
+        "n": comparison.n,
+        "margin": margin,
+        "mde": comparison.mde,
+        "p_value": comparison.p_value,
+        "method": comparison.method,
+        "gated": gated,
+        "status": checks[0].status if gated else None,
+    }
+    return entry, checks
+
+
+def _metric_check(name: str, metric: str, c: PairedComparison, margin: float | None) -> Check:
+    def check(status: CheckStatus, detail: str) -> Check:
+        return Check(name, "metric", status, detail, f"{name}: {detail}")
+
+    if margin is None:
+        return check("inconclusive", f"gated, but the policy sets no margin; add `{metric} = <points>` under [margins]")
+    if c.n == 0:
+        return check("inconclusive", "no paired items to compare; score this evalset for both formats")
+    if c.ci_low is None or c.ci_high is None:
+        return check("inconclusive", f"{signed(c.delta)} points on only {c.n} paired item: no interval; add items")
+    measured = f"{signed(c.delta)} points [{num(c.ci_low)}, {num(c.ci_high)}]"
+    if c.method.endswith("exact McNemar"):
+        measured += f" ({c.worsened} items worse, {c.improved} better, McNemar p={c.p_value:.3g})"
+    bound = f"the {num(-margin)} margin"
+    if c.ci_low > -margin:
+        return check("pass", f"{measured} lies above {bound}")
+    if c.ci_high < -margin:
+        return check("fail", f"{measured} is worse than {bound}")
+    return check(
+        "inconclusive",
+        f"{measured} straddles {bound}; add items: this set can detect drops of {num(c.mde)} points or more",
+    )
+
+
+def _floor_check(name: str, value: float | None, floor: float) -> Check:
+    if value is None:
+        detail = f"no scored items to check against the {num(floor)} floor"
+        return Check(name, "floor", "inconclusive", detail, f"{name}: {detail}")
+    if value >= floor:
+        return Check(name, "floor", "pass", f"{num(value)} meets the {num(floor)} floor", "")
+    detail = f"{num(value)} is below the {num(floor)} floor"
+    return Check(name, "floor", "fail", detail, f"{name}: {detail}")
+
+
+# --- budgets --------------------------------------------------------------------------------------
+
+
+def _budget_checks(candidate: FormatOutcome, policy: Policy) -> list[Check]:
+    checks = []
+    budget = policy.memory_budget_bytes
+    if budget is not None:
+        checks.append(
+            _budget_check("memory", "memory", "peak memory", candidate.peak_bytes, budget, format_bytes)
+        )
+    for name, label, measured, limit in (
+        ("latency/ttft_p95", "TTFT p95", candidate.ttft_p95_ms, policy.max_ttft_p95_ms),
+        ("latency/tpot_p95", "TPOT p95", candidate.tpot_p95_ms, policy.max_tpot_p95_ms),
+    ):
+        if limit is not None:
+            checks.append(_budget_check(name, "latency", label, measured, limit, format_ms))
+    return checks
+
+
+def _budget_check(name, kind, label, measured, limit, fmt) -> Check:
+    if measured is None:
+        detail = f"{label} was not measured, so the {fmt(limit)} budget cannot be checked"
+        return Check(name, kind, "inconclusive", detail, f"{name}: {detail}")
+    if measured > limit:
+        detail = f"{label} {fmt(measured)} exceeds the {fmt(limit)} budget"
+        return Check(name, kind, "fail", detail, f"{name}: {detail}")
+    return Check(name, kind, "pass", f"{label} {fmt(measured)} within the {fmt(limit)} budget", "")
+
+
+# --- baseline, recommendation, exit code ----------------------------------------------------------
+
+
+def baseline_scores(baseline: FormatOutcome) -> dict[str, dict[str, dict[str, Any]]]:
+    """The baseline's report.json scores: mean values and n; the comparison fields are null."""
+    scores: dict[str, dict[str, dict[str, Any]]] = {}
+    for evalset, items in baseline.items.items():
+        gated = set(baseline.gates.get(evalset, []))
+        scores[evalset] = {}
+        for metric in _ordered_union(*items.values()):
+            values = [float(row[metric]) for row in items.values() if metric in row]
+            scores[evalset][metric] = {
+                "value": sum(values) / len(values) if values else None,
+                "delta": None,
+                "ci_low": None,
+                "ci_high": None,
+                "n": len(values),
+                "margin": None,
+                "mde": None,
+                "p_value": None,
+                "method": None,
+                "gated": metric in gated,
+                "status": None,
+            }
+    return scores
+
+
+def recommend(decisions: dict[str, FormatDecision], peak_bytes: dict[str, int | None]) -> dict[str, Any]:
+    """The GO format with the smallest peak memory, and the next smallest as runner-up."""
+    go = sorted(
+        (name for name, d in decisions.items() if d.verdict == "GO"),
+        key=lambda name: (peak_bytes.get(name) is None, peak_bytes.get(name) or 0, name),
+    )
+    if not go:
+        if not decisions:
+            why = "no candidate formats were evaluated; keep serving the baseline"
+        else:
+            verdicts = ", ".join(f"{name}: {d.verdict}" for name, d in decisions.items())
+            why = f"no candidate format is GO ({verdicts}); keep serving the baseline"
+        return {"format": None, "why": why, "runner_up": None}
+    best = go[0]
+    runner_up = go[1] if len(go) > 1 else None
+    why = f"{best} is GO with the smallest peak memory ({_peak(peak_bytes, best)})"
+    if runner_up is None:
+        why += "; it is the only GO format"
+    else:
+        why += f"; runner-up {runner_up} ({_peak(peak_bytes, runner_up)})"
+    return {"format": best, "why": why, "runner_up": runner_up}
+
+
+def exit_code(decisions: dict[str, FormatDecision], policy: Policy) -> int:
+    """0 when every candidate is GO (or INCONCLUSIVE under inconclusive_is = "pass"), else 1."""
+    acceptable = {"GO", "INCONCLUSIVE"} if policy.inconclusive_is == "pass" else {"GO"}
+    return 0 if all(d.verdict in acceptable for d in decisions.values()) else 1
+
+
+# --- formatting -----------------------------------------------------------------------------------
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    """A number for a reason line, with a real minus sign; `n/a` for None."""
+    if x is None:
+        return "n/a"
+    text = f"{x:.{digits}f}"
+    if float(text) == 0:
+        text = text.lstrip("-")
+    return text.replace("-", MINUS)
+
+
+def signed(x: float | None, digits: int = 1) -> str:
+    text = num(x, digits)
+    return text if text.startswith(MINUS) or text == "n/a" else "+" + text
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
+
+
+def format_ms(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms:.1f} ms"
+
+
+def _peak(peak_bytes: dict[str, int | None], name: str) -> str:
+    peak = peak_bytes.get(name)
+    return "peak not measured" if peak is None else format_bytes(peak)
+
+
+def _preview(ids: list[str], limit: int = 10) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f", … {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def _ordered_union(*groups: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for group in groups:
+        for key in group:
+            seen.setdefault(key, None)
+    return list(seen)

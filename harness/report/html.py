@@ -1,0 +1,420 @@
+"""report.html: one self-contained page for a person: the Markdown's content plus plots.
+
+Self-contained means no fetches at all: CSS inline, plots as base64 PNG data URIs, no
+script. A Content-Security-Policy meta tag forbids scripts and remote loads, so even a
+mistake in escaping could not run code or phone home. All text from the model, the
+datasets and the report goes through html.escape.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from harness.report.plots import Plot, render_plots
+from harness.report.regressions import RegressionGroup, worst_regressions
+from harness.report.units import (
+    DASH,
+    clip,
+    dig,
+    excerpt,
+    fmt_bytes,
+    fmt_delta_interval,
+    fmt_int,
+    fmt_ms,
+    fmt_num,
+    fmt_signed,
+    prompt_excerpt,
+)
+from harness.report.view import (
+    ARTIFACT_COLUMNS,
+    EVALSET_COLUMNS,
+    LATENCY_COLUMNS,
+    LEGEND,
+    artifact_rows,
+    capacity_text,
+    environment_items,
+    evalset_rows,
+    formats_in_order,
+    gated_scores,
+    iter_scores,
+    latency_caption,
+    latency_rows,
+    memory_caption,
+    memory_rows,
+    provenance_items,
+    verdict_of,
+    vllm_command,
+)
+
+MAX_BYTES = 2 * 1024 * 1024
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+_VERDICT_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "BASELINE": "baseline"}
+_STATUS_CLASS = {"pass": "go", "fail": "nogo", "inconclusive": "inconclusive"}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    excerpt_chars: int
+    output_chars: int
+    rows_per_group: int
+    list_items: int
+
+
+_LAYOUTS = (
+    _Layout(600, 800, 5, 200),
+    _Layout(300, 400, 5, 100),
+    _Layout(160, 200, 3, 50),
+    _Layout(80, 100, 1, 20),
+    _Layout(80, 100, 0, 10),
+)
+
+
+def e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def render_html(report: dict[str, Any], samples: list[dict[str, Any]], plots: list[Plot] | None = None) -> str:
+    """The page; `plots` defaults to drawing them (pass [] to leave plots out)."""
+    if plots is None:
+        plots = render_plots(report)
+    groups = worst_regressions(report, samples, limit=max(layout.rows_per_group for layout in _LAYOUTS))
+    page = ""
+    for layout in _LAYOUTS:
+        page = _page(report, groups, plots, layout)
+        if len(page.encode("utf-8")) < MAX_BYTES:
+            break
+    return page
+
+
+def _page(report: dict[str, Any], groups: list[RegressionGroup], plots: list[Plot], layout: _Layout) -> str:
+    model = dig(report, "model", "source") or dig(report, "model", "path") or "model"
+    body = [
+        _header(report, model),
+        '<section id="verdicts">',
+        _verdict_table(report, layout),
+        _recommendation(report),
+        _legend(),
+        "</section>",
+        _plots(plots),
+    ]
+    for index, (name, fmt) in enumerate(formats_in_order(report)):
+        body.append(_format_section(report, index, name, fmt, groups, layout))
+    body.append(_provenance(report, layout))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>quantgate report: {e(clip(model, 120))}</title>\n"
+        f"<style>{_CSS}</style>\n</head>\n<body>\n<main>\n" + "\n".join(p for p in body if p) + "\n</main>\n</body>\n</html>\n"
+    )
+
+
+def _badge(verdict: str) -> str:
+    return f'<span class="badge v-{_VERDICT_CLASS.get(verdict, "nogo")}">{e(verdict)}</span>'
+
+
+def _table(columns: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
+    """Cells are already HTML (escaped by the caller); headers are escaped here."""
+    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    klass = f' class="{cls}"' if cls else ""
+    return (
+        f'<div class="scroll"><table{klass}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
+    )
+
+
+def _header(report: dict[str, Any], model: str) -> str:
+    device = report.get("device") or {}
+    bits = [e(report.get("created_at") or ""), e(" ".join(str(device.get(k) or "") for k in ("kind", "name")).strip())]
+    sub = " · ".join(b for b in bits if b)
+    return f'<header><h1>quantgate report</h1><p class="model">{e(model)}</p><p class="sub">{sub}</p></header>'
+
+
+# --- verdicts ------------------------------------------------------------------------------
+
+
+def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
+    rows = []
+    for index, (name, fmt) in enumerate(formats_in_order(report)):
+        verdict = verdict_of(fmt)
+        memory = fmt.get("memory") or {}
+        peak = fmt_bytes(memory.get("peak_bytes"))
+        if peak != DASH and memory.get("device"):
+            peak += f" ({memory['device']})"
+        tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
+        flags = dig(fmt, "capacity", "vllm_flags")
+        rows.append(
+            [
+                f'<a href="#fmt-{index}">{e(name)}</a>',
+                _badge(verdict),
+                e(peak),
+                e(fmt_bytes(memory.get("weights_bytes"))),
+                e(fmt_ms(tpot)),
+                _gated_cell(report, fmt, layout),
+                _flags(flags) if flags else DASH,
+            ]
+        )
+    columns = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]", "vLLM flags")
+    return _table(columns, rows, cls="verdicts")
+
+
+def _flags(flags: str) -> str:
+    """One `--flag value` per line: the cell wraps between flags, never inside one."""
+    items: list[str] = []
+    for token in str(flags).split():
+        if token.startswith("--") or not items:
+            items.append(token)
+        else:
+            items[-1] += " " + token
+    return "<br>".join(f'<code class="flag">{e(item)}</code>' for item in items)
+
+
+def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+    lines = []
+    if fmt.get("status") == "failed":
+        lines.append(f'<span class="error-inline">failed: {e(fmt.get("error") or "no error recorded")}</span>')
+    baseline = fmt.get("role") == "baseline"
+    for gs in gated_scores(report, fmt)[: layout.list_items]:
+        label = e(f"{gs.evalset}/{gs.metric}")
+        if baseline:
+            lines.append(f"{label} {e(fmt_num(gs.score.get('value')))}")
+        else:
+            status = gs.score.get("status")
+            cls = _STATUS_CLASS.get(status or "", "")
+            mark = {"pass": "✓", "fail": "✗", "inconclusive": "?"}.get(status or "", "")
+            lines.append(f'<span class="s-{cls}">{label} {e(fmt_delta_interval(gs.score))} {mark}</span>')
+    return "<br>".join(lines) or DASH
+
+
+def _recommendation(report: dict[str, Any]) -> str:
+    rec = report.get("recommendation") or {}
+    why = e(rec.get("why") or "")
+    if rec.get("format"):
+        text = f"<strong>Recommendation:</strong> ship <strong>{e(rec['format'])}</strong>" + (f": {why}" if why else ".")
+    else:
+        text = "<strong>Recommendation:</strong> no candidate format is GO; keep the baseline" + (f": {why}" if why else ".")
+    if rec.get("runner_up"):
+        text += f" Runner-up: {e(rec['runner_up'])}."
+    return f'<p class="recommendation">{text}</p>'
+
+
+def _legend() -> str:
+    items = "\n".join(f"<li><strong>{e(term)}</strong> {e(text)}</li>" for term, text in LEGEND)
+    return f'<div class="legend"><h3>How to read a verdict</h3>\n<ul>\n{items}\n</ul></div>'
+
+
+def _plots(plots: list[Plot]) -> str:
+    if not plots:
+        return ""
+    figures = []
+    for plot in plots:
+        if plot.png:
+            data = base64.b64encode(plot.png).decode("ascii")
+            figures.append(
+                f'<figure><img alt="{e(plot.title)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{e(plot.caption)}</figcaption></figure>"
+            )
+        else:
+            figures.append(f'<figure class="noplot"><p>{e(plot.title)}: {e(plot.error or "no data")}</p></figure>')
+    return '<section id="plots"><h2>Plots</h2>\n<div class="plots">\n' + "\n".join(figures) + "\n</div></section>"
+
+
+# --- per format ----------------------------------------------------------------------------
+
+
+def _format_section(
+    report: dict[str, Any], index: int, name: str, fmt: dict[str, Any], groups: list[RegressionGroup], layout: _Layout
+) -> str:
+    verdict = verdict_of(fmt)
+    parts = [f'<section class="format v-border-{_VERDICT_CLASS.get(verdict, "nogo")}" id="fmt-{index}">',
+             f"<h2>{e(name)} {_badge(verdict)}</h2>"]
+    if fmt.get("status") == "failed":
+        parts.append(f'<div class="error"><strong>Failed:</strong> {e(fmt.get("error") or "no error recorded")}</div>')
+    reasons = [r for r in fmt.get("reasons") or [] if r]
+    if reasons:
+        shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
+        more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
+        parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
+    parts += [_scores(fmt, layout), _memory(fmt), _latency(fmt), _capacity(fmt), _checks(fmt, layout)]
+    if fmt.get("role") != "baseline":
+        parts += [_regressions(group, layout) for group in groups if group.candidate == name]
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+def _scores(fmt: dict[str, Any], layout: _Layout) -> str:
+    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
+    if not scores:
+        return ""
+    baseline = fmt.get("role") == "baseline"
+    rows = []
+    for evalset, metric, score in scores[: layout.list_items]:
+        metric_cell = f"<strong>{e(metric)}</strong>" if score.get("gated") else e(metric)
+        row = [e(evalset), metric_cell, e(fmt_num(score.get("value")))]
+        if baseline:
+            row.append(e(fmt_int(score.get("n"))))
+        else:
+            status = score.get("status")
+            row += [
+                e(fmt_delta_interval(score)),
+                e(fmt_num(score.get("margin"))),
+                e(fmt_num(score.get("mde"))),
+                e(fmt_num(score.get("p_value"), 3)),
+                e(score.get("method") or DASH),
+                f'<span class="s-{_STATUS_CLASS.get(status or "", "")}">{e(status or DASH)}</span>',
+            ]
+        rows.append(row)
+    columns = ("Evalset", "Metric", "Score", "n") if baseline else (
+        "Evalset", "Metric", "Score", "Delta [95% CI]", "Margin", "MDE", "p", "Method", "Status")
+    more = f"<p>… {len(scores) - layout.list_items} more scores in report.json</p>" if len(scores) > layout.list_items else ""
+    return "<h3>Scores <small>(gated metrics in bold)</small></h3>\n" + _table(columns, rows) + more
+
+
+def _memory(fmt: dict[str, Any]) -> str:
+    rows = memory_rows(fmt)
+    if not rows:
+        return ""
+    cells = [
+        [f"<strong>{e(r.label)}</strong>", f"<strong>{e(r.value)}</strong>"] if r.is_peak else [e(r.label), e(r.value)]
+        for r in rows
+    ]
+    return f"<h3>{e(memory_caption(fmt))}</h3>\n" + _table(("Figure", "Bytes"), cells, cls="narrow")
+
+
+def _latency(fmt: dict[str, Any]) -> str:
+    rows = latency_rows(fmt)
+    if not rows:
+        return ""
+    return f"<h3>{e(latency_caption(fmt))}</h3>\n" + _table(LATENCY_COLUMNS, [[e(c) for c in row] for row in rows])
+
+
+def _capacity(fmt: dict[str, Any]) -> str:
+    text = capacity_text(fmt)
+    if not text:
+        return ""
+    command = vllm_command(fmt)
+    return f"<h3>Capacity</h3><p>{e(text)}</p>" + (f"<pre><code>{e(command)}</code></pre>" if command else "")
+
+
+def _checks(fmt: dict[str, Any], layout: _Layout) -> str:
+    checks = [c for c in fmt.get("checks") or [] if isinstance(c, dict)]
+    if not checks:
+        return ""
+    rows = [
+        [
+            e(c.get("name")),
+            e(c.get("kind")),
+            f'<span class="s-{_STATUS_CLASS.get(c.get("status") or "", "")}">{e(c.get("status"))}</span>',
+            e(c.get("detail")),
+        ]
+        for c in checks[: layout.list_items]
+    ]
+    more = f"<p>… {len(checks) - layout.list_items} more in report.json</p>" if len(checks) > layout.list_items else ""
+    return (
+        f"<details><summary>All checks ({len(checks)})</summary>\n"
+        + _table(("Check", "Kind", "Status", "Detail"), rows)
+        + more
+        + "</details>"
+    )
+
+
+def _regressions(group: RegressionGroup, layout: _Layout) -> str:
+    head = (
+        f"<h3>Worst regressions: {e(group.evalset)} <small>({e(group.metric)}; "
+        f"{group.regressed} of {group.compared} items dropped)</small></h3>"
+    )
+    if not group.rows:
+        return head + "<p>No item scored lower than the baseline.</p>"
+    if layout.rows_per_group == 0:
+        return head + "<p>Rows left out to keep this page under 2 MB.</p>"
+    rows = []
+    for reg in group.rows[: layout.rows_per_group]:
+        rows.append(
+            [
+                e(reg.item_id),
+                _text(prompt_excerpt(reg.prompt, layout.excerpt_chars)),
+                _text(excerpt(" | ".join(reg.references), layout.output_chars) if reg.references else "(none: abstain)"),
+                _text(excerpt(reg.baseline_output, layout.output_chars)),
+                _text(excerpt(reg.candidate_output, layout.output_chars)),
+                e(f"{fmt_num(reg.baseline_score)} → {fmt_num(reg.candidate_score)} ({fmt_signed(reg.change)})"),
+            ]
+        )
+    columns = ("Item", "Prompt (excerpt)", "Reference", "Baseline output", f"{group.candidate} output",
+               f"{group.metric} change")
+    return head + "\n" + _table(columns, rows, cls="regressions")
+
+
+def _text(value: str) -> str:
+    return f'<div class="txt">{e(value)}</div>' if value else '<div class="txt empty">(empty)</div>'
+
+
+# --- provenance ----------------------------------------------------------------------------
+
+
+def _provenance(report: dict[str, Any], layout: _Layout) -> str:
+    items = "".join(f"<li><strong>{e(label)}:</strong> {e(text)}</li>" for label, text in provenance_items(report))
+    env = environment_items(report)
+    if env:
+        items += f"<li><strong>Environment:</strong> {e(', '.join(env[: 2 * layout.list_items]))}</li>"
+    parts = ['<section id="provenance"><h2>Provenance</h2>', f"<ul>{items}</ul>"]
+    evalsets = evalset_rows(report)[: layout.list_items]
+    if evalsets:
+        parts.append(_table(EVALSET_COLUMNS, [[e(c) for c in row] for row in evalsets], cls="prov-evalsets"))
+    artifacts = artifact_rows(report)
+    if artifacts:
+        parts.append(_table(ARTIFACT_COLUMNS, [[e(clip(c, 600)) for c in row] for row in artifacts], cls="prov-artifacts"))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+_CSS = """
+:root { --go: #1a7f37; --nogo: #cf222e; --inc: #9a6700; --base: #57606a; --line: #d0d7de; --soft: #f6f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "Noto Sans", "Noto Sans CJK SC", sans-serif;
+       color: #1f2328; background: #fff; }
+main { max-width: 1280px; margin: 0 auto; padding: 16px 24px 48px; }
+header h1 { margin: 0; font-size: 22px; }
+header .model { margin: 2px 0; font-weight: 600; }
+header .sub { margin: 0; color: var(--base); }
+h2 { margin: 28px 0 8px; font-size: 19px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+h3 { margin: 18px 0 6px; font-size: 15px; }
+small { color: var(--base); font-weight: normal; }
+table { border-collapse: collapse; margin: 6px 0 10px; width: 100%; }
+table.narrow { width: auto; }
+.scroll { overflow-x: auto; }
+table.prov-evalsets td:nth-child(n+7), table.prov-artifacts td:nth-child(2), table.prov-artifacts td:nth-child(5) {
+  overflow-wrap: anywhere; }
+code.flag { white-space: nowrap; }
+table.verdicts td:nth-child(3), table.verdicts td:nth-child(4), table.verdicts td:nth-child(5) { white-space: nowrap; }
+th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: var(--soft); }
+table.verdicts { margin-top: 16px; }
+table.verdicts td:nth-child(7) code { font-size: 12px; }
+table.verdicts td:nth-child(6) { min-width: 18em; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+pre { background: var(--soft); padding: 8px; overflow-x: auto; white-space: pre-wrap; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; color: #fff; font-weight: 700; font-size: 12px; }
+.v-go { background: var(--go); } .v-nogo { background: var(--nogo); }
+.v-inconclusive { background: #bf8700; } .v-baseline { background: var(--base); }
+.s-go { color: var(--go); } .s-nogo { color: var(--nogo); font-weight: 600; } .s-inconclusive { color: var(--inc); }
+section.format { border-left: 4px solid var(--line); padding-left: 14px; margin-top: 24px; }
+.v-border-go { border-left-color: var(--go) !important; } .v-border-nogo { border-left-color: var(--nogo) !important; }
+.v-border-inconclusive { border-left-color: #bf8700 !important; } .v-border-baseline { border-left-color: var(--base) !important; }
+.recommendation { font-size: 15px; background: var(--soft); border: 1px solid var(--line); padding: 8px 12px; }
+.legend ul { margin: 4px 0; padding-left: 20px; }
+.error { background: #ffebe9; border: 1px solid var(--nogo); padding: 8px 12px; margin: 8px 0; }
+.error-inline { color: var(--nogo); }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
+figure { margin: 0; border: 1px solid var(--line); padding: 8px; }
+figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
+figcaption { color: var(--base); font-size: 12px; margin-top: 4px; }
+.txt { white-space: pre-wrap; word-break: break-word; max-height: 16em; overflow-y: auto; }
+.txt.empty { color: var(--base); font-style: italic; }
+table.regressions td { font-size: 13px; }
+details { margin: 8px 0; } summary { cursor: pointer; color: #0969da; }
+@media print { .txt { max-height: none; } }
+"""

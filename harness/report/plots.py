@@ -1,0 +1,208 @@
+"""The four HTML plots, drawn with matplotlib's Agg canvas and returned as PNG bytes.
+
+matplotlib is imported inside `render_plots` only (it costs about a second), and
+through `matplotlib.figure.Figure` rather than pyplot, so no global backend or
+figure registry is touched. A plot that has no data is left out; one that fails to
+draw is reported as a `Plot` with an error, never as a failed report.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from harness.report.units import is_number
+from harness.report.view import candidates, formats_in_order, gated_scores, latency_run, verdict_of
+
+GIB = 2**30
+VERDICT_COLOURS = {"GO": "#1a7f37", "NO-GO": "#cf222e", "INCONCLUSIVE": "#bf8700", "BASELINE": "#57606a"}
+STATUS_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700"}
+MAX_FOREST_ROWS = 60  # beyond that the labels are unreadable; the tables hold the rest
+
+
+@dataclass(frozen=True)
+class Plot:
+    key: str
+    title: str
+    caption: str
+    png: bytes | None = None
+    error: str | None = None
+
+
+def render_plots(report: dict[str, Any]) -> list[Plot]:
+    try:
+        import matplotlib  # noqa: F401  (fails here, not halfway through a plot, when missing)
+    except ImportError as exc:
+        return [Plot("plots", "Plots", "", error=f"matplotlib is not installed ({exc}); the tables hold every figure")]
+    specs: list[tuple[str, str, Callable[[dict[str, Any]], tuple[Any, str] | None]]] = [
+        ("accuracy_memory", "Accuracy vs peak memory", _accuracy_vs_memory),
+        ("latency", "Latency per format (batch 1)", _latency),
+        ("memory", "Memory breakdown", _memory_breakdown),
+        ("forest", "Gated deltas against the margin", _forest),
+    ]
+    plots = []
+    for key, title, draw in specs:
+        try:
+            with _quiet_matplotlib():
+                drawn = draw(report)
+                if drawn is None:
+                    continue
+                figure, caption = drawn
+                plots.append(Plot(key, title, caption, png=_png(figure)))
+        except Exception as exc:  # a broken plot must not cost the reviewer the report
+            plots.append(Plot(key, title, "", error=f"could not draw: {type(exc).__name__}: {exc}"))
+    return plots
+
+
+class _quiet_matplotlib:
+    """Plain-text labels (a '$' in a format name must not start mathtext), no glyph warnings."""
+
+    def __enter__(self) -> None:
+        import matplotlib
+
+        self._rc = matplotlib.rc_context({"text.parse_math": False, "font.size": 9, "axes.titlesize": 10})
+        self._rc.__enter__()
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc: object) -> None:
+        self._warnings.__exit__(*exc)
+        self._rc.__exit__(*exc)
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _png(figure: Any) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def _colour(fmt: dict[str, Any]) -> str:
+    return VERDICT_COLOURS.get(verdict_of(fmt), "#57606a")
+
+
+def _accuracy_vs_memory(report: dict[str, Any]) -> tuple[Any, str] | None:
+    points = []
+    for name, fmt in formats_in_order(report):
+        peak = (fmt.get("memory") or {}).get("peak_bytes")
+        values = [gs.score.get("value") for gs in gated_scores(report, fmt)]
+        values = [v for v in values if is_number(v)]
+        if is_number(peak) and values:
+            points.append((name, peak / GIB, sum(values) / len(values), _colour(fmt)))
+    if not points:
+        return None
+    figure = _figure(6.0, 4.0)
+    ax = figure.subplots()
+    for name, x, y, colour in points:
+        ax.scatter([x], [y], s=60, color=colour, zorder=3)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4))
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("mean gated score (0–100)")
+    ax.set_xlim(left=0, right=max(p[1] for p in points) * 1.2)
+    ax.margins(y=0.15)
+    ax.grid(True, alpha=0.3)
+    ax.set_title("Accuracy vs peak memory (colour = verdict)")
+    return figure, "Each format's peak memory against the mean of its gated metrics over all evalsets."
+
+
+def _latency(report: dict[str, Any]) -> tuple[Any, str] | None:
+    rows = []
+    for name, fmt in formats_in_order(report):
+        run = latency_run(fmt, "batch_1") or {}
+        ttft, tpot = run.get("ttft_ms") or {}, run.get("tpot_ms") or {}
+        if is_number(ttft.get("p50")) or is_number(tpot.get("p50")):
+            rows.append((name, ttft, tpot, _colour(fmt)))
+    if not rows:
+        return None
+    figure = _figure(7.0, 3.6)
+    axes = figure.subplots(1, 2)
+    for ax, key, label in ((axes[0], 1, "TTFT (ms)"), (axes[1], 2, "TPOT (ms)")):
+        names = [r[0] for r in rows]
+        p50 = [r[key].get("p50") if is_number(r[key].get("p50")) else 0.0 for r in rows]
+        p95 = [r[key].get("p95") if is_number(r[key].get("p95")) else p for r, p in zip(rows, p50)]
+        upper = [max(high - low, 0.0) for low, high in zip(p50, p95)]
+        ax.bar(names, p50, color=[r[3] for r in rows], yerr=[[0.0] * len(rows), upper], capsize=4)
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split()[0]} p50, whisker to p95")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.grid(True, axis="y", alpha=0.3)
+    return figure, "Bars are p50 at batch 1, whiskers reach p95; colour is the verdict."
+
+
+def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
+    rows = []
+    for name, fmt in formats_in_order(report):
+        memory = fmt.get("memory") or {}
+        weights, activations = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
+        if not is_number(weights):
+            continue
+        kv_per_token = memory.get("kv_bytes_per_token")
+        length = (fmt.get("capacity") or {}).get("max_model_len") or memory.get("largest_batch_tokens")
+        kv = kv_per_token * length if is_number(kv_per_token) and is_number(length) else 0.0
+        rows.append((name, weights / GIB, kv / GIB, (activations or 0.0) / GIB, memory.get("peak_bytes")))
+    if not rows:
+        return None
+    figure = _figure(6.0, 4.0)
+    ax = figure.subplots()
+    names = [r[0] for r in rows]
+    weights = [r[1] for r in rows]
+    kv = [r[2] for r in rows]
+    act = [r[3] for r in rows]
+    ax.bar(names, weights, label="weights", color="#0969da")
+    ax.bar(names, kv, bottom=weights, label="KV cache, one max-model-len sequence", color="#8250df")
+    ax.bar(names, act, bottom=[w + k for w, k in zip(weights, kv)], label="activation peak", color="#fb8500")
+    peaks = [(n, r[4] / GIB) for n, r in zip(names, rows) if is_number(r[4])]
+    if peaks:
+        ax.scatter([p[0] for p in peaks], [p[1] for p in peaks], marker="_", s=400, color="black", zorder=3,
+                   label="measured peak")
+    ax.set_ylabel("GiB")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title("Memory breakdown")
+    return figure, "Weights, KV cache for one sequence at max-model-len, and activation peak, stacked; ticks mark the measured peak."
+
+
+def _forest(report: dict[str, Any]) -> tuple[Any, str] | None:
+    rows = []
+    for name, fmt in candidates(report):
+        for gs in gated_scores(report, fmt):
+            score = gs.score
+            if is_number(score.get("delta")) and is_number(score.get("ci_low")) and is_number(score.get("ci_high")):
+                rows.append((f"{name} · {gs.evalset}/{gs.metric}", score))
+    if not rows:
+        return None
+    left_out = max(len(rows) - MAX_FOREST_ROWS, 0)
+    rows = rows[:MAX_FOREST_ROWS]
+    figure = _figure(7.0, 1.2 + 0.35 * len(rows))
+    ax = figure.subplots()
+    ys = list(range(len(rows)))[::-1]
+    margin_drawn = False
+    for y, (_, score) in zip(ys, rows):
+        colour = STATUS_COLOURS.get(score.get("status") or "", "#57606a")
+        ax.plot([score["ci_low"], score["ci_high"]], [y, y], color=colour, linewidth=2)
+        ax.plot([score["delta"]], [y], marker="o", color=colour)
+        if is_number(score.get("margin")):
+            ax.plot([-score["margin"]] * 2, [y - 0.4, y + 0.4], color="#cf222e", linestyle="--", linewidth=1.5,
+                    label=None if margin_drawn else "−margin")
+            margin_drawn = True
+    ax.axvline(0.0, color="#57606a", linewidth=0.8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([label for label, _ in rows])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("candidate − baseline (points, 95% interval)")
+    ax.grid(True, axis="x", alpha=0.3)
+    if margin_drawn:
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Gated deltas vs −margin (colour = check status)")
+    caption = "Each gated metric's paired delta and 95% interval; GO needs the whole interval right of the red −margin line."
+    if left_out:
+        caption += f" {left_out} more rows are in the tables."
+    return figure, caption

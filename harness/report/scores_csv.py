@@ -1,0 +1,51 @@
+"""scores.csv: one row per format x evalset x item, for pandas or a spreadsheet.
+
+Columns: format, evalset, id, new_tokens, then one column per metric, empty where a
+metric does not apply to the item's evalset (QA and generation sets score different
+metrics). Written with the csv module; pandas is not needed to write it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from harness.report.units import is_number
+
+KEY_COLUMNS = ("format", "evalset", "id", "new_tokens")
+_NOT_METRICS = {"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"}
+
+
+def metric_columns(report: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
+    """Metrics in evalset-spec order, then any other numeric field the samples carry."""
+    columns: list[str] = []
+    for spec in (report.get("evalsets") or {}).values():
+        for metric in (spec or {}).get("metrics") or []:
+            if isinstance(metric, str) and metric not in columns and metric not in _NOT_METRICS:
+                columns.append(metric)
+    seen = set(columns)
+    for record in samples:
+        for key, value in record.items():
+            if key not in seen and key not in _NOT_METRICS and is_number(value):
+                seen.add(key)
+                columns.append(key)
+    return columns
+
+
+def render_scores_csv(report: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+    metrics = metric_columns(report, samples)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*KEY_COLUMNS, *metrics])
+    for record in samples:
+        writer.writerow([_cell(record.get(c)) for c in KEY_COLUMNS] + [_cell(record.get(m)) for m in metrics])
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not is_number(value)):
+        return ""
+    if isinstance(value, float):
+        return repr(value)  # shortest round-trip form
+    return str(value)

@@ -1,0 +1,87 @@
+"""The real path end to end: demo model, real bitsandbytes and GPTQModel, real metrics. Slow (minutes)."""
+
+import json
+
+import pytest
+
+from conftest import E2E_ARGS, NOISE, quantgate
+
+pytestmark = pytest.mark.slow
+FORMATS = ("baseline", "int8", "gptq", "awq")
+
+
+def test_report_has_every_key_filled_with_measured_numbers(demo_run):
+    out, report, result = demo_run
+    assert report["schema_version"] == 1
+    assert report["model"]["source"] == "demo" and report["model"]["fingerprint"].startswith("sha256:")
+    assert "dequantized Q4_1" in report["model"]["note"]
+    assert set(report["formats"]) == set(FORMATS)
+    for name in FORMATS:
+        entry = report["formats"][name]
+        assert entry["status"] == "ok", (name, entry["error"])
+        assert entry["verdict"] in ("BASELINE", "GO", "NO-GO", "INCONCLUSIVE")
+        assert isinstance(entry["reasons"], list)
+        memory = entry["memory"]
+        assert memory["device"] == "cpu" and memory["peak_bytes"] > memory["weights_bytes"] > 0
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            assert entry["latency"][key]["p50"] > 0 and entry["latency"][key]["p95"] >= entry["latency"][key]["p50"]
+        assert set(entry["scores"]) == set(report["evalsets"])
+        for evalset, metrics in entry["scores"].items():
+            for metric, score in metrics.items():
+                assert 0 <= score["value"] <= 100 and score["n"] == 4
+                if name != "baseline":
+                    assert score["delta"] is not None
+    assert report["formats"]["baseline"]["verdict"] == "BASELINE"
+    samples = [json.loads(line) for line in (out / report["samples"]).read_text().splitlines()]
+    assert len(samples) == 4 * 4 * len(report["evalsets"])
+    assert {"format", "evalset", "id", "prediction"} <= set(samples[0])
+    for name in ("report.md", "report.html", "junit.xml", "scores.csv"):
+        assert (out / name).stat().st_size > 0
+    assert result.returncode == report["exit_code"]
+
+
+def test_console_is_clean_and_shows_progress(demo_run):
+    _, _, result = demo_run
+    console = result.stdout + result.stderr
+    for noise in NOISE:
+        assert noise not in console
+    assert "quantizing" in console and "generating" in console
+    assert "recommendation:" in result.stdout
+
+
+def test_memory_breakdown_matches_the_formats(demo_run):
+    _, report, _ = demo_run
+    formats = report["formats"]
+    base = formats["baseline"]["memory"]["weights_bytes"]
+    params = report["model"]["num_parameters"]
+    assert abs(base - 2 * params) / (2 * params) < 0.05  # bf16
+    assert formats["int8"]["memory"]["weights_bytes"] < 0.65 * base
+    assert formats["gptq"]["memory"]["weights_bytes"] < 0.5 * base
+    assert formats["awq"]["memory"]["weights_bytes"] < 0.5 * base
+    # 2 x 30 layers x 3 KV heads x 64 head dim x 2 bytes, predicted and measured from a real prefill
+    assert formats["baseline"]["memory"]["kv_bytes_per_token"] == 23040
+    assert formats["baseline"]["memory"]["kv_bytes_per_token_measured"] == 23040
+    for name in FORMATS:
+        assert formats[name]["capacity"]["max_num_seqs"] >= 1
+        assert "--max-model-len" in formats[name]["capacity"]["vllm_flags"]
+
+
+def test_artifacts_carry_a_manifest(demo_run):
+    _, report, _ = demo_run
+    for name, engine in (("int8", "bitsandbytes"), ("gptq", "gptqmodel"), ("awq", "gptqmodel")):
+        manifest = report["formats"][name]["artifact"]["manifest"]
+        assert manifest["engine"] == engine and manifest["versions"][engine]
+        assert manifest["calibration_hash"].startswith("sha256:") and manifest["recipe"]["format"] == name
+    assert report["formats"]["gptq"]["artifact"]["manifest"]["recipe"]["group_size"] == 64
+
+
+def test_second_identical_run_reuses_every_stage(demo_run, demo_cache, tmp_path):
+    _, first, _ = demo_run
+    result = quantgate("run", *E2E_ARGS, "--formats", "baseline,int8,gptq,awq", "--out", str(tmp_path),
+                       cache=demo_cache)
+    second = json.loads((tmp_path / "report.json").read_text())
+    for name in FORMATS:
+        assert second["formats"][name]["stages_run"] == [], name
+        assert second["formats"][name]["verdict"] == first["formats"][name]["verdict"]
+        assert second["formats"][name]["scores"] == first["formats"][name]["scores"]
+    assert "reusing cached artifact" in result.stderr
