@@ -17,6 +17,7 @@ class FormatSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     group_size: int | None = Field(default=None, gt=0)
     calibration_samples: int | None = Field(default=None, gt=0)
+    memory_limit_gib: float | None = Field(default=None, gt=0)
 
 
 class CapacitySettings(BaseModel):
@@ -45,6 +46,7 @@ class RunSpec(BaseModel):
     seed: int = 0
     latency_requests: int = Field(default=8, gt=0)
     warmup_requests: int = Field(default=2, ge=0)
+    memory_limit_gib: float | None = Field(default=None, gt=0)  # per format subprocess; killed above it
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     use_cache: bool = True
     trust_remote_code: bool = False
@@ -67,6 +69,11 @@ class RunSpec(BaseModel):
     def group_size_for(self, fmt: str) -> int | None:
         settings = self.format_settings.get(fmt)
         return settings.group_size if settings and settings.group_size else self.group_size
+
+    def memory_limit_bytes_for(self, fmt: str) -> int | None:
+        settings = self.format_settings.get(fmt)
+        gib = settings.memory_limit_gib if settings and settings.memory_limit_gib else self.memory_limit_gib
+        return int(gib * 2**30) if gib else None
 
     def calibration_samples_for(self, fmt: str) -> int:
         settings = self.format_settings.get(fmt)

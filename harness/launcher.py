@@ -22,6 +22,7 @@ _LAYER_PROGRESS = re.compile(r"Quantizing [^\n\r]*?layer \[?(\d+) of (\d+)\]?")
 class WorkerExit:
     returncode: int
     log_path: Path
+    over_memory_limit: int | None = None  # the RSS (bytes) at which the memory guard killed the worker
 
     @property
     def killed_by(self) -> str | None:
@@ -49,7 +50,37 @@ def worker_environment() -> dict[str, str]:
     return env
 
 
-def run_worker(job: dict, job_path: Path, log_path: Path, label: str) -> WorkerExit:
+class _MemoryGuard(threading.Thread):
+    """Emulates a smaller host: SIGKILL the worker, as the kernel's OOM killer would, once its RSS passes a limit."""
+
+    def __init__(self, pid: int, limit_bytes: int) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self._process = psutil.Process(pid)
+        self.limit = limit_bytes
+        self.tripped_at: int | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self._done.wait(0.05):
+            try:
+                rss = self._process.memory_info().rss
+            except psutil.Error:
+                return
+            if rss > self.limit:
+                self.tripped_at = rss
+                self._process.kill()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
+               memory_limit_bytes: int | None = None) -> WorkerExit:
     atomic_write_json(job_path, job)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
@@ -59,6 +90,9 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str) -> WorkerE
                                  cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
         relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)
         relay.start()
+        guard = _MemoryGuard(child.pid, memory_limit_bytes) if memory_limit_bytes else None
+        if guard:
+            guard.start()
         try:
             for line in child.stdout:
                 if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
@@ -70,7 +104,9 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str) -> WorkerE
             raise
         finally:
             relay.join(timeout=5)
-    return WorkerExit(child.returncode, log_path)
+            if guard:
+                guard.stop()
+    return WorkerExit(child.returncode, log_path, guard.tripped_at if guard else None)
 
 
 def _relay_stderr(stream, log, label: str) -> None:

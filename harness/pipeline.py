@@ -188,7 +188,7 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
         failure_path = Path(job["failure_path"])
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
-                           label)
+                           label, inputs.spec.memory_limit_bytes_for(fmt))
         run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t['evalset']}" for t in generate_tasks]
         if exit_.returncode != 0:
             run.status, run.error = "failed", _failure_reason(failure_path, exit_, "evaluation")
@@ -220,7 +220,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
                "threads": inputs.spec.threads, "failure_path": str(failure_path)}
         started = time.time()
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
-                           fmt)
+                           fmt, inputs.spec.memory_limit_bytes_for(fmt))
         run.stages_run.append("quantize")
         if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
             run.status, run.error = "failed", _failure_reason(failure_path, exit_, "quantization")
@@ -315,6 +315,10 @@ def _failure_reason(failure_path: Path, exit_, stage: str) -> str:
     failure = read_json(failure_path)
     if isinstance(failure, dict) and failure.get("error"):
         return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
+    if exit_.over_memory_limit:
+        return (f"{stage} ran out of memory: the subprocess passed the {exit_.over_memory_limit / 2**30:.2f} GiB "
+                "memory limit and was killed; lower --batch-size or --max-model-len, use a smaller format, or "
+                f"raise memory_limit_gib (log: {exit_.log_path})")
     if exit_.killed_by == "SIGKILL":
         from harness.measure.oom import oom_reason
 

@@ -52,6 +52,9 @@ class PairedComparison:
     worsened: int  # items where the candidate scored lower
 
 
+SCORE_RANGE = 100.0
+
+
 def compare_paired(
     baseline: Sequence[float],
     candidate: Sequence[float],
@@ -83,7 +86,8 @@ def compare_paired(
     else:
         t_low, t_high = t_interval(diffs, confidence)
         b_low, b_high = bca_interval(diffs, confidence, resamples, seed)
-        ci_low, ci_high = min(t_low, b_low), max(t_high, b_high)
+        # Scores live on 0-100, so a paired difference cannot leave [-100, 100]; the t part can at tiny n.
+        ci_low, ci_high = max(min(t_low, b_low), -SCORE_RANGE), min(max(t_high, b_high), SCORE_RANGE)
         method = f"paired bootstrap BCa ({resamples}) ∪ t"
 
     if binary:

@@ -45,7 +45,7 @@ def describe_failure(exc: BaseException) -> str:
     from harness.measure.oom import oom_reason, parse_cuda_oom
 
     text = str(exc)
-    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower():
+    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "can't allocate memory" in text:
         return "out of memory: " + oom_reason(parse_cuda_oom(text))
     if isinstance(exc, MemoryError):
         return "out of host memory: " + oom_reason(None)

@@ -79,7 +79,7 @@ def load_model_config(model: str) -> tuple[dict, str]:
     path = Path(model).expanduser()
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
-        where = f"{path} has no config.json" if path.is_dir() else f"{path}: no such file"
+        where = "this directory has no config.json" if path.is_dir() else "no such file"
         raise UserError(f"--model {model}: {where}; pass a Hugging Face model directory, its config.json, or demo")
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))

@@ -32,6 +32,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
                         help="compute dtype for the baseline (default: the checkpoint's)")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--latency-requests", type=int, help="requests timed one at a time (default 8)")
+    parser.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
+                        "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
     parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan (default 80)")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization (default 0.90)")
     parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
@@ -67,6 +70,7 @@ def spec_from_args(args):
         "calibration": args.calibration, "calibration_samples": args.calibration_samples,
         "max_items": args.max_items, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "threads": args.threads, "dtype": args.dtype, "seed": args.seed,
+        "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
         "use_cache": False if args.no_cache else None, "trust_remote_code": True if args.trust_remote_code else None,
     }
     spec = build_spec(args.config, overrides)

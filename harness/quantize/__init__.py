@@ -63,5 +63,11 @@ def choose_group_size(config: dict, requested: int | None, fmt: str) -> int:
 def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int) -> Recipe:
     if fmt == "int8":
         return Recipe("int8", bits=8, calibration_samples=0, seed=seed, extra={"llm_int8_threshold": 6.0})
+    extra = {}
+    if fmt == "awq":
+        from harness.runtime.device import is_cuda
+
+        # AWQ's clip search costs about a minute per layer on a CPU; on a GPU it is cheap and stays on.
+        extra["apply_clip"] = is_cuda()
     return Recipe(fmt, bits=4, group_size=choose_group_size(config, group_size, fmt),
-                  calibration_samples=calibration_samples, seed=seed,)
+                  calibration_samples=calibration_samples, seed=seed, extra=extra)

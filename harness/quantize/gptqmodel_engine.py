@@ -5,10 +5,12 @@ Both write the checkpoint formats vLLM serves with `--quantization gptq|awq`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from harness.quantize.base import Recipe, package_versions
+from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
 
 
 class GptqModelQuantizer:
@@ -26,8 +28,6 @@ class GptqModelQuantizer:
         from gptqmodel import BACKEND, GPTQModel
         from gptqmodel.quantization import AWQConfig, GPTQConfig
 
-        from harness.runtime.device import is_cuda
-
         device = "cuda" if is_cuda() else "cpu"
         if self.method == "awq":
             config = AWQConfig(bits=recipe.bits or 4, group_size=recipe.group_size)
@@ -35,7 +35,63 @@ class GptqModelQuantizer:
         else:
             config = GPTQConfig(bits=recipe.bits or 4, group_size=recipe.group_size)
             backend = BACKEND.AUTO
-        model = GPTQModel.load(str(source_path), config, device=device)
+        import torch
+
+        calibrate_fp32 = not is_cuda() and not cpu_has_bf16_matmul()
+        dtype = torch.float32 if calibrate_fp32 else "auto"
+        model = GPTQModel.load(str(source_path), config, device=device, dtype=dtype)
         # AWQ's auto backend asks for CUDA; on CPU name the portable torch kernel.
-        model.quantize(calibration, batch_size=1, backend=backend)
+        with _float32_packing(calibrate_fp32), _awq_clip_search(bool(recipe.extra.get("apply_clip", True))):
+            model.quantize(calibration, batch_size=1, backend=backend)
+        if calibrate_fp32:
+            # Stored like every GPTQ/AWQ checkpoint vLLM serves: float16 scales and unquantized weights.
+            model.model.to(torch.float16)
+            model.model.config.dtype = torch.float16
         model.save(str(out_dir))
+
+
+@contextlib.contextmanager
+def _float32_packing(enabled: bool):
+    """Let GPTQModel's CPU torch kernels accept a float32 model while it quantizes.
+
+    On a CPU without bf16 units, calibration forwards in bf16 run about 5x slower than float32 (AWQ's scale
+    search runs some 80 of them per layer). GPTQModel's torch kernels declare float16/bfloat16 only, although
+    their packing is dtype-agnostic; the model is cast to float16 before saving.
+    """
+    if not enabled:
+        yield
+        return
+    import torch
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.nn_modules.qlinear.torch_awq import AwqTorchLinear
+
+    saved = {cls: cls.SUPPORTS_DTYPES for cls in (TorchLinear, AwqTorchLinear)}
+    try:
+        for cls in saved:
+            cls.SUPPORTS_DTYPES = [*saved[cls], torch.float32]
+        yield
+    finally:
+        for cls, dtypes in saved.items():
+            cls.SUPPORTS_DTYPES = dtypes
+
+
+@contextlib.contextmanager
+def _awq_clip_search(enabled: bool):
+    """AWQ's weight-clipping search (AutoAWQ's `apply_clip`), which GPTQModel always runs.
+
+    It is part of the AWQ recipe and stays on by default; on a CPU it dominates quantization time (about a minute
+    per layer of the demo model), so the CPU recipe may turn it off, and the manifest records the choice.
+    """
+    from gptqmodel.looper.awq_processor import AWQProcessor
+
+    original = AWQProcessor.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.apply_clip = enabled
+
+    AWQProcessor.__init__ = init
+    try:
+        yield
+    finally:
+        AWQProcessor.__init__ = original

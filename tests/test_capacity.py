@@ -1,0 +1,231 @@
+"""KV/weights arithmetic from configs, the vLLM capacity plan, and `quantgate plan` (no model is loaded)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from harness.commands import plan as plan_command
+from harness.errors import UserError
+from harness.measure.capacity import VLLM_MAX_NUM_SEQS, plan_capacity, vllm_quantization
+from harness.measure.kv import (DEMO_CONFIG, estimate_activation_peak_bytes, estimate_weights_bytes,
+                                kv_bytes_per_token, parameter_count)
+
+GIB = 2**30
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+             "tie_word_embeddings": False}
+LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "vocab_size": 32000, "max_position_embeddings": 4096, "tie_word_embeddings": False}  # no KV-heads field
+QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+              "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+# --- KV cache per token: 2 x layers x kv_heads x head_dim x bytes
+
+def test_kv_per_token_smollm2():
+    assert kv_bytes_per_token(DEMO_CONFIG) == 2 * 30 * 3 * 64 * 2 == 23_040
+
+
+def test_kv_per_token_gqa_llama3_8b():
+    assert kv_bytes_per_token(LLAMA3_8B) == 2 * 32 * 8 * 128 * 2 == 131_072
+
+
+def test_kv_per_token_without_gqa_defaults_kv_heads_to_attention_heads():
+    assert kv_bytes_per_token(LLAMA2_7B) == 2 * 32 * 32 * 128 * 2 == 524_288
+
+
+def test_kv_per_token_dtype_and_explicit_head_dim():
+    assert kv_bytes_per_token(LLAMA3_8B, kv_dtype_bytes=1) == 65_536  # fp8 KV cache
+    # Gemma-style: head_dim given and not hidden/heads (2048/8 would be 256).
+    assert kv_bytes_per_token({**LLAMA3_8B, "hidden_size": 2048, "num_attention_heads": 8, "head_dim": 128,
+                               "num_key_value_heads": 1}) == 2 * 32 * 1 * 128 * 2
+
+
+def test_kv_per_token_reads_nested_text_config_and_pretrained_config():
+    from transformers import LlamaConfig
+
+    multimodal = {"architectures": ["LlavaForConditionalGeneration"], "text_config": LLAMA3_8B,
+                  "vision_config": {"hidden_size": 1024}}
+    assert kv_bytes_per_token(multimodal) == 131_072
+    config = LlamaConfig(**{k: v for k, v in DEMO_CONFIG.items() if k not in ("architectures", "model_type")})
+    assert kv_bytes_per_token(config) == 23_040
+    assert parameter_count(config) == 134_515_008
+
+
+def test_missing_field_names_it():
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        kv_bytes_per_token({"hidden_size": 64, "num_attention_heads": 4})
+
+
+# --- parameters and weights
+
+def test_parameter_counts_match_published_sizes():
+    # SmolLM2-135M: embed 49152x576 = 28,311,552 (tied: once); per layer q 576x576 + k,v 576x192 each + o 576x576
+    # = 884,736, MLP 3x576x1536 = 2,654,208, 2 norms 1,152 -> 3,540,096 x 30 = 106,202,880; final norm 576.
+    assert parameter_count(DEMO_CONFIG) == 28_311_552 + 106_202_880 + 576 == 134_515_008
+    assert parameter_count(LLAMA3_8B) == 8_030_261_248
+    assert parameter_count(LLAMA2_7B) == 6_738_415_616
+    assert parameter_count(QWEN25_05B) == 494_032_768  # Qwen2's q/k/v biases included
+
+
+def test_weights_bf16_baseline():
+    assert estimate_weights_bytes(DEMO_CONFIG, 16) == 269_030_016  # ~269 MB
+    assert estimate_weights_bytes(DEMO_CONFIG, 32) == 538_060_032
+
+
+def test_weights_int8_llm_int8():
+    # Linear weights 30 x 3,538,944 = 106,168,320 bytes at 1 byte; fp32 row scales: outputs per layer
+    # 576+192+192+576+1536+1536+576 = 5,184 x 4 B x 30 = 622,080; embeddings + norms 28,346,688 x 2 B = 56,693,376.
+    assert estimate_weights_bytes(DEMO_CONFIG, 8) == 106_168_320 + 622_080 + 56_693_376
+
+
+def test_weights_gptq_and_awq_4bit_group_64():
+    # Per layer at 4 bits, group 64: q (576->576): packed 165,888 + 9 groups x 576 fp16 scales 10,368 + packed
+    # zeros 2,592 + int32 g_idx 2,304 = 181,152; k, v (576->192): 61,920 each; o: 181,152; gate, up (576->1536):
+    # 479,232 each; down (1536->576, 24 groups): 442,368 + 27,648 + 6,912 + 6,144 = 483,072. Sum 1,927,680 x 30.
+    gptq = estimate_weights_bytes(DEMO_CONFIG, 4, 64, fmt="gptq")
+    assert gptq == 1_927_680 * 30 + 56_693_376 == 114_523_776
+    # AWQ stores no g_idx: 6 x 2,304 + 6,144 = 19,968 bytes per layer less.
+    assert estimate_weights_bytes(DEMO_CONFIG, 4, 64, fmt="awq") == gptq - 19_968 * 30
+
+
+def test_weights_shrink_with_format():
+    bf16 = estimate_weights_bytes(LLAMA3_8B, 16)
+    int8 = estimate_weights_bytes(LLAMA3_8B, 8)
+    gptq = estimate_weights_bytes(LLAMA3_8B, 4, 128, fmt="gptq")
+    assert bf16 == 2 * 8_030_261_248
+    assert 0.5 < int8 / bf16 < 0.6  # embeddings and lm_head stay 16-bit
+    assert 5.2 * GIB < gptq < 5.5 * GIB  # published 4-bit GPTQ Llama-3-8B checkpoints are ~5.7 GB
+
+
+def test_activation_estimate_scales_with_tokens():
+    # 8192 x (4 x 4096 + 3 x 14336) x 2 = 973,078,528; sampler 256 x 128,256 x 8 = 262,668,288.
+    assert estimate_activation_peak_bytes(LLAMA3_8B, 8192) == 973_078_528 + 262_668_288
+    assert estimate_activation_peak_bytes(LLAMA3_8B, 16384) > estimate_activation_peak_bytes(LLAMA3_8B, 8192)
+
+
+# --- capacity plan
+
+def test_capacity_worked_example_fits():
+    # 80 GiB x 0.90 = 72 GiB budget; minus 16 GiB weights and 2 GiB activations = 54 GiB; 8% held back:
+    # 54 x 0.92 = 49.68 GiB = 53,343,493,816 bytes. A 16-token block of 128 KiB/token is 2 MiB:
+    # 53,343,493,816 / 2,097,152 = 25,436.16 -> 25,436 blocks = 406,976 tokens; / 4096 = 99.36 -> 99 sequences.
+    plan = plan_capacity(16 * GIB, 2 * GIB, 131_072, gpu_memory_gib=80, gpu_memory_utilization=0.90,
+                         max_model_len=4096, quantization="gptq")
+    assert plan.budget_bytes == 72 * GIB
+    assert plan.kv_room_bytes == 53_343_493_816
+    assert plan.kv_tokens == 406_976
+    assert plan.max_num_seqs == 99
+    assert plan.fits is True
+    assert plan.max_num_batched_tokens == 8192
+    assert plan.vllm_flags == ("--gpu-memory-utilization 0.90 --max-model-len 4096 --max-num-seqs 99 "
+                               "--max-num-batched-tokens 8192 --quantization gptq")
+    assert "406,976 tokens" in plan.note and "99 sequences" in plan.note
+    as_dict = plan.as_dict()
+    for key in ("gpu_memory_gib", "gpu_memory_utilization", "max_model_len", "kv_room_bytes", "kv_tokens",
+                "max_num_seqs", "max_num_batched_tokens", "vllm_flags", "fits", "note"):
+        assert key in as_dict
+    assert json.loads(json.dumps(as_dict)) == as_dict
+
+
+def test_capacity_does_not_fit_names_the_levers():
+    # 24 GiB x 0.90 = 23,193,223,987 budget; minus 18 GiB = 3,865,871,155; x 0.92 = 3,556,601,462;
+    # / 2 MiB = 1,695.9 -> 1,695 blocks = 27,120 tokens < 32,768: not one sequence.
+    # One sequence needs 18 GiB + 4 GiB / 0.92 = 22.348 GiB: utilization 22.348 / 24 = 0.9312 -> 0.94,
+    # or a GPU of 22.348 / 0.90 = 24.8 GiB.
+    plan = plan_capacity(16 * GIB, 2 * GIB, 131_072, gpu_memory_gib=24, gpu_memory_utilization=0.90,
+                         max_model_len=32768, quantization=None)
+    assert plan.kv_tokens == 27_120
+    assert plan.fits is False and plan.max_num_seqs == 0 and plan.vllm_flags == ""
+    assert "--max-model-len 27120" in plan.note
+    assert "--gpu-memory-utilization to 0.94" in plan.note
+    assert "24.8 GiB" in plan.note and "smaller format" in plan.note
+
+
+def test_capacity_weights_over_budget():
+    plan = plan_capacity(16 * GIB, 1 * GIB, 131_072, gpu_memory_gib=16, max_model_len=4096)
+    assert plan.fits is False and plan.kv_room_bytes == 0 and plan.kv_tokens == 0
+    assert "exceed the 14.40 GiB budget" in plan.note
+    assert "--max-model-len" not in plan.note  # no length would fit
+
+
+def test_capacity_caps_at_vllm_default_and_rounds_to_blocks():
+    weights = estimate_weights_bytes(DEMO_CONFIG, 16)
+    plan = plan_capacity(weights, 200 * 2**20, 23_040, max_model_len=2048, quantization="int8")
+    assert plan.max_num_seqs == VLLM_MAX_NUM_SEQS
+    assert plan.kv_tokens % 16 == 0
+    assert plan.vllm_flags.endswith("--quantization bitsandbytes")
+    assert "raise it to use the room" in plan.note
+
+
+def test_capacity_overhead_and_quantization_names():
+    base = plan_capacity(10 * GIB, 0, 131_072, max_model_len=4096)
+    less = plan_capacity(10 * GIB, 0, 131_072, max_model_len=4096, overhead_bytes=GIB)
+    assert less.kv_room_bytes < base.kv_room_bytes
+    assert "--quantization" not in base.vllm_flags
+    assert vllm_quantization("baseline") is None and vllm_quantization("awq") == "awq"
+    with pytest.raises(ValueError):
+        plan_capacity(GIB, 0, 131_072, max_model_len=4096, gpu_memory_utilization=1.5)
+
+
+# --- quantgate plan
+
+def _run_plan(argv: list[str], capsys) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="quantgate")
+    plan_command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    code = args.func(args)
+    return code, capsys.readouterr().out
+
+
+def test_plan_demo_json(capsys):
+    code, out = _run_plan(["--model", "demo", "--json"], capsys)
+    assert code == 0
+    result = json.loads(out)
+    assert result["model"]["num_parameters"] == 134_515_008
+    assert result["kv_bytes_per_token"] == 23_040
+    assert list(result["formats"]) == ["baseline", "int8", "gptq", "awq"]
+    assert result["formats"]["baseline"]["weights_bytes"] == 269_030_016
+    assert result["formats"]["gptq"]["group_size"] == 64  # 576 inputs: 128 does not divide them
+    assert result["formats"]["awq"]["capacity"]["vllm_flags"].endswith("--quantization awq")
+    assert result["formats"]["baseline"]["capacity"]["max_model_len"] == 4096
+
+
+def test_plan_table_from_config_file_and_directory(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B), encoding="utf-8")
+    code, out = _run_plan(["--model", str(tmp_path / "config.json"), "--format", "gptq", "--group-size", "128",
+                           "--gpu-memory-gib", "24", "--activation-gib", "2"], capsys)
+    assert code == 0
+    assert "gptq g128" in out and "vllm serve MODEL" in out and "--quantization gptq" in out
+    code, out = _run_plan(["--model", str(tmp_path), "--format", "baseline", "--gpu-memory-gib", "16"], capsys)
+    assert code == 0  # planning only: not fitting is reported, not an error
+    assert "NO" in out and "does not fit" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "/no/such/place/config.json"], "no such file"),
+    (["--format", "fp4"], "unknown format"),
+    (["--gpu-memory-utilization", "1.2"], "must be in"),
+    (["--max-model-len", "100000"], "max_position_embeddings"),
+    (["--format", "gptq", "--group-size", "100"], "group size 100"),
+])
+def test_plan_bad_input_is_a_user_error(argv, message, capsys):
+    with pytest.raises(UserError, match=message):
+        _run_plan(argv, capsys)
+
+
+def test_plan_directory_without_config_and_bad_json(tmp_path, capsys):
+    with pytest.raises(UserError, match="directory has no config.json"):
+        _run_plan(["--model", str(tmp_path)], capsys)
+    (tmp_path / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(UserError, match="not a readable JSON config"):
+        _run_plan(["--model", str(tmp_path)], capsys)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}), encoding="utf-8")
+    with pytest.raises(UserError, match="num_attention_heads|num_hidden_layers"):
+        _run_plan(["--model", str(tmp_path)], capsys)

@@ -1,0 +1,174 @@
+"""Faults mid-run on the real pipeline: kill -9, Ctrl-C, OOM, --resume, stale and corrupt cache entries.
+
+Runs baseline + int8 on the demo model over two tiny evalsets written here, so each run takes well under a
+minute once the session's cache holds the converted demo model.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, quantgate
+
+pytestmark = pytest.mark.slow
+FAST = ("--model", "demo", "--formats", "baseline,int8", "--batch-size", "2", "--max-new-tokens", "6",
+        "--latency-requests", "2")
+
+
+def write_sets(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "qa.toml").write_text('name = "qa"\ntask = "qa"\nlanguage = "en"\ndata = "qa.jsonl"\n'
+                                    'max_new_tokens = 6\nprompt_template = "{context}\\nQuestion: {question}"\n')
+    rows = [{"id": "q1", "context": "Refunds are possible within 30 days of purchase.",
+             "question": "Within how many days are refunds possible?", "answers": ["30 days"]},
+            {"id": "q2", "context": "Support is open from 9am to 5pm.", "question": "When does support open?",
+             "answers": ["9am"]},
+            {"id": "q3", "context": "SSO is on the Pro plan.", "question": "Which plan has SSO?", "answers": ["Pro"]}]
+    (folder / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "sum.toml").write_text('name = "sum"\ntask = "generation"\nlanguage = "en"\ndata = "sum.jsonl"\n'
+                                     'max_new_tokens = 6\nprompt_template = "{instruction}\\n{context}"\n')
+    rows = [{"id": f"s{i}", "instruction": "Summarize in one sentence.",
+             "context": f"The API gateway returned errors for {i} minutes after a bad deploy; we rolled back.",
+             "reference": f"A bad deploy caused {i} minutes of gateway errors and was rolled back."} for i in (5, 7, 9)]
+    (folder / "sum.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def comparable(report: dict) -> dict:
+    return {name: (entry["verdict"], entry["scores"]) for name, entry in report["formats"].items()}
+
+
+@pytest.fixture(scope="module")
+def reference(demo_cache, tmp_path_factory):
+    """An uninterrupted run: what every recovered run must reproduce."""
+    sets = write_sets(tmp_path_factory.mktemp("sets"))
+    out = tmp_path_factory.mktemp("reference")
+    quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(out), cache=demo_cache)
+    return sets, json.loads((out / "report.json").read_text())
+
+
+def start(args, cache: Path) -> subprocess.Popen:
+    env = dict(os.environ, QUANTGATE_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for_worker(parent: subprocess.Popen, needle: str, timeout: float = 300) -> psutil.Process:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            try:
+                if "harness.worker" in " ".join(child.cmdline()) and needle in " ".join(child.cmdline()):
+                    return child
+            except psutil.Error:
+                continue
+        assert parent.poll() is None, parent.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no worker matching {needle} started")
+
+
+def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_path):
+    sets, expected = reference
+    fresh = write_sets(tmp_path / "sets")  # same content: the cache holds it, so nuke the results cache
+    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+    out = tmp_path / "run"
+    run = start(("run", *FAST, "--evalsets", str(fresh), "--out", str(out)), demo_cache)
+    wait_for_worker(run, "stages/int8/evaluate").send_signal(signal.SIGKILL)
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 1, stderr
+    report = json.loads((out / "report.json").read_text())
+    int8 = report["formats"]["int8"]
+    assert int8["status"] == "failed" and int8["verdict"] == "NO-GO"
+    assert "killed by SIGKILL" in int8["reasons"][0]
+    assert report["formats"]["baseline"]["status"] == "ok"  # the other format finished
+    resumed = quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    again = json.loads((out / "report.json").read_text())
+    assert again["formats"]["baseline"]["stages_run"] == []  # finished work is not redone
+    assert "measure" in again["formats"]["int8"]["stages_run"]
+    assert comparable(again) == comparable(expected)
+    assert "Traceback" not in resumed.stderr
+
+
+def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path):
+    sets, expected = reference
+    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+    out = tmp_path / "run"
+    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    wait_for_worker(run, "stages/int8/evaluate")
+    os.killpg(run.pid, signal.SIGKILL)
+    run.communicate(timeout=60)
+    assert not (out / "report.json").exists()
+    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    report = json.loads((out / "report.json").read_text())
+    assert report["formats"]["baseline"]["stages_run"] == []  # baseline had finished before the kill
+    assert comparable(report) == comparable(expected)
+
+
+def test_ctrl_c_writes_a_partial_report_and_exits_130(reference, demo_cache, tmp_path):
+    sets, expected = reference
+    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+    out = tmp_path / "run"
+    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    wait_for_worker(run, "stages/int8/evaluate")
+    os.killpg(run.pid, signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    partial = json.loads((out / "report.json").read_text())
+    assert partial["formats"]["baseline"]["status"] == "ok"
+    assert partial["formats"]["int8"]["status"] == "interrupted"
+    assert "--resume" in stderr and "Traceback" not in stderr
+    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    assert comparable(json.loads((out / "report.json").read_text())) == comparable(expected)
+
+
+def test_out_of_memory_format_is_no_go_and_others_finish(reference, demo_cache, tmp_path):
+    sets, _ = reference
+    config = tmp_path / "run.toml"
+    config.write_text('[formats.baseline]\n[formats.int8]\nmemory_limit_gib = 0.25\n')
+    out = tmp_path / "run"
+    result = quantgate("run", "--config", str(config), *FAST[:2], *FAST[4:], "--evalsets", str(sets),
+                       "--out", str(out), "--no-cache", cache=demo_cache)
+    assert result.returncode == 1
+    report = json.loads((out / "report.json").read_text())
+    assert report["formats"]["baseline"]["status"] == "ok"
+    reason = report["formats"]["int8"]["reasons"][0]
+    assert "out of memory" in reason and "0.25 GiB" not in reason or "memory limit" in reason
+    assert "--batch-size" in reason
+
+
+def test_changed_evalset_line_reruns_only_that_evaluation(reference, demo_cache, tmp_path):
+    sets, _ = reference
+    quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(tmp_path / "warm"), cache=demo_cache)
+    edited = tmp_path / "edited"
+    shutil.copytree(sets, edited)
+    lines = (edited / "qa.jsonl").read_text().splitlines()
+    row = json.loads(lines[2])
+    row["answers"] = ["the Pro plan"]  # same prompt, new gold answer: scores change, generation need not
+    row["question"] = "Which plan?"  # shorter prompt: stays outside the memory probe (the longest prompts)
+    lines[2] = json.dumps(row)
+    (edited / "qa.jsonl").write_text("\n".join(lines) + "\n")
+    quantgate("run", *FAST, "--evalsets", str(edited), "--out", str(tmp_path / "run"), cache=demo_cache)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for name in ("baseline", "int8"):
+        assert report["formats"][name]["stages_run"] == ["generate:qa"], name
+
+
+def test_truncated_cache_artifact_is_rebuilt(reference, demo_cache, tmp_path):
+    sets, expected = reference
+    artifacts = sorted((demo_cache / "artifacts").glob("int8-*"))
+    assert artifacts
+    weights = artifacts[0] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    result = quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(tmp_path), cache=demo_cache)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "quantize" in report["formats"]["int8"]["stages_run"]
+    assert "missing or corrupt; rebuilding" in result.stderr
+    assert comparable(report) == comparable(expected)
