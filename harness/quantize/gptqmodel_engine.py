@@ -44,9 +44,11 @@ class GptqModelQuantizer:
         with _float32_packing(calibrate_fp32), _awq_clip_search(bool(recipe.extra.get("apply_clip", True))):
             model.quantize(calibration, batch_size=1, backend=backend)
         if calibrate_fp32:
-            # Stored like every GPTQ/AWQ checkpoint vLLM serves: float16 scales and unquantized weights.
-            model.model.to(torch.float16)
-            model.model.config.dtype = torch.float16
+            # Stored in the source checkpoint's 16-bit dtype, as if it had been calibrated in it. Not float16 by
+            # default: AWQ folds its scales into the norms, which can leave float16's range (garbage output seen).
+            target = _source_dtype(source_path)
+            model.model.to(target)
+            model.model.config.dtype = target
         model.save(str(out_dir))
 
 
@@ -95,3 +97,13 @@ def _awq_clip_search(enabled: bool):
         yield
     finally:
         AWQProcessor.__init__ = original
+
+
+def _source_dtype(source_path: Path):
+    import json
+
+    import torch
+
+    config = json.loads((source_path / "config.json").read_text(encoding="utf-8"))
+    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    return torch.float16 if name == "float16" else torch.bfloat16
