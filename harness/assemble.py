@@ -9,7 +9,9 @@ from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_c
 from harness.evalsets import score_item
 from harness.measure.capacity import plan_capacity
 from harness.measure.kv import kv_bytes_per_token
+from harness.measure.latency import latency_block
 from harness.quantize import VLLM_QUANTIZATION
+from harness.runtime.transformers_backend import BatchTiming
 
 
 def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]]:
@@ -99,9 +101,13 @@ def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[s
 def format_entry(inputs, run, max_model_len: int) -> dict:
     memory = dict(_memory(run))
     latency = dict(_latency(run))
-    kv_predicted = kv_bytes_per_token(inputs.model_config)
+    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
+    # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
+    upcast = _ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    kv_predicted = kv_bytes_per_token(inputs.model_config, kv_dtype_bytes=2 * upcast)
     entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run,
-             "compute_dtype": ((run.measurement or {}).get("result") or {}).get("compute_dtype")}
+             "compute_dtype": compute_dtype}
     if memory:
         memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
                       kv_bytes_per_token=kv_predicted,
@@ -112,7 +118,11 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
     else:
         memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
     entry["memory"] = memory
+    generated = [g["result"] for g in run.generations.values() if g.get("result")]
     if latency:
+        batches = [BatchTiming(**b) for g in generated for b in g.get("batches", [])]
+        if batches:  # the evaluation's own batches: every request of every evalset at the evaluation batch size
+            latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
         latency.update(device=memory.get("device"), threads=inputs.spec.threads)
         for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
             latency[key] = latency["batch_1"][key]
@@ -121,15 +131,19 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
     if memory.get("weights_bytes"):
         capacity = inputs.spec.capacity
         entry["capacity"] = plan_capacity(
-            memory["weights_bytes"], memory.get("activation_peak_bytes") or 0, kv_predicted,
+            int(memory["weights_bytes"] / upcast), int((memory.get("activation_peak_bytes") or 0) / upcast),
+            kv_bytes_per_token(inputs.model_config),
             gpu_memory_gib=capacity.gpu_memory_gib, gpu_memory_utilization=capacity.gpu_memory_utilization,
             max_model_len=max_model_len, quantization=VLLM_QUANTIZATION[run.name]).as_dict()
-    generated = [g["result"] for g in run.generations.values() if g.get("result")]
     entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
                            "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
                            "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
                            "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated]}
     return entry
+
+
+# A 16-bit checkpoint computed in float32 (a CPU without bf16 units) holds twice the bytes it would serve with.
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _memory(run) -> dict:

@@ -23,6 +23,7 @@ class WorkerExit:
     returncode: int
     log_path: Path
     over_memory_limit: int | None = None  # the RSS (bytes) at which the memory guard killed the worker
+    rss_peak_bytes: int | None = None  # the worker's peak RSS as sampled every 50 ms
 
     @property
     def killed_by(self) -> str | None:
@@ -50,15 +51,17 @@ def worker_environment() -> dict[str, str]:
     return env
 
 
-class _MemoryGuard(threading.Thread):
-    """Emulates a smaller host: SIGKILL the worker, as the kernel's OOM killer would, once its RSS passes a limit."""
+class _MemoryWatch(threading.Thread):
+    """Samples the worker's RSS (its peak goes into an OOM reason) and, with a limit, emulates a smaller host:
+    SIGKILL the worker, as the kernel's OOM killer would, once its RSS passes the limit."""
 
-    def __init__(self, pid: int, limit_bytes: int) -> None:
+    def __init__(self, pid: int, limit_bytes: int | None) -> None:
         super().__init__(daemon=True)
         import psutil
 
         self._process = psutil.Process(pid)
         self.limit = limit_bytes
+        self.peak_rss = 0
         self.tripped_at: int | None = None
         self._done = threading.Event()
 
@@ -70,7 +73,8 @@ class _MemoryGuard(threading.Thread):
                 rss = self._process.memory_info().rss
             except psutil.Error:
                 return
-            if rss > self.limit:
+            self.peak_rss = max(self.peak_rss, rss)
+            if self.limit and rss > self.limit:
                 self.tripped_at = rss
                 self._process.kill()
                 return
@@ -90,9 +94,8 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
                                  cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
         relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)
         relay.start()
-        guard = _MemoryGuard(child.pid, memory_limit_bytes) if memory_limit_bytes else None
-        if guard:
-            guard.start()
+        watch = _MemoryWatch(child.pid, memory_limit_bytes)
+        watch.start()
         try:
             for line in child.stdout:
                 if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
@@ -104,9 +107,8 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
             raise
         finally:
             relay.join(timeout=5)
-            if guard:
-                guard.stop()
-    return WorkerExit(child.returncode, log_path, guard.tripped_at if guard else None)
+            watch.stop()
+    return WorkerExit(child.returncode, log_path, watch.tripped_at, watch.peak_rss or None)
 
 
 def _relay_stderr(stream, log, label: str) -> None:

@@ -316,14 +316,14 @@ def _failure_reason(failure_path: Path, exit_, stage: str) -> str:
     if isinstance(failure, dict) and failure.get("error"):
         return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
     if exit_.over_memory_limit:
-        return (f"{stage} ran out of memory: the subprocess passed the {exit_.over_memory_limit / 2**30:.2f} GiB "
-                "memory limit and was killed; lower --batch-size or --max-model-len, use a smaller format, or "
-                f"raise memory_limit_gib (log: {exit_.log_path})")
+        return (f"{stage} ran out of memory: the subprocess reached {exit_.over_memory_limit / 2**30:.2f} GiB RSS, "
+                "past its memory limit, and was killed; lower --batch-size or --max-new-tokens, use a smaller "
+                f"format, or raise memory_limit_gib (log: {exit_.log_path})")
     if exit_.killed_by == "SIGKILL":
         from harness.measure.oom import oom_reason
 
         return (f"{stage} subprocess was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9): "
-                f"{oom_reason(None, killed_signal=9)} (log: {exit_.log_path})")
+                f"{oom_reason(None, killed_signal=9, rss_peak_bytes=exit_.rss_peak_bytes)} (log: {exit_.log_path})")
     if exit_.killed_by:
         return f"{stage} subprocess was killed by {exit_.killed_by} (log: {exit_.log_path})"
     return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"

@@ -76,11 +76,12 @@ def run_quantize(job: dict) -> None:
 def run_evaluate(job: dict) -> None:
     import transformers  # noqa: F401 - imported before the load phase so its RSS is not counted as weights
 
-    from harness.measure.memory import track_peak, weights_bytes
+    from harness.measure.memory import memory_in_use, track_peak, weights_bytes
     from harness.runtime.transformers_backend import LoadedModel
 
     with track_peak() as load_peak:
         model = LoadedModel(Path(job["artifact_path"]), job.get("dtype", "auto"))
+    loaded_bytes = memory_in_use() - load_peak.in_use_start_bytes
     progress.say("model loaded")
     encoded: dict[str, list[int]] = {}
 
@@ -91,13 +92,13 @@ def run_evaluate(job: dict) -> None:
 
     if job.get("measure"):
         measure = job["measure"]
-        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model))
+        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model), loaded_bytes)
         atomic_write_json(Path(measure["result_path"]), result)
     for task in job.get("generate", []):
         atomic_write_json(Path(task["result_path"]), generate_evalset(model, task, tokens, int(job["batch_size"])))
 
 
-def measure_format(model, measure: dict, tokens, load_peak, weights: int) -> dict:
+def measure_format(model, measure: dict, tokens, load_peak, weights: int, loaded_bytes: int) -> dict:
     from harness.measure.latency import latency_block
     from harness.measure.memory import track_peak
 
@@ -114,18 +115,16 @@ def measure_format(model, measure: dict, tokens, load_peak, weights: int) -> dic
         outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
     cached_tokens = timing.batch_size * (timing.prompt_tokens + max(timing.steps - 1, 0))
     peak = max(load_peak.peak_bytes, gen_peak.peak_bytes)
-    if load_peak.cuda_allocated_start_bytes is not None:
-        weights_measured = (gen_peak.cuda_allocated_start_bytes or 0) - load_peak.cuda_allocated_start_bytes
-        activation = (gen_peak.cuda_max_allocated_bytes or 0) - (gen_peak.cuda_allocated_start_bytes or 0) - kv_bytes
+    if gen_peak.cuda_allocated_start_bytes is not None:
+        activation = (gen_peak.cuda_max_allocated_bytes or 0) - gen_peak.cuda_allocated_start_bytes - kv_bytes
     else:
-        weights_measured = gen_peak.start_bytes - load_peak.start_bytes
         activation = gen_peak.peak_bytes - gen_peak.start_bytes - kv_bytes
     return {
         "memory": {
             "peak_bytes": peak,
             "weights_bytes": weights,
             "parameters": sum(p.numel() for p in model.model.parameters()),
-            "weights_bytes_measured": weights_measured,
+            "weights_bytes_measured": loaded_bytes,  # allocator (GPU) or RSS (CPU) growth across the load
             "kv_bytes_per_token_measured": round(kv_bytes / cached_tokens) if cached_tokens else None,
             "kv_bytes_largest_batch": kv_bytes,
             "activation_peak_bytes": max(0, activation),
@@ -149,6 +148,8 @@ def _max_or_none(*values):
 
 
 def generate_evalset(model, task: dict, tokens, batch_size: int) -> dict:
+    from dataclasses import asdict
+
     from harness.measure.latency import latency_block
 
     items = task["items"]
@@ -170,7 +171,8 @@ def generate_evalset(model, task: dict, tokens, batch_size: int) -> dict:
         done += len(batch)
         progress.step(label, done, len(items))
     return {"evalset": task["evalset"], "key": task["key"], "outputs": outputs,
-            "latency": latency_block(timings), "wall_s": round(time.time() - started, 3),
+            "latency": latency_block(timings), "batches": [asdict(t) for t in timings],
+            "wall_s": round(time.time() - started, 3),
             "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)}
 
 

@@ -23,6 +23,20 @@ class PhasePeak:
     cuda_allocated_start_bytes: int | None = None
     nvml_peak_used_bytes: int | None = None
 
+    @property
+    def in_use_start_bytes(self) -> int:
+        """What memory_in_use() read when the phase began."""
+        return self.cuda_allocated_start_bytes if self.cuda_allocated_start_bytes is not None else self.start_bytes
+
+
+def memory_in_use() -> int:
+    """Bytes the model's tensors can occupy now: the CUDA allocator's allocated bytes on GPU, RSS on CPU."""
+    if is_cuda():
+        import torch
+
+        return torch.cuda.memory_allocated()
+    return current_rss_bytes()
+
 
 def current_rss_bytes() -> int:
     return _status_kib("VmRSS") * 1024

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from harness.report.units import is_number
-from harness.report.view import candidates, formats_in_order, gated_scores, latency_run, verdict_of
+from harness.report.view import (candidates, formats_in_order, gated_scores, largest_batch_kv, latency_run,
+                                  verdict_of)
 
 GIB = 2**30
 VERDICT_COLOURS = {"GO": "#1a7f37", "NO-GO": "#cf222e", "INCONCLUSIVE": "#bf8700", "BASELINE": "#57606a"}
@@ -144,9 +145,7 @@ def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
         weights, activations = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
         if not is_number(weights):
             continue
-        kv_per_token = memory.get("kv_bytes_per_token")
-        length = (fmt.get("capacity") or {}).get("max_model_len") or memory.get("largest_batch_tokens")
-        kv = kv_per_token * length if is_number(kv_per_token) and is_number(length) else 0.0
+        kv = largest_batch_kv(memory)[0] or 0.0
         rows.append((name, weights / GIB, kv / GIB, (activations or 0.0) / GIB, memory.get("peak_bytes")))
     if not rows:
         return None

@@ -163,18 +163,27 @@ class MemoryRow:
     is_peak: bool = False
 
 
+def largest_batch_kv(memory: dict[str, Any]) -> tuple[float | None, int | None]:
+    """KV bytes held at the largest measured batch (measured; else predicted per token x tokens), and its tokens."""
+    tokens = (memory.get("largest_batch") or {}).get("tokens")
+    measured, per_token = memory.get("kv_bytes_largest_batch"), memory.get("kv_bytes_per_token")
+    if is_number(measured):
+        return measured, tokens
+    return (per_token * tokens if is_number(per_token) and is_number(tokens) else None), tokens
+
+
 def memory_rows(fmt: dict[str, Any]) -> list[MemoryRow]:
     """Weights / KV / activations / peak, then the raw device figures that exist; [] if nothing was measured."""
     memory = fmt.get("memory") or {}
     if not any(is_number(memory.get(k)) for k in ("peak_bytes", "weights_bytes", "activation_peak_bytes")):
         return []
-    kv, tokens = memory.get("kv_bytes_per_token"), memory.get("largest_batch_tokens")
+    kv_at_largest, tokens = largest_batch_kv(memory)
     rows = [
         MemoryRow("Weights", _with_measured(memory, "weights_bytes")),
         MemoryRow("KV cache per token", _with_measured(memory, "kv_bytes_per_token")),
     ]
-    if is_number(kv) and is_number(tokens):
-        rows.append(MemoryRow(f"KV cache at largest batch ({fmt_int(tokens)} tokens)", fmt_bytes(kv * tokens)))
+    if is_number(kv_at_largest) and is_number(tokens):
+        rows.append(MemoryRow(f"KV cache at largest batch ({fmt_int(tokens)} tokens)", fmt_bytes(kv_at_largest)))
     rows.append(MemoryRow("Activation peak", fmt_bytes(memory.get("activation_peak_bytes"))))
     rows.append(MemoryRow("Peak", fmt_bytes(memory.get("peak_bytes")), is_peak=True))
     for key, label in (
