@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import progress
-from harness.cache import atomic_write_json, cache_dir
+from harness.cache import atomic_write_json
+from harness.sandbox import apply_offline, cache_locations
 
 # GPTQModel draws its own bars; we read its layer counter from the log to draw ours.
 _LAYER_PROGRESS = re.compile(r"Quantizing [^\n\r]*?layer \[?(\d+) of (\d+)\]?")
@@ -36,13 +37,10 @@ class WorkerExit:
 
 
 def worker_environment() -> dict[str, str]:
+    """The parent's environment, offline and with every library cache and temp dir inside our cache (sandbox)."""
     env = dict(os.environ)
-    hf_home = cache_dir("hf_home")
-    tmp = cache_dir("tmp")
-    env.setdefault("HF_HOME", str(hf_home))  # tokenicer would otherwise point it at /tmp/tokenicer_hf_home
-    env["TMPDIR"] = str(tmp)  # GPTQModel offloads layers here during quantization
-    if env.get("QUANTGATE_ALLOW_NETWORK") != "1":
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(cache_locations(env))
+    apply_offline(env)
     env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
                TQDM_DISABLE="1")
     env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
@@ -112,6 +110,8 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
 
 
 def _relay_stderr(stream, log, label: str) -> None:
+    """Copy the worker's stderr to the log, turning GPTQModel's "Quantizing layer i of N" (0-based: N + 1
+    layers) into our bar; the bar is completed when the stream ends after the last layer started."""
     last = (-1, -1)
     buffer = ""
     while chunk := stream.read(4096):
@@ -119,8 +119,10 @@ def _relay_stderr(stream, log, label: str) -> None:
         buffer = (buffer + chunk)[-8192:]
         matches = _LAYER_PROGRESS.findall(buffer)
         if matches:
-            done, total = (int(x) for x in matches[-1])
-            if (done, total) != last:
-                last = (done, total)
-                progress.step(f"{label}: quantizing layers", max(done - 1, 0), total)
+            index, last_index = (int(x) for x in matches[-1])
+            if (index, last_index) != last:
+                last = (index, last_index)
+                progress.step(f"{label}: quantizing layers", index, last_index + 1)
             buffer = buffer[-200:]
+    if last[0] >= 0 and last[0] == last[1]:
+        progress.step(f"{label}: quantizing layers", last[1] + 1, last[1] + 1)

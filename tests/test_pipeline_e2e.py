@@ -50,6 +50,8 @@ def test_console_is_clean_and_shows_progress(demo_run):
     for noise in NOISE:
         assert noise not in console
     assert "quantizing" in console and "generating" in console
+    for fmt in ("gptq", "awq"):  # GPTQModel's 0-based layer counter becomes a bar that ends full: 30 layers
+        assert f"{fmt}: quantizing layers [{'#' * 24}] 30/30" in console
     assert "recommendation:" in result.stdout
 
 

@@ -169,6 +169,8 @@ class DevToolsBrowser:
 def browser(tmp_path: Path):
     binary = _chromium()
     if binary is None:
+        if os.environ.get("QUANTGATE_REQUIRE_BROWSER") == "1":  # CI: the browser check must run, never skip
+            pytest.fail("Chromium is not installed but QUANTGATE_REQUIRE_BROWSER=1 (apt-get install -y chromium)")
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
     instance = DevToolsBrowser(binary, tmp_path / "chromium-profile")
     try:
@@ -202,7 +204,8 @@ PAGE_FACTS = """(() => {
     tableText: table ? table.innerText : '',
     badges: table ? [...table.querySelectorAll('.badge')].map(b => [b.textContent, getComputedStyle(b).backgroundColor]) : [],
     scripts: document.scripts.length,
-    scriptShownAsText: text.includes('<script>alert(1)</script>'),
+    scriptShownAsText: text.includes('<script>alert(1)</script>'),  // model output
+    datasetScriptShownAsText: text.includes('<script>alert(2)</script>'),  // a dataset line
     markupShownAsText: text.includes('<b>14 days</b>') && text.includes('<b>URGENT</b>'),
     boldElements: document.querySelectorAll('b').length,
     chineseShown: text.includes('八五折优惠') && text.includes('通常需要3到5个工作日'),
@@ -226,7 +229,7 @@ def test_report_html_in_chromium(browser: DevToolsBrowser, rendered_run: Path, t
 
     # model output and dataset markup are text, not elements, and nothing ran
     assert facts["scripts"] == 0
-    assert facts["scriptShownAsText"] and facts["markupShownAsText"]
+    assert facts["scriptShownAsText"] and facts["datasetScriptShownAsText"] and facts["markupShownAsText"]
     assert facts["boldElements"] == 0
     assert facts["chineseShown"]
     assert browser.dialogs() == []
