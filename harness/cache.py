@@ -1,6 +1,7 @@
 """The user cache (models, quantized artifacts, stage results) and the file primitives every stage uses.
 
-Keys are content hashes of everything that determines a result, never paths or mtimes.
+Keys are content hashes of everything that determines a result, never paths or mtimes. A cached directory
+(a quantized artifact, a converted model) is sealed with its files' hashes and used only while they match.
 """
 
 from __future__ import annotations
@@ -13,19 +14,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness import progress
+from harness.errors import UserError
+
 CACHE_ENV = "QUANTGATE_CACHE"
+SEAL = "quantgate_seal.json"
 
 
 def cache_root() -> Path:
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "quantgate")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _make_dir(Path(root))
 
 
 def cache_dir(kind: str) -> Path:
-    path = cache_root() / kind
-    path.mkdir(parents=True, exist_ok=True)
+    return _make_dir(cache_root() / kind)
+
+
+def _make_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cache {path}: cannot create it ({exc.strerror or exc}); set {CACHE_ENV} to a writable "
+                        "directory") from None
     return path
 
 
@@ -76,3 +86,22 @@ def remove_tree(path: Path) -> None:
 
 def tree_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def seal_dir(path: Path) -> None:
+    """Record the hash of each file in `path` so a truncated or edited entry is detected and rebuilt, never used."""
+    files = {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file() and f.name != SEAL}
+    atomic_write_json(path / SEAL, files)
+
+
+def is_sealed(path: Path, required: tuple[str, ...]) -> bool:
+    """True when `path` was sealed with every `required` file and each sealed file still has its hash."""
+    seal = read_json(path / SEAL)
+    if not isinstance(seal, dict) or any(name not in seal for name in required):
+        return False
+    for name, digest in seal.items():
+        file = path / name
+        if not file.is_file() or sha256_file(file) != digest:
+            progress.say(f"cache: {file} is missing or corrupt; rebuilding it")
+            return False
+    return True

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from harness import __version__
+from harness import __version__, sandbox
 from harness.commands import COMMANDS
 from harness.errors import UserError
 
@@ -21,12 +22,23 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"harness.commands.{name}").add_parser(subparsers)
+    _accept_debug_after_subcommands(parser)
     return parser
+
+
+def _accept_debug_after_subcommands(parser: argparse.ArgumentParser) -> None:
+    """`quantgate run ... --debug` works like `quantgate --debug run ...` (main() reads it from argv)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+                _accept_debug_after_subcommands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    sandbox.apply_offline(os.environ)  # before any Hugging Face library is imported: they read it at import
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -36,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        sandbox.confine_process()
         return int(args.func(args))
     except UserError as exc:
         print(f"quantgate: error: {exc}", file=sys.stderr)

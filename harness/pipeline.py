@@ -14,15 +14,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import __version__, progress
-from harness.cache import atomic_write_json, atomic_write_text, cache_dir, read_json, remove_tree, sha256_file, stable_hash
+from harness.cache import (atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree, seal_dir,
+                           stable_hash)
 from harness.config import RunSpec
 from harness.errors import UserError
 from harness.evalsets import EvalSet, calibration_texts, load_evalsets, render_messages, render_plain, score_item
 from harness.launcher import run_worker
+from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
 from harness.quantize import VLLM_QUANTIZATION, quantizer_for, recipe_for
 from harness.quantize.base import Recipe, package_versions
-from harness.source import ModelSource, resolve_source
+from harness.source import ModelSource, check_remote_code, resolve_source
 
 REPORT_SCHEMA_VERSION = 1
 ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
@@ -88,20 +90,20 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
     out_dir = prepare_output_dir(Path(spec.out))
-    atomic_write_json(out_dir / "run.json", spec.model_dump())
     evalsets = load_evalsets(spec.evalsets)
     if spec.max_items:
         evalsets = [replace(e, items=e.items[: spec.max_items]) for e in evalsets]
-    policy = load_policy(spec.policy)
+    policy = load_policy(spec.policy, known_metrics=ALL_METRICS)
     source = resolve_source(spec.model)
-    model_config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
-    if model_config.get("auto_map") and not spec.trust_remote_code:
-        raise UserError(f"{source.path}/config.json: this model needs custom code (auto_map); quantgate runs "
-                        "no remote code unless you pass --trust-remote-code")
+    check_remote_code(source.path, spec.trust_remote_code)
+    config_path = source.path / "config.json"
+    model_config = json.loads(config_path.read_text(encoding="utf-8"))
     recipes = {fmt: recipe_for(fmt, model_config, spec.group_size_for(fmt), spec.calibration_samples_for(fmt),
-                               spec.seed) for fmt in spec.formats if fmt != "baseline"}
+                               spec.seed, config_path=config_path) for fmt in spec.formats if fmt != "baseline"}
     prompts = render_prompts(source.path, evalsets, spec)
     calibration = load_calibration(spec, evalsets) if any(r.calibration_samples for r in recipes.values()) else []
+    # Only a run whose inputs passed every check is saved for --resume.
+    atomic_write_json(out_dir / "run.json", spec.model_dump())
     return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration)
 
 
@@ -123,7 +125,7 @@ def render_prompts(model_path: Path, evalsets: list[EvalSet], spec: RunSpec) -> 
     with quiet_imports():
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.trust_remote_code)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     rendered: dict[str, list[Prompt]] = {}
     for evalset in evalsets:
@@ -183,8 +185,9 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
             (["measure memory and latency"] if measure_task else []) +
             ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
         job = {"kind": "evaluate", "format": fmt, "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
-               "threads": inputs.spec.threads, "batch_size": inputs.spec.batch_size, "measure": measure_task,
-               "generate": generate_tasks, "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
+               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
+               "batch_size": inputs.spec.batch_size, "measure": measure_task, "generate": generate_tasks,
+               "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
         failure_path = Path(job["failure_path"])
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
@@ -206,7 +209,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
                 "device": _device_kind(), "quantgate": __version__}
     key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
     out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
-    cached = inputs.spec.use_cache and artifact_is_valid(out_dir)
+    cached = inputs.spec.use_cache and is_sealed(out_dir, required=("quantgate_manifest.json",))
     if not cached:
         remove_tree(out_dir)
         progress.say(f"{fmt}: quantizing ({manifest['engine']} {manifest['versions'].get(manifest['engine'], '')}, "
@@ -217,7 +220,8 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
         failure_path.unlink(missing_ok=True)
         job = {"kind": "quantize", "format": fmt, "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
                "calibration_path": str(calibration_path), "out_dir": str(out_dir), "manifest": manifest,
-               "threads": inputs.spec.threads, "failure_path": str(failure_path)}
+               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
+               "failure_path": str(failure_path)}
         started = time.time()
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
@@ -225,7 +229,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
         if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
             run.status, run.error = "failed", _failure_reason(failure_path, exit_, "quantization")
             return None
-        seal_artifact(out_dir)
+        seal_dir(out_dir)
         progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
     else:
         progress.say(f"{fmt}: reusing cached artifact {out_dir.name}")
@@ -234,42 +238,40 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
     return key, out_dir
 
 
-def seal_artifact(out_dir: Path) -> None:
-    """Record each file's hash so a truncated or edited artifact is detected and rebuilt, never used."""
-    files = {f.name: sha256_file(f) for f in sorted(out_dir.iterdir()) if f.is_file() and f.name != "quantgate_seal.json"}
-    atomic_write_json(out_dir / "quantgate_seal.json", files)
+def evaluation_settings(spec: RunSpec) -> dict:
+    """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
+    included: an upgraded torch or transformers reruns every format's measure and generate stages."""
+    return {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size, "device": _device_kind(),
+            "quantgate": __version__, "environment": environment()}
 
 
-def artifact_is_valid(out_dir: Path) -> bool:
-    seal = read_json(out_dir / "quantgate_seal.json")
-    if not isinstance(seal, dict) or "quantgate_manifest.json" not in seal:
-        return False
-    for name, digest in seal.items():
-        path = out_dir / name
-        if not path.is_file() or sha256_file(path) != digest:
-            progress.say(f"cache: {path} is missing or corrupt; rebuilding it")
-            return False
-    return True
+def measure_key(artifact_key: str, settings: dict, workload: tuple, warmup: int) -> str:
+    batch1, batched, batched_new = workload
+    return stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
+                        "batched_max_new_tokens": batched_new, "warmup": warmup})
+
+
+def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: list[Prompt]) -> str:
+    """Prompts as rendered (template included) with their max_new_tokens: a change to either reruns the set."""
+    return stable_hash({"artifact": artifact_key, "settings": settings, "evalset": evalset_hash,
+                        "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts]})
 
 
 def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatRun):
     spec = inputs.spec
-    settings = {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
-                "device": _device_kind(), "quantgate": __version__}
-    batch1, batched, batched_new = probe_workload(inputs)
-    measure_key = stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
-                               "warmup": spec.warmup_requests})
-    measure_path = cache_dir("results") / f"measure-{measure_key}.json"
+    settings = evaluation_settings(spec)
+    batch1, batched, batched_new = workload = probe_workload(inputs)
+    key = measure_key(artifact_key, settings, workload, spec.warmup_requests)
+    measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
     if not (spec.use_cache and _valid_result(measure_path, "memory")):
         measure_task = {"result_path": str(measure_path), "batch1": batch1, "batched": batched,
                         "batched_max_new_tokens": batched_new, "warmup": spec.warmup_requests}
-    run.measurement = {"path": str(measure_path), "key": measure_key}
+    run.measurement = {"path": str(measure_path), "key": key}
     generate_tasks = []
     for evalset in inputs.evalsets:
         prompts = inputs.prompts[evalset.name]
-        key = stable_hash({"artifact": artifact_key, "settings": settings, "evalset": evalset.content_hash,
-                           "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts]})
+        key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
         path = cache_dir("results") / f"generate-{key}.json"
         run.generations[evalset.name] = {"path": str(path), "key": key}
         if not (spec.use_cache and _valid_result(path, "outputs")):

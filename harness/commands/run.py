@@ -53,14 +53,7 @@ def spec_from_args(args):
     if args.resume:
         if not args.out:
             raise UserError("--resume needs --out DIR: the run directory to continue")
-        saved = Path(args.out) / "run.json"
-        try:
-            values = json.loads(saved.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise UserError(f"--resume: {saved} is missing or unreadable; nothing to resume (run without --resume)") from None
-        from harness.config import RunSpec
-
-        return RunSpec(**values)
+        return saved_spec(Path(args.out) / "run.json")
     capacity = {k: v for k, v in {"gpu_memory_gib": args.gpu_memory_gib,
                                   "gpu_memory_utilization": args.gpu_memory_utilization,
                                   "max_model_len": args.max_model_len}.items() if v is not None}
@@ -77,6 +70,28 @@ def spec_from_args(args):
     if capacity:
         spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update=capacity)})
     return spec
+
+
+def saved_spec(saved: Path):
+    """The settings a run saved in its run.json, for --resume; a file that fails validation is a UserError."""
+    from pydantic import ValidationError
+
+    from harness.config import RunSpec
+
+    try:
+        values = json.loads(saved.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        values = None
+    if not isinstance(values, dict):
+        raise UserError(f"--resume: {saved} is missing, unreadable or not a run's settings; nothing to resume "
+                        "(run without --resume)")
+    try:
+        return RunSpec(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise UserError(f"--resume: {saved}: field '{field}': {first['msg']}; fix that file or run without "
+                        "--resume") from None
 
 
 def run(args) -> int:

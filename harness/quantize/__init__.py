@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harness.errors import UserError
 from harness.quantize.base import Quantizer, Recipe
 
@@ -33,18 +35,28 @@ def parse_formats(text: str) -> list[str]:
     return ordered
 
 
-def linear_input_widths(config: dict) -> dict[str, int]:
+def linear_input_widths(config: dict, config_path: str = "config.json") -> dict[str, int]:
     """Input width of each quantized linear layer kind in a Llama-style decoder (what a group must divide)."""
     text = config.get("text_config", config)
-    hidden = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    head_dim = int(text.get("head_dim") or hidden // heads)
-    intermediate = int(text.get("intermediate_size") or 4 * hidden)
+    where = f"{config_path}: field '" + ("text_config." if text is not config else "")
+    hidden = _positive_int(text, "hidden_size", where)
+    heads = _positive_int(text, "num_attention_heads", where)
+    head_dim = _positive_int(text, "head_dim", where, default=hidden // heads)
+    intermediate = _positive_int(text, "intermediate_size", where, default=4 * hidden)
     return {"q/k/v_proj": hidden, "o_proj": heads * head_dim, "gate/up_proj": hidden, "down_proj": intermediate}
 
 
-def choose_group_size(config: dict, requested: int | None, fmt: str) -> int:
-    widths = linear_input_widths(config)
+def _positive_int(config: dict, field: str, where: str, default: int | None = None) -> int:
+    value = config.get(field) or default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        found = "is missing" if value is None else f"is {value!r}, not a positive integer"
+        raise UserError(f"{where}{field}' {found}; GPTQ/AWQ need the layer widths of a "
+                        "Llama-style decoder (hidden_size, num_attention_heads) to choose a group size")
+    return value
+
+
+def choose_group_size(config: dict, requested: int | None, fmt: str, config_path: str = "config.json") -> int:
+    widths = linear_input_widths(config, config_path)
     if requested is not None:
         bad = {name: width for name, width in widths.items() if width % requested}
         if requested <= 0 or bad:
@@ -60,7 +72,8 @@ def choose_group_size(config: dict, requested: int | None, fmt: str) -> int:
                     "pass --group-size N that divides all of them")
 
 
-def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int) -> Recipe:
+def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int, *,
+               config_path: str | Path = "config.json") -> Recipe:
     if fmt == "int8":
         return Recipe("int8", bits=8, calibration_samples=0, seed=seed, extra={"llm_int8_threshold": 6.0})
     extra = {}
@@ -69,5 +82,5 @@ def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_sampl
 
         # AWQ's clip search costs about a minute per layer on a CPU; on a GPU it is cheap and stays on.
         extra["apply_clip"] = is_cuda()
-    return Recipe(fmt, bits=4, group_size=choose_group_size(config, group_size, fmt),
+    return Recipe(fmt, bits=4, group_size=choose_group_size(config, group_size, fmt, str(config_path)),
                   calibration_samples=calibration_samples, seed=seed, extra=extra)

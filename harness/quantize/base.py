@@ -25,8 +25,11 @@ class Quantizer(Protocol):
 
     def versions(self) -> dict[str, str]: ...
 
-    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path) -> None:
-        """Write a checkpoint that transformers can load into out_dir (which exists and is empty)."""
+    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
+                 trust_remote_code: bool = False) -> None:
+        """Write a checkpoint that transformers can load into out_dir (which exists and is empty).
+
+        trust_remote_code goes to every loader: a model's own code runs only when the user allowed it."""
         ...
 
 

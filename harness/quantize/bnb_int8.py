@@ -13,7 +13,8 @@ class BnbInt8Quantizer:
     def versions(self) -> dict[str, str]:
         return package_versions("bitsandbytes", "transformers", "torch")
 
-    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path) -> None:
+    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
+                 trust_remote_code: bool = False) -> None:
         # LLM.int8 needs no calibration: outlier columns are found at run time.
         from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
@@ -23,6 +24,7 @@ class BnbInt8Quantizer:
             source_path,
             quantization_config=BitsAndBytesConfig(load_in_8bit=True),
             device_map=device_map(),
+            trust_remote_code=trust_remote_code,
         )
         model.save_pretrained(out_dir)
-        AutoTokenizer.from_pretrained(source_path).save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(source_path, trust_remote_code=trust_remote_code).save_pretrained(out_dir)

@@ -22,7 +22,8 @@ class GptqModelQuantizer:
     def versions(self) -> dict[str, str]:
         return package_versions("gptqmodel", "transformers", "torch", "optimum")
 
-    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path) -> None:
+    def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
+                 trust_remote_code: bool = False) -> None:
         # On a 2-core machine GPTQModel asks for more CPU workers than it finds unless told.
         os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
         from gptqmodel import BACKEND, GPTQModel
@@ -39,7 +40,8 @@ class GptqModelQuantizer:
 
         calibrate_fp32 = not is_cuda() and not cpu_has_bf16_matmul()
         dtype = torch.float32 if calibrate_fp32 else "auto"
-        model = GPTQModel.load(str(source_path), config, device=device, dtype=dtype)
+        model = GPTQModel.load(str(source_path), config, device=device, dtype=dtype,
+                               trust_remote_code=trust_remote_code)
         # AWQ's auto backend asks for CUDA; on CPU name the portable torch kernel.
         with _float32_packing(calibrate_fp32), _awq_clip_search(bool(recipe.extra.get("apply_clip", True))):
             model.quantize(calibration, batch_size=1, backend=backend)

@@ -9,10 +9,12 @@ draw is reported as a `Plot` with an error, never as a failed report.
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from harness.cache import cache_dir
 from harness.report.units import is_number
 from harness.report.view import (candidates, formats_in_order, gated_scores, largest_batch_kv, latency_run,
                                   verdict_of)
@@ -33,6 +35,8 @@ class Plot:
 
 
 def render_plots(report: dict[str, Any]) -> list[Plot]:
+    # matplotlib writes its font cache into MPLCONFIGDIR when it is first imported: keep it in our cache.
+    os.environ["MPLCONFIGDIR"] = str(cache_dir("matplotlib"))
     try:
         import matplotlib  # noqa: F401  (fails here, not halfway through a plot, when missing)
     except ImportError as exc:

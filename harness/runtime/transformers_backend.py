@@ -50,11 +50,11 @@ class _StepClock:
 
 
 class LoadedModel:
-    def __init__(self, artifact_path: Path, dtype: str = "auto") -> None:
+    def __init__(self, artifact_path: Path, dtype: str = "auto", trust_remote_code: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(artifact_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(artifact_path, trust_remote_code=trust_remote_code)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -64,7 +64,8 @@ class LoadedModel:
 
         self.dtype = compute_dtype(dtype, json.loads((Path(artifact_path) / "config.json").read_text()))
         torch_dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(artifact_path, dtype=torch_dtype, device_map=device_map())
+        self.model = AutoModelForCausalLM.from_pretrained(artifact_path, dtype=torch_dtype, device_map=device_map(),
+                                                          trust_remote_code=trust_remote_code)
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.dtype = str(self.model.dtype).replace("torch.", "")
