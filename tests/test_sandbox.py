@@ -57,3 +57,49 @@ def test_plots_keep_matplotlib_config_in_the_cache(env):
 
     render_plots({})
     assert os.environ["MPLCONFIGDIR"] == str(env / "matplotlib")
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_path, allowed):
+    from harness import pipeline
+    from harness.config import RunSpec
+    from harness.launcher import WorkerExit
+    from harness.policy import Policy
+    from harness.quantize.base import Recipe
+    from harness.source import ModelSource
+
+    jobs = []
+    monkeypatch.setattr(pipeline, "run_worker",
+                        lambda job, *args, **kwargs: jobs.append(job) or WorkerExit(0, tmp_path / "log"))
+    monkeypatch.setattr(pipeline, "_device_kind", lambda: "cpu")
+    model = tmp_path / "model"
+    model.mkdir()
+    spec = RunSpec(model=str(model), formats=["baseline", "int8"], out=str(tmp_path / "out"), trust_remote_code=allowed)
+    inputs = pipeline.RunInputs(spec, tmp_path / "out", ModelSource(str(model), "hf", model, "sha256:m"), {}, [],
+                                Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, [])
+    pipeline.run_format(inputs, "baseline")
+    pipeline.run_format(inputs, "int8")  # the fake worker leaves no artifact: quantize is its only job
+    assert [job["kind"] for job in jobs] == ["evaluate", "quantize"]
+    assert all(job["trust_remote_code"] is allowed for job in jobs)
+
+
+def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
+    import json
+
+    import harness.quantize
+    from harness import worker
+
+    seen = {}
+
+    class Quantizer:
+        def quantize(self, source_path, recipe, calibration, out_dir, *, trust_remote_code=False):
+            seen["trust_remote_code"] = trust_remote_code
+
+    monkeypatch.setattr(harness.quantize, "quantizer_for", lambda name: Quantizer())
+    (tmp_path / "calibration.json").write_text("[]")
+    job = {"out_dir": str(tmp_path / "artifact"), "calibration_path": str(tmp_path / "calibration.json"),
+           "recipe": {"format": "int8", "bits": 8}, "manifest": {"engine": "fake"}, "source_path": str(tmp_path),
+           "trust_remote_code": True}
+    worker.run_quantize(job)
+    assert seen == {"trust_remote_code": True}
+    assert json.loads((tmp_path / "artifact" / "quantgate_manifest.json").read_text())["engine"] == "fake"
