@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Mapping, MutableMapping
 
 from harness.cache import cache_dir, cache_root
+from harness.errors import UserError
 
 ALLOW_NETWORK_ENV = "QUANTGATE_ALLOW_NETWORK"
 HF_HOME_ENV = "QUANTGATE_HF_HOME"
@@ -50,5 +51,8 @@ def cache_locations(env: Mapping[str, str]) -> dict[str, str]:
 def confine_process() -> None:
     """Apply the offline variables and cache locations to this process (the CLI, before any library import)."""
     apply_offline(os.environ)
-    os.environ.update(cache_locations(os.environ))
+    try:
+        os.environ.update(cache_locations(os.environ))
+    except UserError:  # no cache can be made: commands that need one say so when they do (decide needs none)
+        return
     tempfile.tempdir = None  # re-read TMPDIR on the next temp file
