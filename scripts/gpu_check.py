@@ -12,10 +12,22 @@ Builds a random-weight Llama model of TinyLlama-1.1B's shape (hidden 2048, inter
     shows) sampled every 10 ms in a thread,
   - the capacity plan for an 80 GiB GPU from the measured figures.
 
-Usage: python scripts/gpu_check.py [--formats baseline,int8,gptq] [--budget-s 470]
+Those direct measurements use this script's own loading code. The final step runs quantgate itself on the same
+random-weight model: `python -m harness run --model DIR --formats baseline,int8` over a tiny QA evalset written to
+a temporary directory (4 items, 16 new tokens, --no-cache, QUANTGATE_CACHE in a temporary directory), so
+harness.measure.memory.track_peak, LoadedModel.generate_with_cache_bytes, harness.worker.measure_format and
+harness.assemble's memory/capacity entries run on the device. It prints formats.<name>.memory, the latency
+percentiles and the capacity plan's vLLM flags from report.json and checks them: memory.device is "cuda", NVML used
+>= allocator reserved >= allocator allocated, and measured KV bytes per token within 1% of the config's. The
+model's outputs are garbage (random weights), so the verdicts mean nothing: `quantgate run` exiting 1 (not all
+GO) is expected; any other non-zero exit is a failure.
+
+Usage: python scripts/gpu_check.py [--formats baseline,int8,gptq] [--harness-formats baseline,int8]
+                                   [--keep-model DIR] [--budget-s 470]
 Exit codes: 0 every check passed; 1 a check failed or a format (other than the optional gptq) errored;
 3 no CUDA device ("no CUDA device: nothing to check"), so a CPU-only CI can tell "skipped" from "passed".
-`--cpu-smoke` runs the same code on a tiny model on CPU (CUDA-only figures left out): a test of this script only.
+`--cpu-smoke` runs the same code, the quantgate step included, on a tiny model on CPU (CUDA-only figures and
+checks left out; formats baseline,int8 unless --formats says otherwise): a test of this script only.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -49,13 +62,27 @@ ALLOC_TOLERANCE = 0.05    # allocator delta vs prediction: block rounding and th
 WEIGHTS_TOLERANCE = 0.05  # allocator after load vs estimate_weights_bytes
 BITS = {"baseline": 16, "int8": 8, "gptq": 4}
 _GIB, _MIB = 2**30, 2**20
+REPO = Path(__file__).resolve().parents[1]
+# The quantgate step: a tiny QA set through the real pipeline. The direct formats stop starting early enough to
+# leave it this much of the budget.
+HARNESS_ITEMS, HARNESS_NEW_TOKENS = 4, 16
+HARNESS_RESERVE_S = {"cuda": 180.0, "cpu": 90.0}
+HARNESS_CONTEXT_WORDS = {"cuda": (480, 360, 240, 120), "cpu": (48, 36, 24, 12)}  # the smoke model has 256 positions
+MEMORY_FIELDS = ("device", "peak_bytes", "weights_bytes", "weights_bytes_measured", "kv_bytes_per_token",
+                 "kv_bytes_per_token_measured", "activation_peak_bytes", "cuda_max_allocated_bytes",
+                 "cuda_max_reserved_bytes", "nvml_peak_used_bytes")
 
 
 # ----------------------------------------------------------------------------------------------- parent
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--formats", default="baseline,int8,gptq")
+    parser.add_argument("--formats", default=None, help="measured directly by this script (default "
+                        "baseline,int8,gptq; with --cpu-smoke baseline,int8); 'none' for none")
+    parser.add_argument("--harness-formats", default="baseline,int8",
+                        help="run through `quantgate run` in the final step (default baseline,int8); 'none' skips it")
+    parser.add_argument("--keep-model", metavar="DIR", help="build the random model into DIR and keep it there (a "
+                        "gptq checkpoint goes to DIR-gptq); a DIR that already holds one of the same shape is reused")
     parser.add_argument("--budget-s", type=float, default=470.0, help="stop starting formats after this long")
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "JOB_JSON"), help=argparse.SUPPRESS)
@@ -72,40 +99,60 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: nothing to check")
         return EXIT_NO_GPU
     deadline = time.monotonic() + args.budget_s
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    formats = _format_list(args.formats or ("baseline,int8" if args.cpu_smoke else "baseline,int8,gptq"))
+    harness_formats = _format_list(args.harness_formats)
     shape = SMOKE_SHAPE if args.cpu_smoke else TINYLLAMA_SHAPE
     device = "cpu" if args.cpu_smoke else "cuda"
     batch, prompt_len = (2, 16) if args.cpu_smoke else (BATCH, PROMPT_LEN)
+    # The direct formats stop starting (and a running one is stopped) in time to leave the quantgate step its share.
+    formats_deadline = deadline - (HARNESS_RESERVE_S[device] if harness_formats else 0.0)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="qg-gpu-check-") as tmp:
         tmp_path = Path(tmp)
-        model_dir = tmp_path / "random-llama"
+        model_dir = Path(args.keep_model).expanduser().resolve() if args.keep_model else tmp_path / "random-llama"
         job = {"shape": shape, "device": device, "model_dir": str(model_dir), "batch": batch,
                "prompt_len": prompt_len, "new_tokens": NEW_TOKENS, "gptq_group": 32 if args.cpu_smoke else 128}
-        built = _subprocess("build", job, tmp_path, deadline)
-        if "error" in built:
-            print(f"building the random model failed: {built['error']}")
+        reused = _reusable_model(model_dir, shape)
+        if reused is not None and reused is not True:
+            print(f"--keep-model {model_dir}: {reused}")
             return 1
-        print(f"random Llama model ({_params(built['parameters'])} parameters, "
-              f"{'tiny smoke' if args.cpu_smoke else 'TinyLlama-1.1B'} shape) built in "
-              f"{built['wall_s']:.0f} s on {built['device_name']}\n")
+        shape_name = "tiny smoke" if args.cpu_smoke else "TinyLlama-1.1B"
+        if reused:
+            print(f"random Llama model ({shape_name} shape) reused from {model_dir}\n")
+        else:
+            built = _subprocess("build", job, tmp_path, deadline)
+            if "error" in built:
+                print(f"building the random model failed: {built['error']}")
+                return 1
+            print(f"random Llama model ({_params(built['parameters'])} parameters, {shape_name} shape) built in "
+                  f"{built['wall_s']:.0f} s on {built['device_name']}" +
+                  (f", kept in {model_dir}" if args.keep_model else "") + "\n")
         for fmt in formats:
-            if time.monotonic() > deadline - 30:
-                results[fmt] = {"skipped": f"out of time (--budget-s {args.budget_s:g})"}
+            if time.monotonic() > formats_deadline - 30:
+                results[fmt] = {"skipped": f"out of time (--budget-s {args.budget_s:g}, "
+                                           f"{HARNESS_RESERVE_S[device]:g} s of it kept for the quantgate step)"
+                                if harness_formats else f"out of time (--budget-s {args.budget_s:g})"}
                 print(f"== {fmt}: skipped ({results[fmt]['skipped']})\n")
                 continue
             if fmt == "gptq":
-                quantized = _subprocess("quantize-gptq", job, tmp_path, deadline)
+                quantized = _subprocess("quantize-gptq", job, tmp_path, formats_deadline)
                 if "error" in quantized:
                     results[fmt] = {"skipped": f"GPTQ unavailable here: {quantized['error']}"}
                     print(f"== gptq: skipped ({results[fmt]['skipped']})\n")
                     continue
-            results[fmt] = _subprocess("measure", {**job, "format": fmt}, tmp_path, deadline)
+            results[fmt] = _subprocess("measure", {**job, "format": fmt}, tmp_path, formats_deadline)
             print(render_format(fmt, results[fmt]) + "\n")
-    print(render_summary(results))
+        harness = None
+        if harness_formats:
+            harness = run_quantgate(model_dir, harness_formats, device, tmp_path, deadline)
+            print(render_quantgate(harness) + "\n")
+    if results:
+        print(render_summary(results))
     # gptq is optional (GPTQModel's CUDA kernels may not be there); every other format must be measured and pass.
     failed = [f for f, r in results.items() if ("error" in r or "skipped" in r) and f != "gptq"] + \
              [f for f, r in results.items() if r.get("checks") and not all(c["ok"] for c in r["checks"])]
+    if harness is not None and (harness.get("error") or not all(c["ok"] for c in harness["checks"])):
+        failed.append("quantgate run")
     if failed:
         print(f"\nFAILED: {', '.join(dict.fromkeys(failed))}")
         return 1
@@ -113,6 +160,28 @@ def main(argv: list[str] | None = None) -> int:
                 if "error" in r or "skipped" in r]
     print("\nall checks passed" + (f"; not checked: {', '.join(optional)}" if optional else ""))
     return 0
+
+
+def _format_list(text: str) -> list[str]:
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    return [] if names in ([], ["none"]) else names
+
+
+def _reusable_model(model_dir: Path, shape: dict):
+    """True: a model of this shape (with its tokenizer) is there; None: nothing there, build it; a str: why not."""
+    config_path = model_dir / "config.json"
+    if not model_dir.exists() or (model_dir.is_dir() and not any(model_dir.iterdir())):
+        return None
+    if not config_path.is_file():
+        return "exists but holds no config.json; give an empty or new directory"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    different = {k: (config.get(k), v) for k, v in shape.items() if config.get(k) != v}
+    if different:
+        return ("holds a model of another shape (" + ", ".join(f"{k} {a} != {b}" for k, (a, b) in different.items())
+                + "); give another directory")
+    if not (model_dir / "tokenizer_config.json").is_file():
+        return "holds a model without a tokenizer; give another directory"
+    return True
 
 
 def _subprocess(kind: str, job: dict, tmp: Path, deadline: float) -> dict:
@@ -191,16 +260,31 @@ def build_model(job: dict) -> dict:
             "device_name": name}
 
 
+# A plain chat template, so quantgate renders its prompts the way it does for instruct models.
+CHAT_TEMPLATE = ("{% for message in messages %}<s> {{ message['role'] }} : {{ message['content'] }} </s>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<s> assistant :{% endif %}")
+
+
+def _tokenizer_words(vocab_size: int) -> int:
+    """How many made-up words (w0, w1, ...) the tokenizer knows: ids 4 and up, within the model's vocabulary."""
+    return min(vocab_size, 4096) - 4
+
+
 def _save_tokenizer(model_dir: str, vocab_size: int) -> None:
-    """A word-level tokenizer over made-up words: GPTQModel wants one beside the weights; nothing is downloaded."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer over made-up words, with a chat template: GPTQModel wants one beside the weights,
+    quantgate loads it with AutoTokenizer; nothing is downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(min(vocab_size, 4096) - 4)}}
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3,
+             **{f"w{i}": i + 4 for i in range(_tokenizer_words(vocab_size))}}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(model_dir)
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                        unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(model_dir)
 
 
 def _gptqmodel_env() -> None:
@@ -420,6 +504,150 @@ def _checks(r: dict, cuda: bool) -> list[dict]:
         checks.append(check("weights: allocator after load vs estimate", r["weights_allocated_bytes"],
                             r["weights_predicted_bytes"], WEIGHTS_TOLERANCE))
     return checks
+
+
+# ----------------------------------------------------------------------------------------------- quantgate step
+
+def write_tiny_evalset(directory: Path, words: int, context_words: tuple[int, ...]) -> Path:
+    """One QA spec and its JSONL: contexts of made-up words the random model's tokenizer knows, answers copied
+    from the context. Returns the spec's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(words)]
+    rows = []
+    for number, length in enumerate(context_words, 1):
+        context = [rng.choice(vocab) for _ in range(length)]
+        rows.append({"id": f"gpu-check-{number}", "context": " ".join(context),
+                     "question": " ".join(rng.choice(vocab) for _ in range(8)), "answers": [" ".join(context[3:5])]})
+    (directory / "gpu_check_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    spec = directory / "gpu_check_qa.toml"
+    spec.write_text("\n".join([
+        'name = "gpu_check_qa"',
+        'task = "qa"',
+        'language = "en"',
+        'data = "gpu_check_qa.jsonl"',
+        'description = "made-up words for the GPU check random-weight model; its scores mean nothing"',
+        f"max_new_tokens = {HARNESS_NEW_TOKENS}",
+        'metrics = ["em", "f1"]',
+        'gate = ["f1"]',
+        r'prompt_template = "Context: {context}\n\nQuestion: {question}"',
+    ]) + "\n", encoding="utf-8")
+    return spec
+
+
+def run_quantgate(model_dir: Path, formats: list[str], device: str, tmp: Path, deadline: float) -> dict:
+    """`python -m harness run` on the random model: the real pipeline, each format in quantgate's own worker."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    spec = write_tiny_evalset(tmp / "quantgate-evalsets", _tokenizer_words(config["vocab_size"]),
+                              HARNESS_CONTEXT_WORDS[device])
+    out = tmp / "quantgate-out"
+    command = [sys.executable, "-m", "harness", "run", "--model", str(model_dir), "--formats", ",".join(formats),
+               "--evalsets", str(spec), "--max-items", str(HARNESS_ITEMS), "--max-new-tokens",
+               str(HARNESS_NEW_TOKENS), "--no-cache", "--out", str(out)]
+    env = {**os.environ, "QUANTGATE_CACHE": str(tmp / "quantgate-cache"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        env["QUANTGATE_DEVICE"] = "cpu"  # the smoke stays on CPU even where a GPU exists
+    timeout = max(deadline - time.monotonic(), 60.0)
+    log = tmp / "quantgate-run.log"
+    start = time.monotonic()
+    with open(log, "w", encoding="utf-8") as log_file:
+        try:
+            code = subprocess.run(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    result = {"command": "python " + " ".join(command[1:]), "formats": formats, "device": device,
+              "exit_code": code, "wall_s": time.monotonic() - start, "report": None, "checks": [], "error": None}
+    report_path = out / "report.json"
+    if code is None:
+        result["error"] = f"`quantgate run` timed out after {timeout:.0f} s"
+    elif code not in (0, 1):  # 1: not every format is GO, expected of random weights; 2 usage, 3 a failure
+        result["error"] = f"`quantgate run` exited with code {code}"
+    elif not report_path.is_file():
+        result["error"] = f"`quantgate run` exited with code {code} but wrote no {report_path.name}"
+    if result["error"]:
+        result["log_tail"] = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-25:]
+        return result
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    result["report"] = {name: {"status": entry.get("status"), "error": entry.get("error"),
+                               "verdict": entry.get("verdict"), "compute_dtype": entry.get("compute_dtype"),
+                               "memory": entry.get("memory") or {}, "latency": entry.get("latency") or {},
+                               "capacity": entry.get("capacity")}
+                        for name, entry in (report.get("formats") or {}).items()}
+    result["checks"] = quantgate_checks(result["report"], formats, device)
+    return result
+
+
+def quantgate_checks(report: dict, formats: list[str], device: str) -> list[dict]:
+    """Per format: it ran, its figures name the device it ran on, the peaks nest, and the KV prediction holds."""
+    checks = []
+
+    def check(fmt: str, name: str, ok: bool, detail: str = "") -> None:
+        checks.append({"format": fmt, "name": name, "ok": bool(ok), "detail": detail})
+
+    for fmt in formats:
+        entry = report.get(fmt)
+        if entry is None:
+            check(fmt, "in report.json", False, "missing")
+            continue
+        check(fmt, "ran", entry["status"] == "ok", entry["error"] or "")
+        memory = entry["memory"]
+        check(fmt, f'memory.device == "{device}"', memory.get("device") == device, f"got {memory.get('device')!r}")
+        if device == "cuda":
+            nvml, reserved, allocated = (memory.get(k) for k in ("nvml_peak_used_bytes", "cuda_max_reserved_bytes",
+                                                                  "cuda_max_allocated_bytes"))
+            nested = None not in (nvml, reserved, allocated) and nvml >= reserved >= allocated
+            check(fmt, "NVML peak used >= allocator reserved peak >= allocated peak", nested,
+                  f"{_b(nvml)} >= {_b(reserved)} >= {_b(allocated)}")
+        else:
+            recorded = bool(memory.get("peak_bytes")) and bool(memory.get("weights_bytes"))
+            check(fmt, "peak RSS and weights recorded", recorded,
+                  f"peak {_b(memory.get('peak_bytes'))}, weights {_b(memory.get('weights_bytes'))}")
+        predicted, measured = memory.get("kv_bytes_per_token"), memory.get("kv_bytes_per_token_measured")
+        off = abs(measured - predicted) / predicted if predicted and measured is not None else float("inf")
+        check(fmt, "KV bytes per token: measured vs predicted from the config", off <= KV_TOLERANCE,
+              f"{measured} vs {predicted}, off by {off:.2%}, tolerance {KV_TOLERANCE:.0%}")
+        capacity = entry["capacity"] or {}
+        check(fmt, "capacity plan with vLLM flags", bool(capacity.get("vllm_flags")),
+              capacity.get("note") or "no capacity plan")
+    return checks
+
+
+def render_quantgate(result: dict) -> str:
+    head = f"== quantgate run on the same model ({result['device']}): formats {','.join(result['formats'])}"
+    if result["error"]:
+        return "\n".join([head, f"  FAILED: {result['error']}", "  [quantgate run output, last lines]",
+                          *("    " + line for line in result["log_tail"])])
+    rows = [head, f"  {result['command']}",
+            f"  exit code {result['exit_code']} in {result['wall_s']:.0f} s (1 = not every format GO: expected of "
+            "random weights; verdicts and scores mean nothing here, the figures do)"]
+    for fmt, entry in result["report"].items():
+        rows.append(f"  -- {fmt}: status {entry['status']}, verdict {entry['verdict']}, "
+                    f"compute dtype {entry['compute_dtype']}")
+        memory = entry["memory"]
+        for name in MEMORY_FIELDS:
+            value = memory.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                text = f"{value:,}" if name.startswith("kv_bytes_per_token") else f"{_b(value)} ({value:,})"
+            else:
+                text = "-" if value is None else str(value)
+            rows.append(f"    memory.{name:<28} {text}")
+        for key, label in (("batch_1", "batch 1"), ("batched", "batched")):
+            block = entry["latency"].get(key) or {}
+            parts = [f"{metric[:-3].upper()} p50 {_ms((block.get(metric) or {}).get('p50'))} "
+                     f"p95 {_ms((block.get(metric) or {}).get('p95'))}" for metric in ("ttft_ms", "tpot_ms", "e2e_ms")]
+            size = f" (batch size {block.get('batch_size')})" if key == "batched" and block else ""
+            rows.append(f"    latency {label}{size}: " + "; ".join(parts))
+        rows.append(f"    capacity.vllm_flags: {(entry['capacity'] or {}).get('vllm_flags') or '-'}")
+    for c in result["checks"]:
+        rows.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['format']}: {c['name']}" +
+                    (f": {c['detail']}" if c["detail"] else ""))
+    return "\n".join(rows)
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
 
 
 # ----------------------------------------------------------------------------------------------- printing

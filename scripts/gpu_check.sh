@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # GPU check of quantgate's memory predictions (see scripts/gpu_check.py): offline, at most 8 minutes.
+# Direct measurements of a random-weight TinyLlama-shaped model (baseline, int8, gptq when GPTQModel's kernels work),
+# then `quantgate run` itself on that model (baseline,int8) with its report.json figures checked.
 # Exit codes: 0 all checks passed; 1 a check failed or a format errored; 3 no CUDA device (nothing to check);
-# 124 the 8-minute timeout hit. Extra arguments go to gpu_check.py (e.g. --formats baseline,int8).
+# 124 the 8-minute timeout hit. Extra arguments go to gpu_check.py (e.g. --formats baseline,int8,
+# --harness-formats baseline, --keep-model DIR to keep the random model for a rerun).
 set -u
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# The script stops starting new formats after 470 s, so the hard timeout below is a backstop.
+# The script stops starting direct formats in time to leave the quantgate step 180 s of its 470 s budget, so the
+# hard timeout below is a backstop.
 exec timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py "$@"

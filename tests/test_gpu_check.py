@@ -1,0 +1,94 @@
+"""scripts/gpu_check.py: its CPU smoke (the quantgate step included), its no-GPU exit, and its report checks."""
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def _script_module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_cpu_smoke_runs_quantgate_and_prints_the_memory_figures():
+    # --formats baseline: the direct int8 measurement is the same code with another loader; the quantgate step
+    # keeps baseline,int8, which is what this test is for.
+    result = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--formats", "baseline"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, QUANTGATE_DEVICE="cpu"))
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "== quantgate run on the same model (cpu): formats baseline,int8" in out
+    for fmt in ("baseline", "int8"):
+        assert f"-- {fmt}: status ok" in out
+    for name in ("device", "peak_bytes", "weights_bytes", "weights_bytes_measured", "kv_bytes_per_token",
+                 "kv_bytes_per_token_measured", "activation_peak_bytes", "cuda_max_allocated_bytes",
+                 "cuda_max_reserved_bytes", "nvml_peak_used_bytes"):
+        assert f"memory.{name} " in out
+    assert len(re.findall(r"memory\.device +cpu\n", out)) == 2
+    assert re.search(r"memory\.kv_bytes_per_token_measured +\d", out)
+    assert "latency batch 1: TTFT p50" in out
+    assert "capacity.vllm_flags: --gpu-memory-utilization 0.90" in out
+    assert "--quantization bitsandbytes" in out
+    assert "[ok] int8: KV bytes per token: measured vs predicted from the config" in out
+    assert "FAIL" not in out
+    assert out.rstrip().endswith("all checks passed")
+
+
+@pytest.mark.skipif(_cuda_available(), reason="a CUDA device is here: the no-GPU exit cannot be seen")
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="gpu_check.sh needs coreutils' timeout")
+def test_gpu_check_sh_exits_3_without_a_gpu():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, PYTHON=sys.executable))
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no CUDA device" in result.stdout
+
+
+def _entry(**memory):
+    base = {"device": "cuda", "peak_bytes": 5 * 2**30, "weights_bytes": 2 * 2**30, "kv_bytes_per_token": 22528,
+            "kv_bytes_per_token_measured": 22528, "cuda_max_allocated_bytes": 3 * 2**30,
+            "cuda_max_reserved_bytes": 4 * 2**30, "nvml_peak_used_bytes": 5 * 2**30}
+    return {"status": "ok", "error": None, "verdict": "GO", "compute_dtype": "bfloat16",
+            "memory": {**base, **memory}, "latency": {}, "capacity": {"vllm_flags": "--max-num-seqs 256", "note": ""}}
+
+
+def _failed(report, device="cuda", formats=("baseline",)):
+    checks = _script_module().quantgate_checks(report, list(formats), device)
+    return [c["name"] for c in checks if not c["ok"]]
+
+
+def test_quantgate_checks_pass_on_consistent_cuda_figures():
+    assert _failed({"baseline": _entry()}) == []
+
+
+def test_quantgate_checks_catch_what_the_gpu_check_is_for():
+    assert _failed({"baseline": _entry(device="cpu")}) == ['memory.device == "cuda"']
+    assert _failed({"baseline": _entry(nvml_peak_used_bytes=3 * 2**30)}) == [
+        "NVML peak used >= allocator reserved peak >= allocated peak"]
+    assert _failed({"baseline": _entry(nvml_peak_used_bytes=None)}) == [
+        "NVML peak used >= allocator reserved peak >= allocated peak"]
+    assert _failed({"baseline": _entry(kv_bytes_per_token_measured=22528 * 1.02)}) == [
+        "KV bytes per token: measured vs predicted from the config"]
+    assert _failed({"baseline": _entry(kv_bytes_per_token_measured=22600)}) == []  # within 1%
+    assert _failed({}, formats=("int8",)) == ["in report.json"]
+    failed = dict(_entry(), status="failed", error="evaluation failed: out of memory")
+    assert _failed({"baseline": failed}) == ["ran"]
