@@ -81,7 +81,10 @@ def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_pa
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
     run = start(("run", *FAST, "--evalsets", str(fresh), "--out", str(out)), demo_cache)
-    wait_for_worker(run, "stages/int8/evaluate").send_signal(signal.SIGKILL)
+    worker = wait_for_worker(run, "stages/int8/evaluate")
+    job = json.loads((out / "stages" / "int8" / "evaluate.job.json").read_text())
+    wait_for_file(Path(job["measure"]["result_path"]), run)  # int8 has finished its measurement, not its evalsets
+    worker.send_signal(signal.SIGKILL)
     stdout, stderr = run.communicate(timeout=600)
     assert run.returncode == 1, stderr
     report = json.loads((out / "report.json").read_text())
@@ -92,9 +95,52 @@ def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_pa
     resumed = quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
     again = json.loads((out / "report.json").read_text())
     assert again["formats"]["baseline"]["stages_run"] == []  # finished work is not redone
-    assert "measure" in again["formats"]["int8"]["stages_run"]
+    assert "measure" not in again["formats"]["int8"]["stages_run"]  # int8's measurement had finished
+    assert again["formats"]["int8"]["stages_run"]  # its evaluation had not
     assert comparable(again) == comparable(expected)
     assert "Traceback" not in resumed.stderr
+
+
+def test_kill_9_during_quantization_then_resume(reference, demo_cache, tmp_path):
+    sets, expected = reference
+    for artifact in (demo_cache / "artifacts").glob("int8-*"):
+        shutil.rmtree(artifact)
+    out = tmp_path / "run"
+    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    wait_for_worker(run, "stages/int8/quantize").send_signal(signal.SIGKILL)
+    run.communicate(timeout=600)
+    assert run.returncode == 1
+    int8 = json.loads((out / "report.json").read_text())["formats"]["int8"]
+    assert int8["verdict"] == "NO-GO" and "quantization subprocess was killed by SIGKILL" in int8["reasons"][0]
+    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    again = json.loads((out / "report.json").read_text())
+    assert again["formats"]["baseline"]["stages_run"] == []
+    assert "quantize" in again["formats"]["int8"]["stages_run"]  # no half-written artifact was taken as done
+    assert comparable(again) == comparable(expected)
+
+
+def test_an_engine_raising_is_reported_in_one_line(tmp_path):
+    from harness.launcher import run_worker
+
+    failure = tmp_path / "quantize.failed.json"
+    job = {"kind": "quantize", "format": "int8", "source_path": str(tmp_path / "no-such-model"),
+           "recipe": {"format": "int8", "bits": 8, "calibration_samples": 0}, "calibration_path": str(tmp_path / "c.json"),
+           "out_dir": str(tmp_path / "artifact"), "manifest": {"engine": "bitsandbytes"}, "threads": 1,
+           "failure_path": str(failure)}
+    (tmp_path / "c.json").write_text("[]")
+    exit_ = run_worker(job, tmp_path / "job.json", tmp_path / "worker.log", "int8")
+    assert exit_.returncode == 1
+    error = json.loads(failure.read_text())["error"]
+    assert "no-such-model" in error and "\n" not in error  # the engine's own message, one line
+    assert "Traceback" in (tmp_path / "worker.log").read_text()  # the full story stays in the log
+
+
+def wait_for_file(path: Path, parent: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} did not appear"
+        assert parent.poll() is None, parent.communicate()
+        time.sleep(0.05)
 
 
 def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path):
