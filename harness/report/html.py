@@ -196,7 +196,7 @@ def _recommendation(report: dict[str, Any]) -> str:
     if rec.get("format"):
         text = f"<strong>Recommendation:</strong> ship <strong>{e(rec['format'])}</strong>" + (f": {why}" if why else ".")
     else:
-        text = "<strong>Recommendation:</strong> no candidate format is GO; keep the baseline" + (f": {why}" if why else ".")
+        text = f"<strong>Recommendation:</strong> {why or 'no candidate format is GO; keep serving the baseline'}"
     if rec.get("runner_up"):
         text += f" Runner-up: {e(rec['runner_up'])}."
     return f'<p class="recommendation">{text}</p>'

@@ -193,7 +193,7 @@ def _recommendation(report: dict[str, Any]) -> str:
     if choice:
         line = f"**Recommendation:** ship **{md_inline(choice)}**" + (f": {why}" if why else ".")
     else:
-        line = "**Recommendation:** no candidate format is GO; keep the baseline" + (f": {why}" if why else ".")
+        line = f"**Recommendation:** {why or 'no candidate format is GO; keep serving the baseline'}"
     if rec.get("runner_up"):
         line += f" Runner-up: {md_inline(rec['runner_up'])}."
     return line

@@ -160,7 +160,7 @@ def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
     kv = [r[2] for r in rows]
     act = [r[3] for r in rows]
     ax.bar(names, weights, label="weights", color="#0969da")
-    ax.bar(names, kv, bottom=weights, label="KV cache, one max-model-len sequence", color="#8250df")
+    ax.bar(names, kv, bottom=weights, label="KV cache at the largest measured batch", color="#8250df")
     ax.bar(names, act, bottom=[w + k for w, k in zip(weights, kv)], label="activation peak", color="#fb8500")
     peaks = [(n, r[4] / GIB) for n, r in zip(names, rows) if is_number(r[4])]
     if peaks:
@@ -170,7 +170,8 @@ def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title("Memory breakdown")
-    return figure, "Weights, KV cache for one sequence at max-model-len, and activation peak, stacked; ticks mark the measured peak."
+    return figure, ("Weights, the KV cache at the largest measured batch, and the activation peak, stacked; ticks mark "
+                    "the measured peak.")
 
 
 def _forest(report: dict[str, Any]) -> tuple[Any, str] | None:
