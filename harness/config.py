@@ -49,6 +49,9 @@ class RunSpec(BaseModel):
     memory_limit_gib: float | None = Field(default=None, gt=0)  # per format subprocess; killed above it
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     use_cache: bool = True
+    # Set by --no-cache: entries written since then (by this run) still count, so that --resume of a --no-cache
+    # run redoes only what it had not finished.
+    fresh_after: float | None = None
     trust_remote_code: bool = False
 
     @field_validator("formats")

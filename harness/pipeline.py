@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import __version__, progress
-from harness.cache import (atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree, seal_dir,
-                           stable_hash)
+from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree,
+                           seal_dir, stable_hash)
 from harness.config import RunSpec
 from harness.errors import UserError
 from harness.evalsets import EvalSet, calibration_texts, load_evalsets, render_messages, render_plain, score_item
@@ -209,7 +209,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
                 "device": _device_kind(), "quantgate": __version__}
     key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
     out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
-    cached = inputs.spec.use_cache and is_sealed(out_dir, required=("quantgate_manifest.json",))
+    cached = reusable(inputs.spec, out_dir / SEAL) and is_sealed(out_dir, required=("quantgate_manifest.json",))
     if not cached:
         remove_tree(out_dir)
         progress.say(f"{fmt}: quantizing ({manifest['engine']} {manifest['versions'].get(manifest['engine'], '')}, "
@@ -264,7 +264,7 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: Form
     key = measure_key(artifact_key, settings, workload, spec.warmup_requests)
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
-    if not (spec.use_cache and _valid_result(measure_path, "memory")):
+    if not (reusable(spec, measure_path) and _valid_result(measure_path, "memory")):
         measure_task = {"result_path": str(measure_path), "batch1": batch1, "batched": batched,
                         "batched_max_new_tokens": batched_new, "warmup": spec.warmup_requests}
     run.measurement = {"path": str(measure_path), "key": key}
@@ -274,7 +274,7 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: Form
         key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
         path = cache_dir("results") / f"generate-{key}.json"
         run.generations[evalset.name] = {"path": str(path), "key": key}
-        if not (spec.use_cache and _valid_result(path, "outputs")):
+        if not (reusable(spec, path) and _valid_result(path, "outputs")):
             generate_tasks.append({"evalset": evalset.name, "key": key, "result_path": str(path),
                                    "max_new_tokens": prompts[0].max_new_tokens if prompts else 1,
                                    "items": [{"id": p.item_id, "prompt": p.text} for p in prompts]})
@@ -306,6 +306,16 @@ def collect_results(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatR
     if run.status == "ok" and (missing or run.measurement["result"] is None):
         run.status = "failed"
         run.error = "evaluation finished without results for " + ", ".join(missing or ["measurement"])
+
+
+def reusable(spec: RunSpec, path: Path) -> bool:
+    """May a cache entry be used at all: always with the cache on; under --no-cache only if this run wrote it."""
+    if spec.use_cache:
+        return True
+    try:
+        return spec.fresh_after is not None and path.stat().st_mtime >= spec.fresh_after
+    except OSError:
+        return False
 
 
 def _valid_result(path: Path, required_key: str) -> bool:

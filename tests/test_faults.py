@@ -143,11 +143,12 @@ def wait_for_file(path: Path, parent: subprocess.Popen, timeout: float = 300) ->
         time.sleep(0.05)
 
 
-def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path):
+@pytest.mark.parametrize("cache_flags", [(), ("--no-cache",)], ids=["cache", "no-cache"])
+def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path, cache_flags):
     sets, expected = reference
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
-    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    run = start(("run", *FAST, *cache_flags, "--evalsets", str(sets), "--out", str(out)), demo_cache)
     wait_for_worker(run, "stages/int8/evaluate")
     os.killpg(run.pid, signal.SIGKILL)
     run.communicate(timeout=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from harness.errors import UserError
@@ -64,7 +65,8 @@ def spec_from_args(args):
         "max_items": args.max_items, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "threads": args.threads, "dtype": args.dtype, "seed": args.seed,
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
-        "use_cache": False if args.no_cache else None, "trust_remote_code": True if args.trust_remote_code else None,
+        "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
+        "trust_remote_code": True if args.trust_remote_code else None,
     }
     spec = build_spec(args.config, overrides)
     if capacity:
