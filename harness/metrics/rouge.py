@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rouge_score import rouge_scorer
-
 from harness.metrics.tokenizers import rouge_tokenizer
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -15,6 +13,8 @@ class RougeScorer:
     """Scores a prediction against one or more references; per metric the best reference counts."""
 
     def __init__(self, language: str = "en") -> None:
+        from rouge_score import rouge_scorer  # imports nltk (about 2 s): only when ROUGE is scored
+
         self.tokenizer = rouge_tokenizer(language)
         self._scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=self.tokenizer)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 
-from rouge_score import tokenizers as rouge_tokenizers
-
 # CJK ideographs (basic, extension A, compatibility, extensions B-F) and Japanese kana.
 _CJK_CLASS = (
     "\u3040-\u30ff"  # hiragana, katakana
@@ -42,13 +40,20 @@ def detect_language(text: str) -> str:
     return "zh" if cjk_share(text) > ZH_SHARE_THRESHOLD else "en"
 
 
-class RougeDefaultTokenizer(rouge_tokenizers.DefaultTokenizer):
+class RougeDefaultTokenizer:
     """rouge-score's own default tokenizer with the Porter stemmer, unchanged (the reference behaviour)."""
 
     name = "rouge-score default (Porter stemmer)"
 
     def __init__(self) -> None:
-        super().__init__(use_stemmer=True)
+        # Imported here, not at module level: rouge-score imports nltk (about 2 s), which runs without ROUGE
+        # (QA-only runs, every CLI start-up) should not pay.
+        from rouge_score import tokenizers as rouge_tokenizers
+
+        self._tokenizer = rouge_tokenizers.DefaultTokenizer(use_stemmer=True)
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._tokenizer.tokenize(text)
 
 
 class MixedTokenizer:

@@ -1,0 +1,1 @@
+"""Speed benchmarks (`nox -s bench` runs benchmarks/run.py); results go to reports/bench/latest.md."""

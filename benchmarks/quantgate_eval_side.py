@@ -1,0 +1,64 @@
+"""quantgate's evaluation of one evalset on the baseline, as its pipeline runs it: `python -m benchmarks.quantgate_eval_side JOB`.
+
+Loads the evalset and renders the prompts (harness.pipeline.prepare_inputs), then hands the generate task that
+harness.pipeline.pending_evaluation builds to a harness.worker subprocess (model load + batched generation) and
+scores the outputs with harness.evalsets.score_item. Only the memory/latency probe is left out: lm-eval has no
+such stage, so it would not be the same work.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import read_job, write_result
+
+
+def main(argv: list[str]) -> int:
+    started = time.perf_counter()
+    job = read_job(argv)
+    from harness import progress
+    from harness.config import RunSpec
+    from harness.launcher import run_worker
+    from harness.pipeline import FormatRun, collect_results, pending_evaluation, prepare_inputs
+
+    progress.configure(quiet=True)
+    spec = RunSpec(model=job["model_path"], formats=["baseline"], evalsets=[job["evalset"]], out=job["out_dir"],
+                   max_items=job["max_items"], batch_size=job["batch_size"], threads=job["threads"], use_cache=False)
+    inputs = prepare_inputs(spec)
+    run = FormatRun("baseline")
+    _, generate_tasks = pending_evaluation(inputs, "baseline", inputs.source.fingerprint, run)
+    stage_dir = inputs.out_dir / "stages" / "baseline"
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    worker_job = {"kind": "evaluate", "format": "baseline", "artifact_path": str(inputs.source.path),
+                  "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size, "measure": None,
+                  "generate": generate_tasks, "failure_path": str(stage_dir / "evaluate.failed.json")}
+    worker_started = time.perf_counter()
+    exit_ = run_worker(worker_job, stage_dir / "evaluate.job.json", inputs.out_dir / "logs" / "baseline.log", "baseline")
+    worker_wall = time.perf_counter() - worker_started
+    if exit_.returncode != 0:
+        raise SystemExit(f"quantgate worker failed (exit {exit_.returncode}); see {exit_.log_path}")
+    collect_results(inputs, "baseline", inputs.source.fingerprint, run)
+    (evalset,) = inputs.evalsets
+    result = run.generations[evalset.name]["result"]
+    from harness.evalsets import score_item
+
+    items = {item.id: item for item in evalset.items}
+    scores = [score_item(evalset, items[o["id"]], o["prediction"]) for o in result["outputs"]]
+    prompts = inputs.prompts[evalset.name]
+    write_result(job, {
+        "generate_s": result["wall_s"],  # the generation loop (batches in, texts out), timed inside the worker
+        "generate_cpu_s": result["cpu_s"],
+        "worker_s": worker_wall,  # the worker process: imports, model load, tokenization, generation
+        "in_process_s": time.perf_counter() - started,
+        "outputs": [{**o, **s} for o, s in zip(result["outputs"], scores)],
+        "prompts": [{"id": p.item_id, "text": p.text} for p in prompts],
+        "max_new_tokens": prompts[0].max_new_tokens,
+        "worker_log": str(exit_.log_path),
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

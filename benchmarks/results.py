@@ -1,0 +1,38 @@
+"""The raw results of a bench run as JSON (reports/bench/latest.json), and back: `run.py --render` rewrites the
+Markdown from it without measuring again."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.cache_bench import CacheBench
+from benchmarks.eval_bench import EvalBench, Side
+from benchmarks.quantize_bench import QuantizeBench
+
+
+def save(path: Path, run: dict) -> None:
+    """`run`: args (Namespace), eval_run, profile, cache_run, quantize_runs, load_before, load_after, total_s,
+    measured_at."""
+    data = {key: (vars(value) if isinstance(value, Namespace) else
+                  [asdict(v) for v in value] if key == "quantize_runs" else
+                  asdict(value) if hasattr(value, "__dataclass_fields__") else value)
+            for key, value in run.items()}
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+
+
+def load(path: Path) -> dict:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["args"] = Namespace(**data["args"])
+    if data.get("eval_run"):
+        e = data["eval_run"]
+        for key in ("quantgate", "lm_eval", "bare", "lm_eval_default"):
+            e[key] = Side(**e[key]) if e.get(key) else None
+        data["eval_run"] = EvalBench(**e)
+    if data.get("cache_run"):
+        data["cache_run"] = CacheBench(**{**data["cache_run"], "run_dir": Path(data["cache_run"]["run_dir"]),
+                                          "cache": Path(data["cache_run"]["cache"])})
+    data["quantize_runs"] = [QuantizeBench(**q) for q in data.get("quantize_runs") or []]
+    return data

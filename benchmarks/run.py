@@ -1,0 +1,138 @@
+"""quantgate's speed, measured in one run on one machine: `nox -s bench` or `.venv/bin/python benchmarks/run.py`.
+
+1. evaluation: quantgate vs lm-evaluation-harness (hf backend) on the same 200 SQuAD items, same everything
+2. overhead: quantgate's generation loop vs a bare `model.generate` loop over the same batches
+3. cache: the full demo run repeated unchanged vs cold
+4. quantization: quantgate's GPTQ and AWQ stages vs GPTQModel called directly
+
+Absolute times on a shared machine are noise; the ratios, measured minutes apart on the same machine, are the
+result, judged on CPU time where other jobs could inflate wall time. Writes reports/bench/latest.md (see
+benchmarks/report.py). `--quick` is a smoke run (about 10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Run as a script, Python puts benchmarks/ first on sys.path, where our module names would shadow top-level ones;
+# the project root goes there instead, and the modules are imported as the `benchmarks` package.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from benchmarks.common import ROOT, say  # noqa: E402
+from benchmarks.report import build_report, summary_table  # noqa: E402
+
+EVALSET = ROOT / "benchmarks" / "shared_evalsets" / "squad_200.toml"
+FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8}
+QUICK = {"items": 24, "repeats": 1, "profile_items": 8, "cache_items": 2, "calibration_samples": 4, "latency_requests": 2}
+STEPS = ("eval", "profile", "cache", "quantize")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK}")
+    parser.add_argument("--items", type=int, help=f"SQuAD items for benchmarks 1-2 (default {FULL['items']})")
+    parser.add_argument("--repeats", type=int,
+                        help=f"runs of each side in 1-2, best time counts (default {FULL['repeats']})")
+    parser.add_argument("--profile-items", type=int,
+                        help=f"items for the py-spy profile of quantgate's side (default {FULL['profile_items']})")
+    parser.add_argument("--cache-items", type=int, help=f"--max-items of the demo run in 3-4 (default {FULL['cache_items']})")
+    parser.add_argument("--calibration-samples", type=int,
+                        help=f"calibration texts for the demo run in 3-4 (default {FULL['calibration_samples']})")
+    parser.add_argument("--latency-requests", type=int,
+                        help=f"--latency-requests of the demo run in 3 (default {FULL['latency_requests']})")
+    parser.add_argument("--batch-size", type=int, default=8, help="generation batch size, every side (default 8)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, every side (default 1)")
+    parser.add_argument("--no-lm-eval-default-batch", dest="lm_eval_default_batch", action="store_false",
+                        help="skip the extra lm-eval run at its default batch size (1)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"which benchmarks (default {','.join(STEPS)})")
+    parser.add_argument("--out", default=str(ROOT / "reports" / "bench" / "latest.md"))
+    parser.add_argument("--work", help="scratch directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--render", metavar="JSON", help="measure nothing: rewrite --out from a saved results JSON "
+                        "(the .json written next to the Markdown)")
+    args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = set(args.steps) - set(STEPS)
+    if unknown:
+        parser.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(STEPS)}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.render:
+        from benchmarks.results import load
+
+        return write(Path(args.out), load(Path(args.render)))
+    started = time.time()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="quantgate-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    say(f"settings: {vars(args)}; scratch {work}; load average {load_before[0]:.2f}")
+    from harness.source import resolve_source
+
+    say("demo model: resolving the converted checkpoint (converted once if missing), copying it to the scratch dir")
+    # A private copy: nothing another process does to the user's cache can change it mid-bench.
+    demo = work / "checkpoint" / "smollm2-135m-instruct-bf16"
+    if not demo.is_dir():
+        shutil.copytree(resolve_source("demo").path, demo)
+    eval_run = cache_run = profile = None
+    quantize_runs = []
+    try:
+        if "eval" in args.steps:
+            from benchmarks.eval_bench import run_eval_bench
+
+            eval_run = run_eval_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "eval",
+                                      repeats=args.repeats, lm_eval_default_batch=args.lm_eval_default_batch)
+        if "profile" in args.steps:
+            from benchmarks.eval_bench import profile_quantgate
+            from benchmarks.pyspy_profile import pyspy
+
+            if pyspy():
+                profile = profile_quantgate(demo, EVALSET, args.profile_items, args.batch_size, args.threads,
+                                            work / "profile")
+            else:
+                say("profile: py-spy is not installed (pip install py-spy); skipped")
+        if "cache" in args.steps or "quantize" in args.steps:  # 4 runs in the cache 3 leaves
+            from benchmarks.cache_bench import run_cache_bench
+
+            cache_run = run_cache_bench(demo, work / "demo", args.cache_items, args.calibration_samples,
+                                        args.latency_requests, args.threads, args.batch_size)
+        if "quantize" in args.steps:
+            from benchmarks.quantize_bench import run_quantize_bench
+
+            quantize_runs = [run_quantize_bench(fmt, cache_run.cache, args.cache_items, args.calibration_samples,
+                                                args.threads, work / "quantize") for fmt in ("gptq", "awq")]
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    run = {"args": args, "eval_run": eval_run, "profile": profile, "cache_run": cache_run,
+           "quantize_runs": quantize_runs, "load_before": load_before, "load_after": os.getloadavg(),
+           "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from benchmarks.results import save
+
+    save(out.with_suffix(".json"), run)
+    return write(out, run)
+
+
+def write(out: Path, run: dict) -> int:
+    markdown, checks = build_report(**run)
+    out.write_text(markdown, encoding="utf-8")
+    print("\n".join(summary_table(checks)))
+    say(f"wrote {out} (and the raw results in {out.with_suffix('.json').name})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
