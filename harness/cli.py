@@ -1,6 +1,8 @@
 """`quantgate` (and `python -m harness`): parse the command line, run a subcommand, map failures to exit codes.
 
-Exit codes: 0 every candidate format is GO, 1 any is not, 2 bad usage or input, 130 interrupted.
+Exit codes: 0 every candidate format is GO, 1 any is not (for `compare`: a regression), 2 bad usage or input,
+3 internal error, 130 interrupted, 141 stdout closed early (`quantgate plan | head`: 128 + SIGPIPE, as a shell
+reports any program killed by a closed pipe; nothing is printed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 from harness import __version__, sandbox
 from harness.commands import COMMANDS
 from harness.errors import UserError
+
+EXIT_PIPE_CLOSED = 128 + 13  # 128 + SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +40,31 @@ def _accept_debug_after_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # inside the try: a reader that went away shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:  # stdout's reader closed it (`| head`): nobody is left to read, so end quietly
+        _discard_stdout()
+        return EXIT_PIPE_CLOSED
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is still buffered at exit cannot fail a second time
+    (the recipe of Python's signal module documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout has no file descriptor (replaced by a test, say): nothing to flush
+        pass
+
+
+def _run(argv: list[str]) -> int:
     debug = "--debug" in argv
     sandbox.apply_offline(os.environ)  # before any Hugging Face library is imported: they read it at import
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(parser, argv)
     except SystemExit as exc:  # argparse already printed the usage line; 2 for bad usage
         return int(exc.code or 0)
     if not getattr(args, "func", None):
@@ -56,9 +79,35 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("quantgate: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # not an internal error: main() ends quietly
     except Exception as exc:  # noqa: BLE001 - one readable line unless --debug
         if debug:
             raise
         print(f"quantgate: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 3
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Like parser.parse_args, but an unknown argument is reported by the (sub)command it was given to, with that
+    command's usage: `quantgate run: error: unrecognized arguments: --foo`, not the top-level usage."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        first_extra = min((i for i, arg in enumerate(argv) if arg in extras), default=len(argv))
+        _owner(parser, args, argv, first_extra).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def _owner(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], position: int,
+           start: int = 0) -> argparse.ArgumentParser:
+    """The deepest (sub)command parser chosen before argv[position]: `cache ls --foo` -> `ls`, `--foo plan` -> the
+    top-level one."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            chosen = action.choices.get(name or "")
+            at = argv.index(name, start) if chosen is not None and name in argv[start:] else None
+            if at is not None and at < position:
+                return _owner(chosen, args, argv, position, at + 1)
+    return parser

@@ -2,10 +2,14 @@
 left behind for --resume. Each case stops before any model is loaded (a few seconds each)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import quantgate
+from conftest import ROOT, quantgate
 from harness.commands.run import saved_spec
 from harness.errors import UserError
 from harness.metrics import ALL_METRICS
@@ -111,3 +115,77 @@ def test_config_without_layer_widths_names_the_file_and_field():
     assert str(caught.value).startswith("/models/m/config.json: field 'hidden_size' is missing")
     with pytest.raises(UserError, match="field 'text_config.num_attention_heads' is 'x'"):
         choose_group_size({"text_config": {"hidden_size": 64, "num_attention_heads": "x"}}, 32, "awq")
+
+
+# --- compare inputs, unknown flags, a closed stdout ------------------------------------------------------------
+
+EXAMPLE_REPORT = Path(__file__).parent / "fixtures" / "run_example" / "report.json"
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (lambda d: d / "missing.json", "missing.json: cannot read (No such file or directory)"),
+    (lambda d: (d / "notes.json").write_text("{not json") and d / "notes.json", "notes.json: not valid JSON"),
+    (lambda d: (d / "config.json").write_text('{"model_type": "llama"}') and d / "config.json",
+     "config.json: not a quantgate report (no 'schema_version' field)"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "empty: no report.json in this directory or its subdirectories"),
+])
+def test_compare_inputs_that_are_not_reports(tmp_path, make, expected):
+    bad = make(tmp_path)
+    line = fails_with_one_line(quantgate("compare", str(EXAMPLE_REPORT), str(bad), cache=tmp_path / "cache",
+                                         check_codes=None))
+    assert line.startswith(f"quantgate: error: {tmp_path}") and expected in line
+    assert "schema_version None" not in line
+
+
+def test_compare_of_incomparable_reports_exits_2_with_one_line(tmp_path):
+    report = json.loads(EXAMPLE_REPORT.read_text())
+    report["model"]["fingerprint"] = "sha256:" + "0" * 64
+    (tmp_path / "new.json").write_text(json.dumps(report))
+    result = quantgate("compare", str(EXAMPLE_REPORT), str(tmp_path / "new.json"), cache=tmp_path / "cache",
+                       check_codes=None)
+    line = fails_with_one_line(result)
+    assert "not comparable (model fingerprint changed); pass --allow-changes" in line
+    assert "model fingerprint: sha256:5f1c0a9e3b7d" in result.stdout
+    allowed = quantgate("compare", str(EXAMPLE_REPORT), str(tmp_path / "new.json"), "--allow-changes",
+                        cache=tmp_path / "cache", check_codes=(0,))
+    assert "(scores not comparable; compared anyway: --allow-changes)" in allowed.stdout
+
+
+@pytest.mark.parametrize("args", [("run", "--foo"), ("plan", "--json", "--foo"), ("cache", "ls", "--foo"),
+                                  ("compare", "a.json", "b.json", "--foo")])
+def test_unknown_flags_name_the_subcommand_and_show_its_usage(tmp_path, args):
+    result = quantgate(*args, cache=tmp_path / "cache", check_codes=None)
+    command = " ".join(a for a in args if not a.startswith("-") and not a.endswith(".json"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"usage: quantgate {command} ")
+    assert lines[-1] == f"quantgate {command}: error: unrecognized arguments: --foo"
+
+
+def quantgate_into_pipe(*args: str, cache: Path, stdout) -> subprocess.Popen:
+    env = dict(os.environ, QUANTGATE_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, stdout=stdout,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_stdout_closed_before_anything_is_written_ends_quietly(tmp_path):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `quantgate plan | true`: the reader is gone before plan prints
+    try:
+        process = quantgate_into_pipe("plan", cache=tmp_path / "cache", stdout=write_end)
+    finally:
+        os.close(write_end)
+    _, stderr = process.communicate(timeout=120)
+    assert (process.returncode, stderr) == (141, "")
+
+
+def test_stdout_closed_after_one_line_ends_quietly(tmp_path):
+    """`quantgate cache ls results | head -1` on a large cache: plan's output fits in the pipe, this one does not,
+    so quantgate is still writing when the reader goes away."""
+    for i in range(2000):
+        (tmp_path / "cache" / "results" / f"entry-{i:05d}-{'x' * 30}").mkdir(parents=True)
+    process = quantgate_into_pipe("cache", "ls", "results", cache=tmp_path / "cache", stdout=subprocess.PIPE)
+    assert process.stdout.readline().startswith("results in ")
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert (process.wait(timeout=120), stderr) == (141, "")
