@@ -30,6 +30,10 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
             peak_bytes=_memory(run).get("peak_bytes"),
             ttft_p95_ms=(_latency(run).get("batch_1") or {}).get("ttft_ms", {}).get("p95"),
             tpot_p95_ms=(_latency(run).get("batch_1") or {}).get("tpot_ms", {}).get("p95"),
+            latency_requests=(_latency(run).get("batch_1") or {}).get("requests"),
+            clusters={e.name: e.clusters() for e in inputs.evalsets},
+            cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
+            calibration_overlap=_calibration_overlap(inputs, name),
         )
     baseline = outcomes["baseline"]
     decisions = {name: decide_format(baseline, outcome, inputs.policy)
@@ -106,8 +110,11 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
     # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
     upcast = _ELEMENT_BYTES.get(compute_dtype, 2) / 2
     kv_predicted = kv_bytes_per_token(inputs.model_config, kv_dtype_bytes=2 * upcast)
+    recipe = inputs.recipes.get(run.name)
+    calibrated = inputs.calibration is not None and recipe is not None and recipe.calibration_samples
     entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run,
-             "compute_dtype": compute_dtype}
+             "compute_dtype": compute_dtype,
+             "calibration": inputs.calibration.summary(recipe.calibration_samples) if calibrated else None}
     if memory:
         memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
                       kv_bytes_per_token=kv_predicted,
@@ -134,7 +141,8 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
             int(memory["weights_bytes"] / upcast), int((memory.get("activation_peak_bytes") or 0) / upcast),
             kv_bytes_per_token(inputs.model_config),
             gpu_memory_gib=capacity.gpu_memory_gib, gpu_memory_utilization=capacity.gpu_memory_utilization,
-            max_model_len=max_model_len, quantization=VLLM_QUANTIZATION[run.name]).as_dict()
+            max_model_len=max_model_len, quantization=VLLM_QUANTIZATION[run.name],
+            overhead_bytes=int(capacity.overhead_gib * 2**30)).as_dict()
     entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
                            "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
                            "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
@@ -144,6 +152,15 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
 
 # A 16-bit checkpoint computed in float32 (a CPU without bf16 units) holds twice the bytes it would serve with.
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
+    """The evaluated items a format's calibration texts contained (only ever non-empty when the run allowed it)."""
+    recipe = inputs.recipes.get(name)
+    if inputs.calibration is None or recipe is None or not recipe.calibration_samples:
+        return ()
+    overlap = inputs.calibration.overlap
+    return overlap.overlapping if overlap and overlap.items_overlapping else ()
 
 
 def _memory(run) -> dict:

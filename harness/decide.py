@@ -1,8 +1,21 @@
 """Verdicts: each candidate format against the baseline, item by item, under a policy.
 
-GO when every gated metric's interval lies above -margin and every floor and budget holds;
-NO-GO when a gated interval lies wholly below -margin, a floor or budget fails, or the format crashed;
+GO when every gated metric's interval lies above -margin on enough evidence and every floor and budget holds;
+NO-GO when a gated interval lies wholly below -margin (at any n: a true drop beyond the margin is never GO),
+a floor or budget fails, or the format crashed;
 INCONCLUSIVE otherwise (the data cannot tell: the reason says how large a drop the set can detect).
+
+Evidence rules: an interval above -margin is not enough for a gated metric to pass. It also needs
+- at least the policy's min_items paired items (per "evalset/metric", "metric" or the default);
+- a set that could have detected a drop of the margin: MDE at the policy's power <= margin. With zero
+  spread (identical scores, a uniform shift) the MDE is the resolution 100 / n, so a zero-width interval
+  from a constant difference proves nothing on a small set;
+- a metric that tells formats apart: not 0 for the baseline on every item, and not one constant for every
+  item of both formats.
+Short of these the check is INCONCLUSIVE and its reason names the rule and about how many items would do.
+Items that share a context (or a spec's `group` column) are clustered: FormatOutcome.clusters maps each
+item to its cluster, and the interval and MDE come from the cluster bootstrap and cluster-robust t.
+A latency p95 within budget passes only on at least P95_MIN_REQUESTS requests; exceeding it fails at any count.
 """
 
 from __future__ import annotations
@@ -10,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
+from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy
-from harness.stats import PairedComparison, compare_paired
+from harness.stats import PairedComparison, compare_paired, items_needed
 
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
@@ -30,12 +44,16 @@ class FormatOutcome:
     peak_bytes: int | None = None
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
+    latency_requests: int | None = None  # requests the latency p95s rest on; None: unknown (not held against it)
+    clusters: dict[str, dict[str, str]] = field(default_factory=dict)  # evalset -> id -> cluster key (absent: own)
+    cluster_by: dict[str, str] = field(default_factory=dict)  # evalset -> what the clusters are ("context", a column)
+    calibration_overlap: tuple[str, ...] = ()  # "evalset/id" of evaluated items its calibration texts contained
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    kind: Literal["metric", "floor", "memory", "latency", "run"]
+    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration"]
     status: CheckStatus
     detail: str
     reason: str  # the line for `reasons` when the check does not pass
@@ -84,12 +102,27 @@ def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Pol
             candidate.gates.get(evalset, []),
         )
         scores[evalset] = {}
+        clustering = _clustering(evalset, baseline, candidate)
         for metric in metrics:
-            entry, metric_checks = _score_metric(evalset, metric, base_items, cand_items, metric in gated, policy)
+            entry, metric_checks = _score_metric(
+                evalset, metric, base_items, cand_items, metric in gated, policy, clustering
+            )
             scores[evalset][metric] = entry
             checks.extend(metric_checks)
     checks.extend(_budget_checks(candidate, policy))
+    if candidate.calibration_overlap:
+        checks.append(_calibration_check(candidate.calibration_overlap))
     return _decision(candidate.name, checks, scores)
+
+
+def _calibration_check(overlapping: tuple[str, ...]) -> Check:
+    """Calibration that saw evaluated items (run with --allow-calibration-overlap) biases scores toward the
+    baseline's: such a format may still be NO-GO, never GO."""
+    shown = ", ".join(overlapping[:5]) + (" ..." if len(overlapping) > 5 else "")
+    detail = f"calibration texts contain {len(overlapping)} evaluated item(s): {shown}"
+    return Check("calibration/overlap", "calibration", "inconclusive", detail,
+                 f"{detail} (allowed by --allow-calibration-overlap): its scores may be biased toward GO, so it "
+                 "cannot be GO; calibrate on text that is not evaluated (--calibration FILE)")
 
 
 def _decision(name: str, checks: list[Check], scores: dict) -> FormatDecision:
@@ -135,21 +168,44 @@ def _pairing_check(evalset: str, name: str, base_items: dict, cand_items: dict) 
     return Check(name, "run", "inconclusive", detail, f"{name}: {detail}")
 
 
+@dataclass(frozen=True)
+class _Clustering:
+    keys: dict[str, str]  # id -> cluster key; an id without one is its own cluster
+    by: str  # what the clusters are, for the method line
+
+    def of(self, ids: list[str]) -> list[tuple[str, str]] | None:
+        if not self.keys:
+            return None
+        return [("cluster", self.keys[i]) if i in self.keys else ("item", i) for i in ids]
+
+
+def _clustering(evalset: str, baseline: FormatOutcome, candidate: FormatOutcome) -> _Clustering:
+    keys = baseline.clusters.get(evalset) or candidate.clusters.get(evalset) or {}
+    by = baseline.cluster_by.get(evalset) or candidate.cluster_by.get(evalset) or "cluster"
+    return _Clustering(keys, by)
+
+
 def _score_metric(
-    evalset: str, metric: str, base_items: dict, cand_items: dict, gated: bool, policy: Policy
+    evalset: str, metric: str, base_items: dict, cand_items: dict, gated: bool, policy: Policy,
+    clustering: _Clustering,
 ) -> tuple[dict[str, Any], list[Check]]:
     ids = [i for i, row in base_items.items() if metric in row and metric in cand_items.get(i, {})]
     base = [float(base_items[i][metric]) for i in ids]
     cand = [float(cand_items[i][metric]) for i in ids]
     comparison = compare_paired(
-        base, cand, confidence=policy.confidence, resamples=policy.resamples, seed=policy.seed
+        base, cand, confidence=policy.confidence, resamples=policy.resamples, seed=policy.seed,
+        power=policy.power, clusters=clustering.of(ids),
     )
+    method = comparison.method
+    if comparison.clusters is not None:
+        method += f", clustered by {clustering.by} ({comparison.clusters} clusters)"
     value = sum(cand) / len(cand) if cand else None
     margin = policy.margin_for(evalset, metric)
     name = f"{evalset}/{metric}"
     checks: list[Check] = []
     if gated:
-        checks.append(_metric_check(name, metric, comparison, margin))
+        evidence = _Evidence(policy.min_items_at(evalset, metric), policy.power, policy.confidence, clustering.by)
+        checks.append(_metric_check(name, metric, comparison, margin, evidence, base, cand))
     floor = policy.floor_for(evalset, metric)
     if floor is not None:
         checks.append(_floor_check(name, value, floor))
@@ -162,14 +218,27 @@ def _score_metric(
         "margin": margin,
         "mde": comparison.mde,
         "p_value": comparison.p_value,
-        "method": comparison.method,
+        "method": method,
         "gated": gated,
         "status": checks[0].status if gated else None,
     }
     return entry, checks
 
 
-def _metric_check(name: str, metric: str, c: PairedComparison, margin: float | None) -> Check:
+@dataclass(frozen=True)
+class _Evidence:
+    """What a pass needs beyond an interval above -margin."""
+
+    min_items: int
+    power: float
+    confidence: float
+    cluster_by: str
+
+
+def _metric_check(
+    name: str, metric: str, c: PairedComparison, margin: float | None, evidence: _Evidence,
+    base: list[float], cand: list[float],
+) -> Check:
     def check(status: CheckStatus, detail: str) -> Check:
         return Check(name, "metric", status, detail, f"{name}: {detail}")
 
@@ -178,19 +247,62 @@ def _metric_check(name: str, metric: str, c: PairedComparison, margin: float | N
     if c.n == 0:
         return check("inconclusive", "no paired items to compare; score this evalset for both formats")
     if c.ci_low is None or c.ci_high is None:
+        if c.clusters == 1:
+            return check("inconclusive", f"{signed(c.delta)} points on {c.n} paired items that all share one "
+                                         f"{evidence.cluster_by}: no interval; add items from other clusters")
         return check("inconclusive", f"{signed(c.delta)} points on only {c.n} paired item: no interval; add items")
     measured = f"{signed(c.delta)} points [{num(c.ci_low)}, {num(c.ci_high)}]"
     if c.method.endswith("exact McNemar"):
         measured += f" ({c.worsened} items worse, {c.improved} better, McNemar p={c.p_value:.3g})"
+    if c.clusters is not None:
+        measured += f" over {c.clusters} clusters by {evidence.cluster_by}"
     bound = f"the {num(-margin)} margin"
-    if c.ci_low > -margin:
-        return check("pass", f"{measured} lies above {bound}")
     if c.ci_high < -margin:
         return check("fail", f"{measured} is worse than {bound}")
+    flat = _flat(metric, base, cand)
+    if flat is not None:
+        return check("inconclusive", flat)
+    if c.ci_low > -margin:
+        gaps = _evidence_gaps(c, margin, evidence)
+        if not gaps:
+            return check("pass", f"{measured} lies above {bound}")
+        return check("inconclusive", f"{measured} lies above {bound}, but that is not evidence yet: {'; '.join(gaps)}; "
+                                     f"{_items_to_add(c, margin, evidence)}")
     return check(
         "inconclusive",
         f"{measured} straddles {bound}; add items: this set can detect drops of {num(c.mde)} points or more",
     )
+
+
+def _flat(metric: str, base: list[float], cand: list[float]) -> str | None:
+    """Why this metric cannot tell formats apart on these items, or None when it can."""
+    if all(b == 0 for b in base):
+        return (f"the baseline scores 0 on all {len(base)} items, so {metric} cannot tell formats apart; "
+                "check the set's language, prompt template and references")
+    if all(v == base[0] for v in (*base, *cand)):
+        return (f"both formats score {num(base[0])} on all {len(base)} items, so {metric} cannot tell formats apart; "
+                "use items that some format gets wrong, or gate on another metric")
+    return None
+
+
+def _evidence_gaps(c: PairedComparison, margin: float, evidence: _Evidence) -> list[str]:
+    gaps = []
+    if c.n < evidence.min_items:
+        gaps.append(f"only {c.n} paired items, and GO needs at least {evidence.min_items} (min_items)")
+    if c.mde is None or c.mde > margin:
+        spread = f", the resolution 100/{c.n} of a zero-spread set" if c.se == 0 else ""
+        gaps.append(f"the smallest drop it can detect at {evidence.power:.0%} power is {num(c.mde)} points "
+                    f"(MDE{spread}), above the {num(margin)} margin")
+    return gaps
+
+
+def _items_to_add(c: PairedComparison, margin: float, evidence: _Evidence) -> str:
+    needed = items_needed(c, margin, evidence.confidence, evidence.power)
+    if needed is None:
+        return f"no number of items shows a drop of at most {num(margin)}: set a margin above 0"
+    if c.mde is None or c.mde > margin:
+        needed = max(needed, c.n + 1)
+    return f"add items: about {max(needed, evidence.min_items)} paired items in all would do"
 
 
 def _floor_check(name: str, value: float | None, floor: float) -> Check:
@@ -218,18 +330,25 @@ def _budget_checks(candidate: FormatOutcome, policy: Policy) -> list[Check]:
         ("latency/tpot_p95", "TPOT p95", candidate.tpot_p95_ms, policy.max_tpot_p95_ms),
     ):
         if limit is not None:
-            checks.append(_budget_check(name, "latency", label, measured, limit, format_ms))
+            checks.append(
+                _budget_check(name, "latency", label, measured, limit, format_ms, candidate.latency_requests)
+            )
     return checks
 
 
-def _budget_check(name, kind, label, measured, limit, fmt) -> Check:
+def _budget_check(name, kind, label, measured, limit, fmt, requests: int | None = None) -> Check:
     if measured is None:
         detail = f"{label} was not measured, so the {fmt(limit)} budget cannot be checked"
         return Check(name, kind, "inconclusive", detail, f"{name}: {detail}")
     if measured > limit:
         detail = f"{label} {fmt(measured)} exceeds the {fmt(limit)} budget"
         return Check(name, kind, "fail", detail, f"{name}: {detail}")
-    return Check(name, kind, "pass", f"{label} {fmt(measured)} within the {fmt(limit)} budget", "")
+    within = f"{label} {fmt(measured)} within the {fmt(limit)} budget"
+    if requests is not None and requests < P95_MIN_REQUESTS:
+        detail = (f"{within}, but the p95 of {requests} requests is about the max of {requests}; it needs >= "
+                  f"{P95_MIN_REQUESTS} requests (quantgate run --latency-requests {P95_MIN_REQUESTS})")
+        return Check(name, kind, "inconclusive", detail, f"{name}: {detail}")
+    return Check(name, kind, "pass", within, "")
 
 
 # --- baseline, recommendation, exit code ----------------------------------------------------------

@@ -1,10 +1,17 @@
 """Evaluation sets: a TOML spec plus a data file (JSONL/JSON, CSV or Parquet) -> validated `EvalSet`.
 
-Also the per-set jobs that need nothing but the set: rendering prompts, scoring a prediction, and
-building calibration text for the quantizers.
+Also the per-set jobs that need nothing but the set: rendering prompts and scoring a prediction. Calibration
+text never comes from the items (harness.calibration); a spec may name a `calibration` file of its own.
 
 Loading reports every problem it finds, across all sets, in one `UserError`: each problem names the
-file, the line (or Parquet row) and the field, and says what to do.
+file, the line (or Parquet row) and the field, and says what to do. A set whose declared language does not
+match its text (`en` but more than 30% CJK among the letters of its questions, contexts and references, or
+`zh` and at most 30%) is refused: scored with the wrong tokenizer it would score 0 for every format and
+tell none apart.
+
+Items that share a context (SQuAD/CMRC-style sets ask several questions about one passage) are not
+independent: `EvalSet.clusters()` keys each item by the spec's `group` column when it names one, else by
+its context; items without either are their own clusters. decide.py resamples these clusters.
 """
 
 from __future__ import annotations
@@ -20,11 +27,11 @@ import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from harness.errors import UserError
 from harness.metrics import DEFAULT_GATE, METRICS_BY_TASK, ALL_METRICS, score_prediction, tokenizer_name
-from harness.metrics.tokenizers import CJK_RE, detect_language
+from harness.metrics.tokenizers import ZH_SHARE_THRESHOLD, cjk_share, detect_language
 
 # datasets reads this once, at import; it is imported lazily below, so this always comes first.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -36,7 +43,7 @@ ROW_FIELDS = ("id", "question", "context", "instruction", "answers", "reference"
 DATA_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 SPEC_KEYS = (
     "name", "task", "language", "data", "description", "max_new_tokens", "metrics", "gate",
-    "system_prompt", "prompt_template", "abstain_phrases", "columns", "few_shot",
+    "system_prompt", "prompt_template", "abstain_phrases", "columns", "few_shot", "group", "calibration",
 )
 FEW_SHOT_KEYS = ("question", "context", "instruction", "answer", "output")
 DEFAULT_MAX_NEW_TOKENS = {"qa": 48, "generation": 128}
@@ -46,10 +53,8 @@ DEFAULT_ABSTAIN_PHRASES = (
 )
 ABSTAIN_REPLY = {"en": "cannot be answered", "zh": "无法回答"}
 MAX_PROBLEMS_PER_SET = 50
-CALIBRATION_CHARS = 1200  # ~256 tokens of English; a CJK character counts as 3 (about 1 token each)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?。！？])")  # split after, keeping the whitespace
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class EvalItem:
     answers: tuple[str, ...]  # QA gold answers; empty = unanswerable (correct when the model abstains)
     references: tuple[str, ...]  # the gold texts scored against: QA the answers, generation the references
     line: int  # line in the data file (Parquet: row number), 1-based
+    group: str | None = None  # the spec's `group` column's value: items of one group share a cluster
 
 
 @dataclass(frozen=True)
@@ -88,10 +94,23 @@ class EvalSet:
     abstain_phrases: tuple[str, ...]
     items: tuple[EvalItem, ...] = field(repr=False)
     content_hash: str  # "sha256:<hex>" over the spec bytes and the data bytes
+    group: str | None = None  # the data column whose value clusters items (spec key `group`); None: by context
+    calibration_path: Path | None = None  # the set's own calibration split (spec key `calibration`), never scored
 
     @property
     def tokenizer(self) -> str:
         return tokenizer_name(self.language, self.task)
+
+    @property
+    def cluster_by(self) -> str:
+        """What the clusters are, for the method line: the group column, or "context"."""
+        return self.group or "context"
+
+    def clusters(self) -> dict[str, str]:
+        """item id -> cluster key: its group, else its context; items with neither are left out (own cluster)."""
+        if self.group is not None:
+            return {item.id: item.group for item in self.items if item.group is not None}
+        return {item.id: item.context for item in self.items if item.context.strip()}
 
     def summary(self) -> dict[str, Any]:
         """The set's entry under report.json "evalsets"."""
@@ -194,6 +213,8 @@ class _Spec:
     gate: list[str] | None = None
     abstain_phrases: list[str] | None = None
     columns: dict[str, str] = field(default_factory=dict)
+    group: str | None = None
+    calibration_path: Path | None = None
     key_lines: dict[str, int] = field(default_factory=dict)
 
     def at(self, key: str) -> str:
@@ -271,6 +292,16 @@ def _read_spec(path: Path, problems: list[str]) -> _Spec | None:
     spec.metrics = get("metrics", list, "a list of metric names")
     spec.gate = get("gate", list, "a list of metric names")
     spec.abstain_phrases = get("abstain_phrases", list, "a list of strings")
+    spec.group = get("group", str, "a column name (items with one value share a cluster)")
+    calibration = get("calibration", str, "a path relative to the spec file (JSONL with 'text', or text lines)")
+    if calibration is not None:
+        spec.calibration_path = (path.parent / calibration).resolve()
+        if not spec.calibration_path.is_file():
+            problems.append(f"{spec.at('calibration')}: calibration = '{calibration}' but "
+                            f"{display_path(spec.calibration_path)} does not exist")
+        elif spec.calibration_path == spec.data_path.resolve():
+            problems.append(f"{spec.at('calibration')}: calibration is the evaluated data file itself; name a "
+                            "separate split that is never scored")
     columns = get("columns", dict, "a table: canonical field = column name") or {}
     for canonical, column in columns.items():
         if canonical not in ROW_FIELDS:
@@ -593,11 +624,22 @@ def _make_item(spec: _Spec, row: _Row, needs: set[str], problems: list[str]) -> 
             if more is not None and not more:
                 problems.append(f"{row.where}: field {label('references')} is empty; give at least one reference")
             references.extend(r for r in more or [] if r not in references)
+    group = None
+    if spec.group is not None:
+        value = row.values.get(spec.group)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            problems.append(f"{row.where}: field '{spec.group}' missing (the spec's group names it; every row needs "
+                            f"one)")
+        elif isinstance(value, bool) or not isinstance(value, (str, int)):
+            problems.append(f"{row.where}: field '{spec.group}' (the group) must be a string or an integer, "
+                            f"got {type(value).__name__}")
+        else:
+            group = str(value)
     if len(problems) > before:
         return None
     return EvalItem(id=str(raw_id), question=text["question"], context=text["context"],
                     instruction=text["instruction"], answers=tuple(answers), references=tuple(references),
-                    line=row.number)
+                    line=row.number, group=group)
 
 
 # ---------------------------------------------------------------- building a set
@@ -617,6 +659,10 @@ def _build_set(spec: _Spec, problems: list[str]) -> EvalSet | None:
         if column not in columns:
             problems.append(f"{spec.at('columns')}: columns.{canonical} = '{column}' but "
                             f"{display_path(spec.data_path)} has no column '{column}' (it has: {', '.join(columns)})")
+    if spec.group is not None and spec.group not in columns:
+        problems.append(f"{spec.at('group')}: group = '{spec.group}' but {display_path(spec.data_path)} has no "
+                        f"column '{spec.group}' (it has: {', '.join(columns)})")
+        spec.group = None  # one problem, not one per row
     language = spec.language
     template = spec.prompt_template
     if template is None:
@@ -638,6 +684,7 @@ def _build_set(spec: _Spec, problems: list[str]) -> EvalSet | None:
             continue
         first_seen[item.id] = row
         items.append(item)
+    _check_language(spec, items, problems)
     if problems:
         return None
     metrics = tuple(spec.metrics or METRICS_BY_TASK[spec.task])
@@ -652,8 +699,26 @@ def _build_set(spec: _Spec, problems: list[str]) -> EvalSet | None:
         max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS[spec.task], metrics=metrics,
         gate=tuple(spec.gate or [m for m in DEFAULT_GATE[spec.task] if m in metrics] or metrics[:1]),
         abstain_phrases=tuple(spec.abstain_phrases if spec.abstain_phrases is not None else DEFAULT_ABSTAIN_PHRASES),
-        items=tuple(items), content_hash="sha256:" + digest.hexdigest(),
+        items=tuple(items), content_hash="sha256:" + digest.hexdigest(), group=spec.group,
+        calibration_path=spec.calibration_path,
     )
+
+
+def _check_language(spec: _Spec, items: list[EvalItem], problems: list[str]) -> None:
+    """A declared en/zh that its text contradicts: the wrong tokenizer would score every format 0."""
+    if spec.language == "auto" or not items:
+        return
+    contexts = dict.fromkeys(item.context for item in items)  # a passage asked about 5 times counts once
+    text = " ".join([*contexts, *(t for i in items for t in (i.question, i.instruction, *i.references))])
+    if detect_language(text) == spec.language:
+        return
+    share = f"{cjk_share(text):.0%} of the letters in {display_path(spec.data_path)} (questions, contexts, references)"
+    if spec.language == "en":
+        found, fix = f"{share} are CJK: English tokenization cannot score Chinese text", "zh"
+    else:
+        found, fix = f"only {share} are CJK (a Chinese set has more than {ZH_SHARE_THRESHOLD:.0%})", "en"
+    problems.append(f"{spec.at('language')}: language = \"{spec.language}\" but {found}; set language = \"{fix}\" "
+                    f"(or \"auto\" for a mixed set)")
 
 
 def _present(rows: list[_Row], columns: dict[str, str]) -> set[str]:
@@ -752,52 +817,3 @@ def score_item(evalset: EvalSet, item: EvalItem, prediction: str) -> dict[str, f
                                 evalset.metrics, evalset.abstain_phrases)
     # generation keeps "auto": the mixed tokenizer equals rouge-score's default on text without CJK
     return score_prediction("generation", evalset.language, prediction, item.references, evalset.metrics)
-
-
-def _weight(text: str) -> int:
-    return len(text) + 2 * len(CJK_RE.findall(text))
-
-
-def _calibration_pieces(evalset: EvalSet) -> Iterable[str]:
-    seen_contexts: set[str] = set()
-    for item in evalset.items:
-        parts = []
-        for text in (item.instruction, item.context):
-            if text and text not in seen_contexts:  # SQuAD-style sets repeat a paragraph per question
-                seen_contexts.add(text)
-                parts.append(text)
-        if item.question:
-            parts.append(item.question)
-        if evalset.task == "generation" and item.references:
-            parts.append(item.references[0])
-        if parts:
-            yield "\n".join(parts)
-
-
-def calibration_texts(evalsets: Sequence[EvalSet], n: int) -> list[str]:
-    """Up to n deterministic texts of about CALIBRATION_CHARS each, from the sets' own inputs.
-
-    Items are taken round-robin across the sets (so every language and task is represented), split at
-    sentence ends and packed into chunks. Fewer than n when the sets hold too little text.
-    """
-    streams = [iter(_calibration_pieces(s)) for s in evalsets]
-    texts: list[str] = []
-    chunk = ""
-    while streams and len(texts) < n:
-        for stream in list(streams):
-            piece = next(stream, None)
-            if piece is None:
-                streams.remove(stream)
-                continue
-            if chunk:
-                chunk += "\n\n"
-            for sentence in filter(None, _SENTENCE_END_RE.split(piece)):
-                chunk += sentence if chunk else sentence.lstrip()
-                if _weight(chunk) >= CALIBRATION_CHARS:
-                    texts.append(chunk.strip())
-                    chunk = ""
-                    if len(texts) == n:
-                        return texts
-    if chunk.strip() and len(texts) < n:
-        texts.append(chunk.strip())
-    return texts

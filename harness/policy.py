@@ -1,7 +1,12 @@
-"""The decision policy: how much each metric may drop, absolute floors, memory and latency budgets.
+"""The decision policy: how much each metric may drop, absolute floors, memory and latency budgets,
+and how much evidence a GO needs.
 
 Read from a TOML file (see policies/default.toml); every key has a built-in default, and the file's
 `[margins]` are merged over the default margins. Unknown keys and wrong types are errors.
+
+Evidence for GO (see harness/decide.py): a gated metric passes only on at least `min_items` paired items
+(`[min_items_for]` sets it per "metric" or "evalset/metric", like margins) and when the set could have
+detected a drop of the margin: its minimum detectable effect at `power` is at most the margin.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ DEFAULT_MARGINS: dict[str, float] = {
 
 
 class Policy(BaseModel):
-    """What a candidate format must satisfy to be GO. Keys `margins`/`floors` take `metric` or `evalset/metric`."""
+    """What a candidate format must satisfy to be GO. Keys of `margins`, `floors` and `min_items_for` are `metric`
+    or `evalset/metric` (the more specific one wins)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,6 +46,9 @@ class Policy(BaseModel):
     max_ttft_p95_ms: float | None = Field(default=None, gt=0)
     max_tpot_p95_ms: float | None = Field(default=None, gt=0)
     inconclusive_is: Literal["fail", "pass"] = "fail"
+    min_items: int = Field(default=30, ge=2)
+    min_items_for: dict[str, int] = Field(default_factory=dict)
+    power: float = Field(default=0.8, ge=0.5, lt=1.0)
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     resamples: int = Field(default=2000, ge=2000)
     seed: int = 0
@@ -57,6 +66,14 @@ class Policy(BaseModel):
         for key, points in value.items():
             if not math.isfinite(points) or points < 0:
                 raise ValueError(f"key '{info.field_name}.{key}' = {points}: must be a finite number of points >= 0")
+        return value
+
+    @field_validator("min_items_for")
+    @classmethod
+    def _at_least_two_items(cls, value: dict[str, int]) -> dict[str, int]:
+        for key, count in value.items():
+            if count < 2:
+                raise ValueError(f"key 'min_items_for.{key}' = {count}: must be at least 2 items (an interval needs 2)")
         return value
 
     @model_validator(mode="after")
@@ -79,6 +96,10 @@ class Policy(BaseModel):
     def floor_for(self, evalset: str, metric: str) -> float | None:
         return self.floors.get(f"{evalset}/{metric}", self.floors.get(metric))
 
+    def min_items_at(self, evalset: str, metric: str) -> int:
+        """The paired items a GO on this metric needs: "evalset/metric", then "metric", then `min_items`."""
+        return self.min_items_for.get(f"{evalset}/{metric}", self.min_items_for.get(metric, self.min_items))
+
     def without_budgets(self) -> Policy:
         """This policy with memory and latency budgets removed (for inputs that carry no measurements)."""
         return self.model_copy(
@@ -97,8 +118,9 @@ class Policy(BaseModel):
 def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = None) -> Policy:
     """The policy in `path`, or the built-in defaults when `path` is None.
 
-    known_metrics: when given (a run, which scores only these), a [margins]/[floors] key naming any other metric
-    is an error, not a silently ignored typo. `quantgate decide` takes any metric its score files carry.
+    known_metrics: when given, a [margins]/[floors]/[min_items_for] key naming any other metric is an error, not a
+    silently ignored typo. A run passes the metrics it scores; `quantgate decide` those plus the ones its score
+    files carry.
     """
     if path is None:
         return Policy()
@@ -122,7 +144,7 @@ def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = N
 
 
 def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
-    for table in ("margins", "floors"):
+    for table in ("margins", "floors", "min_items_for"):
         for key in data.get(table) or {}:
             metric = key.rsplit("/", 1)[-1]
             if metric not in known:

@@ -32,11 +32,11 @@ def noisy(n: int, seed: int = 0) -> np.ndarray:
 
 
 def test_identical_scores_are_go():
-    f1 = noisy(40)
+    f1 = noisy(60)  # zero spread: GO needs the resolution 100/n <= the 2.0 margin, so n >= 50
     d = decide_format(outcome("baseline", f1=f1), outcome("int8", f1=f1), Policy())
     assert d.verdict == "GO"
     s = d.scores["en_faq"]["f1"]
-    assert (s["delta"], s["ci_low"], s["ci_high"], s["n"], s["status"], s["gated"]) == (0.0, 0.0, 0.0, 40, "pass", True)
+    assert (s["delta"], s["ci_low"], s["ci_high"], s["n"], s["status"], s["gated"]) == (0.0, 0.0, 0.0, 60, "pass", True)
     assert d.reasons == ["every check passes: 1 gated metric(s) above their margins"]
     assert d.checks == [{"name": "en_faq/f1", "kind": "metric", "status": "pass", "detail": d.checks[0]["detail"]}]
 
@@ -98,7 +98,7 @@ def test_binary_gated_metric_reports_mcnemar_counts():
 
 
 def test_memory_budget_breach_is_no_go_whatever_the_scores():
-    f1 = noisy(40)
+    f1 = noisy(60)
     policy = Policy(max_memory_gib=8)
     d = decide_format(outcome("b", f1=f1), outcome("int8", f1=f1, peak_bytes=9 * GIB), policy)
     assert d.verdict == "NO-GO"
@@ -109,7 +109,7 @@ def test_memory_budget_breach_is_no_go_whatever_the_scores():
 
 
 def test_latency_budgets():
-    f1 = noisy(40)
+    f1 = noisy(60)
     policy = Policy(max_ttft_p95_ms=200, max_tpot_p95_ms=50)
     slow = decide_format(outcome("b", f1=f1), outcome("int8", f1=f1, ttft_p95_ms=250.0, tpot_p95_ms=40.0), policy)
     assert slow.verdict == "NO-GO"
@@ -122,7 +122,7 @@ def test_latency_budgets():
 
 
 def test_floors_apply_per_metric_and_per_evalset():
-    f1 = np.full(40, 45.0) + noisy(40) / 100
+    f1 = np.full(60, 45.0) + noisy(60) / 100
     d = decide_format(outcome("b", f1=f1), outcome("int8", f1=f1), Policy(floors={"f1": 50.0}))
     assert d.verdict == "NO-GO"
     assert d.reasons == [f"en_faq/f1: {f1.mean():.1f} is below the 50.0 floor"]
@@ -130,7 +130,7 @@ def test_floors_apply_per_metric_and_per_evalset():
     lowered = Policy(floors={"f1": 50.0, "en_faq/f1": 40.0})
     assert decide_format(outcome("b", f1=f1), outcome("int8", f1=f1), lowered).verdict == "GO"
     # floors also hold for non-gated metrics
-    em = np.zeros(40)
+    em = np.zeros(60)
     d = decide_format(outcome("b", f1=f1, em=em), outcome("int8", f1=f1, em=em), Policy(floors={"em": 10.0}))
     assert d.verdict == "NO-GO" and d.reasons[0].startswith("en_faq/em: 0.0 is below")
 
@@ -152,14 +152,14 @@ def test_failed_baseline_makes_every_candidate_no_go():
 
 
 def test_missing_ids_are_reported_and_pairing_uses_the_rest():
-    f1 = noisy(30)
+    f1 = noisy(60)
     base = outcome("baseline", f1=f1)
     cand_items = {k: v for k, v in base.items["en_faq"].items() if k not in ("q003", "q017")}
     cand = FormatOutcome(name="int8", items={"en_faq": cand_items}, gates=base.gates)
     d = decide_format(base, cand, Policy())
     assert d.verdict == "INCONCLUSIVE"
-    assert d.scores["en_faq"]["f1"]["n"] == 28
-    assert d.reasons == ["en_faq/items: 2 item(s) have no int8 score (q003, q017); compared on the 28 paired item(s)"]
+    assert d.scores["en_faq"]["f1"]["n"] == 58
+    assert d.reasons == ["en_faq/items: 2 item(s) have no int8 score (q003, q017); compared on the 58 paired item(s)"]
 
 
 def test_gated_metric_without_margin_or_items_is_inconclusive():
@@ -176,7 +176,7 @@ def test_gated_metric_without_margin_or_items_is_inconclusive():
 
 
 def _decisions(**verdicts: str):
-    f1 = noisy(40)
+    f1 = noisy(60)
     make = {
         "GO": lambda n: decide_format(outcome("b", f1=f1), outcome(n, f1=f1), Policy()),
         "NO-GO": lambda n: decide_format(outcome("b", f1=f1), outcome(n, f1=f1 - 20), Policy()),
@@ -295,7 +295,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_decide_cli_go_with_json(tmp_path, capsys):
-    f1 = noisy(40)
+    f1 = noisy(60)
     rows = [{"id": f"q{i}", "f1": float(v), "em": 100.0 if v > 50 else 0.0, "prediction": "x"} for i, v in enumerate(f1)]
     base = write_jsonl(tmp_path / "base.jsonl", rows)
     cand = write_jsonl(tmp_path / "cand.jsonl", list(reversed(rows)))  # order does not matter: paired by id
@@ -314,7 +314,7 @@ def test_decide_cli_go_with_json(tmp_path, capsys):
 def test_decide_cli_no_go_with_evalsets_and_gate(tmp_path, capsys):
     base_rows, cand_rows = [], []
     for group, drop in (("en", 0.0), ("zh", 15.0)):
-        for i, v in enumerate(noisy(30, seed=4)):
+        for i, v in enumerate(noisy(100, seed=4)):  # identical rougeL passes a 1.0 margin from 100 items
             base_rows.append({"id": i, "evalset": group, "f1": float(v), "rougeL": float(v)})
             cand_rows.append({"id": i, "evalset": group, "f1": float(v) - drop, "rougeL": float(v)})
     base = write_jsonl(tmp_path / "b.jsonl", base_rows)

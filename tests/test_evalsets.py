@@ -12,7 +12,6 @@ import pytest
 from harness.commands import evalsets as evalsets_command
 from harness.errors import UserError
 from harness.evalsets import (
-    calibration_texts,
     load_evalsets,
     render_messages,
     render_plain,
@@ -154,7 +153,7 @@ def test_unknown_spec_key_suggests_the_close_one(tmp_path):
     assert problems_of(["faq.toml"]) == [
         "faq.toml:5: key 'promt_template' unknown (did you mean 'prompt_template'?); known keys: name, task, "
         "language, data, description, max_new_tokens, metrics, gate, system_prompt, prompt_template, "
-        "abstain_phrases, columns, few_shot"]
+        "abstain_phrases, columns, few_shot, group, calibration"]
 
 
 def test_template_field_must_be_question_context_or_instruction(tmp_path):
@@ -392,18 +391,81 @@ def test_score_item_generation_chinese(tmp_path):
     assert evalset.summary()["tokenizer"] == "char-cjk+word-latin"
 
 
-def test_calibration_texts_are_deterministic_and_sized(tmp_path):
-    paragraph = " ".join(f"Sentence {i} talks about the Normans and their long history." for i in range(60))
-    rows = [{"id": f"q{i}", "question": f"Question {i}?", "context": f"{i}: {paragraph}", "answers": ["x"]}
-            for i in range(5)]
-    write_jsonl(tmp_path / "long.jsonl", rows)
-    evalsets = load_evalsets(["long.jsonl"])
-    texts = calibration_texts(evalsets, 8)
-    assert texts == calibration_texts(evalsets, 8)
-    assert len(texts) == 8
-    assert all(1200 <= len(t) <= 1400 for t in texts)
-    assert calibration_texts(evalsets, 0) == []
-    assert len(calibration_texts(evalsets, 10_000)) < 10_000  # no padding by repetition
+# ---------------------------------------------------------------- language and clusters
+
+ZH_ROWS = [
+    {"id": "z1", "question": "退款期限是多少天？", "context": "购买后三十天内可以申请退款。", "answers": ["三十天"]},
+    {"id": "z2", "question": "客服几点上班？", "context": "客服每天早上九点上班。", "answers": ["九点"]},
+]
+
+
+def test_english_spec_over_chinese_text_is_refused(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", ZH_ROWS)
+    write_spec(tmp_path / "faq.toml", QA_SPEC)
+    assert problems_of(["faq.toml"]) == [
+        'faq.toml:3: language = "en" but 100% of the letters in faq.jsonl (questions, contexts, references) are '
+        'CJK: English tokenization cannot score Chinese text; set language = "zh" (or "auto" for a mixed set)']
+
+
+def test_chinese_spec_over_english_text_is_refused(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", QA_ROWS)
+    write_spec(tmp_path / "faq.toml", QA_SPEC.replace('"en"', '"zh"'))
+    assert problems_of(["faq.toml"]) == [
+        'faq.toml:3: language = "zh" but only 0% of the letters in faq.jsonl (questions, contexts, references) are '
+        'CJK (a Chinese set has more than 30%); set language = "en" (or "auto" for a mixed set)']
+
+
+def test_language_auto_and_matching_languages_load(tmp_path):
+    write_jsonl(tmp_path / "zh.jsonl", ZH_ROWS)
+    write_spec(tmp_path / "zh.toml", QA_SPEC.replace('"en"', '"zh"').replace("faq", "zh"))
+    write_jsonl(tmp_path / "mixed.jsonl", ZH_ROWS + QA_ROWS)
+    write_spec(tmp_path / "mixed.toml", QA_SPEC.replace('"en"', '"auto"').replace("faq", "mixed"))
+    assert [s.language for s in load_evalsets(["zh.toml", "mixed.toml"])] == ["zh", "auto"]
+
+
+def test_check_command_refuses_a_language_mismatch(tmp_path, capsys):
+    write_jsonl(tmp_path / "faq.jsonl", ZH_ROWS)
+    write_spec(tmp_path / "faq.toml", QA_SPEC)
+    assert evalsets_command.run(argparse.Namespace(paths=["faq.toml"])) == 2
+    err = capsys.readouterr().err
+    assert 'faq.toml:3: language = "en" but 100% of the letters in faq.jsonl' in err and 'set language = "zh"' in err
+
+
+SQUAD_STYLE = [
+    {"id": f"q{i}", "doc": f"d{i // 3}", "question": f"Question {i}?", "context": f"Passage {i // 2}.",
+     "answers": ["x"]} for i in range(6)
+] + [{"id": "q6", "doc": 7, "question": "Without a context?", "answers": ["y"]}]
+OPEN_SPEC = QA_SPEC + 'prompt_template = "Q: {question}"\n'  # a row may leave out the context
+
+
+def test_items_cluster_by_context_by_default(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", SQUAD_STYLE)
+    write_spec(tmp_path / "faq.toml", OPEN_SPEC)
+    [evalset] = load_evalsets(["faq.toml"])
+    assert evalset.cluster_by == "context" and evalset.group is None
+    assert evalset.clusters() == {f"q{i}": f"Passage {i // 2}." for i in range(6)}  # q6: its own cluster
+
+
+def test_spec_group_names_the_cluster_column(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", SQUAD_STYLE)
+    write_spec(tmp_path / "faq.toml", OPEN_SPEC + 'group = "doc"\n')
+    [evalset] = load_evalsets(["faq.toml"])
+    assert evalset.cluster_by == "doc" and evalset.items[0].group == "d0"
+    assert evalset.clusters() == {**{f"q{i}": f"d{i // 3}" for i in range(6)}, "q6": "7"}
+
+
+def test_spec_group_problems(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", SQUAD_STYLE)
+    write_spec(tmp_path / "faq.toml", OPEN_SPEC + 'group = "doc_id"\n')
+    assert problems_of(["faq.toml"]) == [
+        "faq.toml:6: group = 'doc_id' but faq.jsonl has no column 'doc_id' (it has: answers, context, doc, id, "
+        "question)"]
+    write_jsonl(tmp_path / "faq.jsonl", [dict(SQUAD_STYLE[0], doc=None), dict(SQUAD_STYLE[1], doc=[1])])
+    write_spec(tmp_path / "faq.toml", OPEN_SPEC + 'group = "doc"\n')
+    assert problems_of(["faq.toml"]) == [
+        "faq.jsonl:1: field 'doc' missing (the spec's group names it; every row needs one)",
+        "faq.jsonl:2: field 'doc' (the group) must be a string or an integer, got list",
+    ]
 
 
 # ---------------------------------------------------------------- the command

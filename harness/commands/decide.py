@@ -1,9 +1,14 @@
 """`quantgate decide`: a verdict from two per-item score files, without running any model.
 
 Each JSONL line is one item: {"id": ..., "<metric>": <number>, ...}, optionally with "evalset" to
-group items (default group "scores"). Numeric fields are metrics, except the bookkeeping fields in
-NOT_METRICS; other fields (prompt, prediction, references, ...) are ignored, so samples.jsonl lines
-of a single format work as input.
+group items (default group "scores") and "group" (a string or integer): items of one evalset with one
+group share a context and are resampled as one cluster (items without a group are their own cluster).
+Numeric fields are metrics, except the bookkeeping fields in NOT_METRICS; other fields (prompt,
+prediction, references, ...) are ignored, so samples.jsonl lines of a single format work as input.
+
+The policy is checked as `run` checks it: a [margins]/[floors]/[min_items_for] key naming a metric that
+is neither a quantgate metric nor in the score files is an error (exit 2), not a silently ignored typo.
+The verdict follows the same evidence rules as a run (harness/decide.py): min_items, MDE <= margin.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from typing import Any
 from harness import __version__
 from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, num, signed
 from harness.errors import UserError
+from harness.metrics import ALL_METRICS
 from harness.policy import load_policy
 
 DEFAULT_GROUP = "scores"
-NOT_METRICS = {"id", "evalset", "format", "new_tokens", "prompt_tokens", "index"}
+NOT_METRICS = {"id", "evalset", "group", "format", "new_tokens", "prompt_tokens", "index"}
 MAX_LISTED = 10
 
 
@@ -47,10 +53,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy)
-    base_rows, base_order = read_scores(args.baseline)
-    cand_rows, cand_order = read_scores(args.candidate)
+    base_rows, base_order, base_groups = read_scores(args.baseline)
+    cand_rows, cand_order, cand_groups = read_scores(args.candidate)
+    known = list(ALL_METRICS) + sorted({m for rows in (base_rows, cand_rows) for items in rows.values()
+                                        for m in _metrics_in(items)} - set(ALL_METRICS))
+    policy = load_policy(args.policy, known_metrics=known)
     _require_same_ids(args.baseline, base_rows, args.candidate, cand_rows)
+    clusters = _merge_groups(args.baseline, base_groups, args.candidate, cand_groups)
 
     metric_sets = {
         group: (_metrics_in(base_rows[group]), _metrics_in(cand_rows[group])) for group in base_rows
@@ -73,11 +82,14 @@ def run(args: argparse.Namespace) -> int:
         policy = policy.without_budgets()
 
     shared = {g: base_m & cand_m for g, (base_m, cand_m) in metric_sets.items()}
+    cluster_by = {group: "group" for group in clusters}
     baseline = FormatOutcome(
-        name="baseline", items=_only(base_rows, shared, base_order), gates=gates
+        name="baseline", items=_only(base_rows, shared, base_order), gates=gates, clusters=clusters,
+        cluster_by=cluster_by,
     )
     candidate = FormatOutcome(
-        name="candidate", items=_only(cand_rows, shared, base_order), gates=gates
+        name="candidate", items=_only(cand_rows, shared, base_order), gates=gates, clusters=clusters,
+        cluster_by=cluster_by,
     )
     decision = decide_format(baseline, candidate, policy)
     code = exit_code({"candidate": decision}, policy)
@@ -108,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
 # --- input ----------------------------------------------------------------------------------------
 
 
-def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]]]:
-    """group -> id -> metric -> score, and the (group, id) order of the file."""
+def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]], dict]:
+    """group -> id -> metric -> score, the (group, id) order of the file, and group -> id -> cluster ("group")."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -117,6 +129,7 @@ def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], lis
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason}); expected JSON lines") from exc
     rows: dict[str, dict[str, dict[str, float]]] = {}
+    clusters: dict[str, dict[str, str]] = {}
     first_line: dict[tuple[str, str], int] = {}
     order: list[tuple[str, str]] = []
     for number, line in enumerate(lines, start=1):
@@ -143,6 +156,12 @@ def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], lis
             )
         first_line[key] = number
         order.append(key)
+        cluster = record.get("group")
+        if cluster is not None:
+            if isinstance(cluster, bool) or not isinstance(cluster, (str, int)) or cluster == "":
+                raise UserError(f"{where}: field 'group': expected a non-empty string or integer naming the item's "
+                                f"cluster (e.g. its passage), got {cluster!r}")
+            clusters.setdefault(group, {})[str(item_id)] = str(cluster)
         metrics: dict[str, float] = {}
         for field, value in record.items():
             if field in NOT_METRICS or value is None or isinstance(value, (str, list, dict)):
@@ -153,7 +172,21 @@ def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], lis
         rows.setdefault(group, {})[str(item_id)] = metrics
     if not rows:
         raise UserError(f"{path}: no items; expected one JSON object per line with an 'id' and metric fields")
-    return rows, order
+    return rows, order, clusters
+
+
+def _merge_groups(base_path: Path, base: dict, cand_path: Path, cand: dict) -> dict[str, dict[str, str]]:
+    """One cluster key per item from either file; the two files must not disagree."""
+    merged = {group: dict(items) for group, items in base.items()}
+    for group, items in cand.items():
+        for item_id, cluster in items.items():
+            known = merged.setdefault(group, {}).setdefault(item_id, cluster)
+            if known != cluster:
+                raise UserError(
+                    f"{_item_label(group, item_id)}: field 'group' is {known!r} in {base_path} but {cluster!r} in "
+                    f"{cand_path}; give each item one group (or leave it out of one file)"
+                )
+    return merged
 
 
 def _require_same_ids(base_path: Path, base_rows: dict, cand_path: Path, cand_rows: dict) -> None:
