@@ -25,6 +25,9 @@ class CapacitySettings(BaseModel):
     gpu_memory_gib: float = Field(default=80.0, gt=0)
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
+    # Fixed memory the plan holds back besides weights, activations and KV (CUDA context, non-torch memory),
+    # for those who have measured theirs.
+    overhead_gib: float = Field(default=0.0, ge=0)
 
 
 class RunSpec(BaseModel):
@@ -37,6 +40,7 @@ class RunSpec(BaseModel):
     group_size: int | None = Field(default=None, gt=0)
     format_settings: dict[str, FormatSettings] = Field(default_factory=dict)
     calibration: str | None = None
+    allow_calibration_overlap: bool = False
     calibration_samples: int = Field(default=32, gt=0)
     max_items: int | None = Field(default=None, gt=0)
     max_new_tokens: int | None = Field(default=None, gt=0)
@@ -44,7 +48,7 @@ class RunSpec(BaseModel):
     threads: int = Field(default=1, gt=0)
     dtype: str = "auto"
     seed: int = 0
-    latency_requests: int = Field(default=8, gt=0)
+    latency_requests: int = Field(default=20, gt=0)
     warmup_requests: int = Field(default=2, ge=0)
     memory_limit_gib: float | None = Field(default=None, gt=0)  # per format subprocess; killed above it
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)

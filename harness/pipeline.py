@@ -18,7 +18,8 @@ from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir
                            seal_dir, stable_hash)
 from harness.config import RunSpec
 from harness.errors import UserError
-from harness.evalsets import EvalSet, calibration_texts, load_evalsets, render_messages, render_plain, score_item
+from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
+from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
 from harness.launcher import run_worker
 from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
@@ -63,7 +64,7 @@ class RunInputs:
     policy: Policy
     recipes: dict[str, Recipe]
     prompts: dict[str, list[Prompt]]
-    calibration: list[str]
+    calibration: CalibrationSet | None  # None when no format calibrates
 
 
 def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
@@ -90,9 +91,8 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
     out_dir = prepare_output_dir(Path(spec.out))
-    evalsets = load_evalsets(spec.evalsets)
-    if spec.max_items:
-        evalsets = [replace(e, items=e.items[: spec.max_items]) for e in evalsets]
+    full_evalsets = load_evalsets(spec.evalsets)
+    evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
     policy = load_policy(spec.policy, known_metrics=ALL_METRICS)
     source = resolve_source(spec.model)
     check_remote_code(source.path, spec.trust_remote_code)
@@ -100,8 +100,11 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     model_config = json.loads(config_path.read_text(encoding="utf-8"))
     recipes = {fmt: recipe_for(fmt, model_config, spec.group_size_for(fmt), spec.calibration_samples_for(fmt),
                                spec.seed, config_path=config_path) for fmt in spec.formats if fmt != "baseline"}
-    prompts = render_prompts(source.path, evalsets, spec)
-    calibration = load_calibration(spec, evalsets) if any(r.calibration_samples for r in recipes.values()) else []
+    tokenizer = load_tokenizer(source.path, spec.trust_remote_code)
+    prompts = render_prompts(tokenizer, evalsets, spec)
+    calibration = None
+    if any(r.calibration_samples for r in recipes.values()):
+        calibration = load_calibration(spec, full_evalsets, tokenizer)
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
     return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration)
@@ -118,14 +121,17 @@ def prepare_output_dir(out_dir: Path) -> Path:
     return out_dir.resolve()
 
 
-def render_prompts(model_path: Path, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:
-    """Render each item through the model's chat template (plain text when it has none) and count its tokens."""
+def load_tokenizer(model_path: Path, trust_remote_code: bool):
     from harness.quiet import quiet_imports
 
     with quiet_imports():
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=spec.trust_remote_code)
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def render_prompts(tokenizer, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:
+    """Render each item through the model's chat template (plain text when it has none) and count its tokens."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     rendered: dict[str, list[Prompt]] = {}
     for evalset in evalsets:
@@ -139,29 +145,17 @@ def render_prompts(model_path: Path, evalsets: list[EvalSet], spec: RunSpec) -> 
     return rendered
 
 
-def load_calibration(spec: RunSpec, evalsets: list[EvalSet]) -> list[str]:
+def load_calibration(spec: RunSpec, evalsets: list[EvalSet], tokenizer) -> CalibrationSet:
+    """The calibration texts (never the evaluated items), checked for overlap with every item of the sets, not
+    only the --max-items share this run scores."""
     wanted = max(spec.calibration_samples_for(f) for f in spec.formats if f != "baseline")
-    if not spec.calibration:
-        return calibration_texts(evalsets, wanted)
-    path = Path(spec.calibration)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--calibration {path}: cannot read it ({exc})") from None
-    texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                texts.append(str(json.loads(line)["text"]))
-            except (ValueError, KeyError, TypeError):
-                raise UserError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
-        else:
-            texts.append(line)
-    if not texts:
-        raise UserError(f"--calibration {path}: no calibration texts in it (one text per line, or JSONL with 'text')")
-    return texts[:wanted]
+    calibration = choose_calibration(spec.calibration, evalsets, wanted)
+    calibration = check_overlap(calibration, evalsets, allowed=spec.allow_calibration_overlap)
+    calibration = with_token_counts(calibration, tokenizer)
+    progress.say(f"calibration: {len(calibration.texts)} texts from {calibration.source}, "
+                 f"{calibration.summary()['tokens_mean']:.0f} tokens on average; overlap with evaluated items: "
+                 f"{calibration.overlap.items_overlapping} of {calibration.overlap.items_total}")
+    return calibration
 
 
 # ---------------------------------------------------------------- one format's stages
@@ -186,7 +180,7 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
             ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
         job = {"kind": "evaluate", "format": fmt, "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
                "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "batch_size": inputs.spec.batch_size, "measure": measure_task, "generate": generate_tasks,
+               "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task, "generate": generate_tasks,
                "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
         failure_path = Path(job["failure_path"])
         failure_path.unlink(missing_ok=True)
@@ -202,11 +196,12 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
 def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, Path] | None:
     recipe = inputs.recipes[fmt]
     quantizer = quantizer_for(fmt)
-    calibration = inputs.calibration[: recipe.calibration_samples] if recipe.calibration_samples else []
+    calibration = list(inputs.calibration.texts[: recipe.calibration_samples]) if recipe.calibration_samples else []
     manifest = {"engine": quantizer.engine, "versions": quantizer.versions(), "format": fmt,
                 "recipe": recipe.as_dict(), "source": inputs.source.fingerprint,
                 "calibration_hash": "sha256:" + stable_hash(calibration), "calibration_texts": len(calibration),
-                "device": _device_kind(), "quantgate": __version__}
+                "calibration_source": inputs.calibration.source if calibration else None,
+                "device": quantize_device_key(), "quantgate": __version__}
     key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
     out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
     cached = reusable(inputs.spec, out_dir / SEAL) and is_sealed(out_dir, required=("quantgate_manifest.json",))
@@ -241,8 +236,8 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
 def evaluation_settings(spec: RunSpec) -> dict:
     """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
     included: an upgraded torch or transformers reruns every format's measure and generate stages."""
-    return {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size, "device": _device_kind(),
-            "quantgate": __version__, "environment": environment()}
+    return {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+            "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 
 def measure_key(artifact_key: str, settings: dict, workload: tuple, warmup: int) -> str:
@@ -360,10 +355,19 @@ def _recipe_text(recipe: Recipe) -> str:
     return ", ".join(parts)
 
 
-def _device_kind() -> str:
-    from harness.runtime.device import is_cuda
+def quantize_device_key() -> dict:
+    """What changes a quantized artifact: the device kind and, on CPU, whether calibration ran in float32."""
+    from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
 
-    return "cuda" if is_cuda() else "cpu"
+    return {"kind": "cuda"} if is_cuda() else {"kind": "cpu", "bf16_matmul": cpu_has_bf16_matmul()}
+
+
+def measure_device_key(threads: int) -> dict:
+    """What changes a measured figure: GPU model and driver, or CPU model, bf16 units and thread count (engine
+    versions are in the environment part of the key)."""
+    from harness.runtime.device import device_key
+
+    return device_key(threads)
 
 
 def environment() -> dict:

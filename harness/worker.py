@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     from harness.runtime.device import configure_threads
 
     configure_threads(int(job.get("threads", 1)))
+    seed_everything(int(job.get("seed", (job.get("recipe") or {}).get("seed", 0))))
     try:
         if job["kind"] == "quantize":
             run_quantize(job)
@@ -41,10 +42,25 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def seed_everything(seed: int) -> None:
+    """--seed reaches every random number generator the engines use (Python, NumPy, torch on every device)."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA too
+
+
 def describe_failure(exc: BaseException) -> str:
     from harness.measure.oom import oom_reason, parse_cuda_oom
+    from harness.quantize.smoke import ArtifactCheckFailed
 
     text = str(exc)
+    if isinstance(exc, ArtifactCheckFailed):
+        return text
     if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "can't allocate memory" in text:
         return "out of memory: " + oom_reason(parse_cuda_oom(text))
     if isinstance(exc, MemoryError):
@@ -56,6 +72,7 @@ def describe_failure(exc: BaseException) -> str:
 def run_quantize(job: dict) -> None:
     from harness.quantize import quantizer_for
     from harness.quantize.base import Recipe
+    from harness.quantize.smoke import check_artifact_generates
 
     out_dir = Path(job["out_dir"])
     partial = out_dir.with_name(out_dir.name + ".part")
@@ -67,7 +84,12 @@ def run_quantize(job: dict) -> None:
     started = time.time()
     quantizer_for(recipe.format).quantize(Path(job["source_path"]), recipe, calibration, partial,
                                           trust_remote_code=bool(job.get("trust_remote_code")))
-    manifest = dict(job["manifest"], quantize_seconds=round(time.time() - started, 1),
+    seconds = round(time.time() - started, 1)
+    progress.say("checking that the saved artifact loads and generates")
+    smoke = check_artifact_generates(partial, source=Path(job["source_path"]),
+                                     trust_remote_code=bool(job.get("trust_remote_code")))
+    manifest = dict(job["manifest"], quantize_seconds=seconds, smoke_replies=list(smoke.replies),
+                    smoke_perplexity={"artifact": smoke.perplexity, "source": smoke.source_perplexity},
                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     atomic_write_json(partial / "quantgate_manifest.json", manifest)
     remove_tree(out_dir)

@@ -26,10 +26,13 @@ def cache(monkeypatch, tmp_path) -> Path:
 # ---------------------------------------------------------------- keys
 
 
-def settings(monkeypatch, **versions):
-    monkeypatch.setattr(pipeline, "_device_kind", lambda: "cpu")
+CPU = {"kind": "cpu", "name": "AMD EPYC 7B13", "threads": 1, "cores": 2, "bf16_matmul": False}
+
+
+def settings(monkeypatch, device=None, threads=1, **versions):
+    monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: dict(device or CPU, threads=threads))
     monkeypatch.setattr(pipeline, "environment", lambda: {**VERSIONS, **versions})
-    return evaluation_settings(RunSpec())
+    return evaluation_settings(RunSpec(threads=threads))
 
 
 def prompts(text="<|im_start|>user\nQ1<|im_end|>\n", max_new=32):
@@ -53,6 +56,30 @@ def test_measure_key_follows_versions_and_workload(monkeypatch):
     assert measure_key("sha256:a", settings(monkeypatch, torch="2.14.1"), workload, 2) != key
     assert measure_key("sha256:a", settings(monkeypatch), (*workload[:2], 32), 2) != key
     assert measure_key("sha256:a", settings(monkeypatch), workload, 3) != key
+
+
+def test_measure_key_follows_the_device_model_and_threads(monkeypatch):
+    """Latency measured on another GPU model, driver, CPU model or thread count is never reused."""
+    workload = ([["prompt", 16]], ["prompt"], 16)
+    key = measure_key("sha256:a", settings(monkeypatch), workload, 2)
+    assert measure_key("sha256:a", settings(monkeypatch), workload, 2) == key
+    assert measure_key("sha256:a", settings(monkeypatch, threads=2), workload, 2) != key
+    assert measure_key("sha256:a", settings(monkeypatch, device=dict(CPU, name="Intel Xeon 8480+")), workload, 2) != key
+    assert measure_key("sha256:a", settings(monkeypatch, device=dict(CPU, bf16_matmul=True)), workload, 2) != key
+    h100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "driver": "550.54", "cuda": "12.4", "capability": "9.0"}
+    gpu_key = measure_key("sha256:a", settings(monkeypatch, device=h100), workload, 2)
+    assert gpu_key != measure_key("sha256:a", settings(monkeypatch, device=dict(h100, name="NVIDIA A100-SXM4-80GB")),
+                                  workload, 2)
+    assert gpu_key != measure_key("sha256:a", settings(monkeypatch, device=dict(h100, driver="560.35")), workload, 2)
+
+
+def test_real_device_key_names_the_cpu_model_and_bf16_units(monkeypatch):
+    from harness.runtime.device import device_key
+
+    key = device_key(1)
+    assert key["kind"] == "cpu" and key["name"] and key["threads"] == 1 and "total_memory_bytes" not in key
+    monkeypatch.setenv("QUANTGATE_FORCE_NO_BF16", "1")
+    assert device_key(1)["bf16_matmul"] is False
 
 
 def test_settings_carry_the_library_versions():

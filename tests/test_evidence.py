@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -12,12 +11,12 @@ import numpy as np
 import pytest
 
 from harness import stats
-from harness.commands import decide as decide_command
 from harness.decide import FormatOutcome, decide_format
-from harness.measure.latency import P95_MIN_REQUESTS
 from harness.errors import UserError
+from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy, load_policy
 from harness.stats import compare_paired, items_needed
+from test_decide import run_decide, write_jsonl
 
 MINUS = "\u2212"
 
@@ -36,18 +35,6 @@ def outcome(name: str, evalset: str = "en_faq", gates=("f1",), clusters=None, **
 
 def noisy(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(10, 90, n)
-
-
-def run_decide(*argv: str) -> int:
-    parser = argparse.ArgumentParser()
-    decide_command.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["decide", *argv])
-    return args.func(args)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 # --- min_items and MDE <= margin --------------------------------------------------------------------

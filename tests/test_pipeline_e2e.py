@@ -4,11 +4,39 @@ import json
 
 import pytest
 
-from conftest import E2E_ARGS, NOISE, quantgate
+from conftest import E2E_ARGS, NOISE, ROOT, SIZE_FLAGS, quantgate
 from harness.runtime.device import cpu_has_bf16_matmul
 
 pytestmark = pytest.mark.slow
 FORMATS = ("baseline", "int8", "gptq", "awq")
+
+
+def test_the_e2e_runs_take_the_demo_recipe():
+    """Only item counts and lengths differ from `nox -s demo`: same formats, calibration count, group size."""
+    flags = [a for a in E2E_ARGS if a.startswith("--")]
+    assert set(flags) <= {"--model", *SIZE_FLAGS}, flags
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert '"--model", "demo"' in noxfile and '"--formats", "baseline,int8,gptq,awq"' in noxfile
+    assert "--calibration" not in noxfile and "--group-size" not in noxfile
+
+
+@pytest.mark.parametrize("which", ["native", "no-bf16"])
+def test_every_format_of_the_demo_recipe_runs(request, which):
+    """The demo's recipe on this CPU as it is, and with the no-bf16 path forced: every format `ok`, and the
+    quantized ones calibrated on the bundled corpus, in float32 where bf16 is off."""
+    out, report, result = request.getfixturevalue("demo_run" if which == "native" else "demo_run_no_bf16")
+    failed = {name: entry["error"] for name, entry in report["formats"].items() if entry["status"] != "ok"}
+    assert not failed, failed
+    assert set(report["formats"]) == set(FORMATS)
+    if which == "no-bf16":
+        assert report["device"]["bf16_matmul"] is False
+        assert report["formats"]["baseline"]["compute_dtype"] == "float32"
+    for name in ("gptq", "awq"):
+        calibration = report["formats"][name]["calibration"]
+        assert calibration["source"].startswith("bundled corpus") and calibration["texts"] == 32
+        assert calibration["tokens_min"] >= 200 and calibration["overlap"]["items_overlapping"] == 0
+        manifest = report["formats"][name]["artifact"]["manifest"]
+        assert manifest["calibration_texts"] == 32 and len(manifest["smoke_replies"]) == 2
 
 
 def test_report_has_every_key_filled_with_measured_numbers(demo_run):

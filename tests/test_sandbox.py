@@ -71,22 +71,25 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
     jobs = []
     monkeypatch.setattr(pipeline, "run_worker",
                         lambda job, *args, **kwargs: jobs.append(job) or WorkerExit(0, tmp_path / "log"))
-    monkeypatch.setattr(pipeline, "_device_kind", lambda: "cpu")
+    monkeypatch.setattr(pipeline, "quantize_device_key", lambda: {"kind": "cpu"})
+    monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: {"kind": "cpu"})
     model = tmp_path / "model"
     model.mkdir()
     spec = RunSpec(model=str(model), formats=["baseline", "int8"], out=str(tmp_path / "out"), trust_remote_code=allowed)
     inputs = pipeline.RunInputs(spec, tmp_path / "out", ModelSource(str(model), "hf", model, "sha256:m"), {}, [],
-                                Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, [])
+                                Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, None)
     pipeline.run_format(inputs, "baseline")
     pipeline.run_format(inputs, "int8")  # the fake worker leaves no artifact: quantize is its only job
     assert [job["kind"] for job in jobs] == ["evaluate", "quantize"]
     assert all(job["trust_remote_code"] is allowed for job in jobs)
+    assert jobs[0]["seed"] == spec.seed and jobs[1]["recipe"]["seed"] == 0  # --seed reaches every worker
 
 
 def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
     import json
 
     import harness.quantize
+    import harness.quantize.smoke
     from harness import worker
 
     seen = {}
@@ -96,6 +99,9 @@ def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
             seen["trust_remote_code"] = trust_remote_code
 
     monkeypatch.setattr(harness.quantize, "quantizer_for", lambda name: Quantizer())
+    # the artifact check is tested on real checkpoints in tests/test_quantize_check.py
+    monkeypatch.setattr(harness.quantize.smoke, "check_artifact_generates",
+                        lambda path, **kwargs: harness.quantize.smoke.SmokeResult(("ok",), (1,)))
     (tmp_path / "calibration.json").write_text("[]")
     job = {"out_dir": str(tmp_path / "artifact"), "calibration_path": str(tmp_path / "calibration.json"),
            "recipe": {"format": "int8", "bits": 8}, "manifest": {"engine": "fake"}, "source_path": str(tmp_path),
@@ -103,3 +109,19 @@ def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
     worker.run_quantize(job)
     assert seen == {"trust_remote_code": True}
     assert json.loads((tmp_path / "artifact" / "quantgate_manifest.json").read_text())["engine"] == "fake"
+
+
+def test_worker_seeds_every_generator_from_the_job():
+    import random
+
+    import numpy
+    import torch
+
+    from harness.worker import seed_everything
+
+    seed_everything(7)
+    first = (random.random(), numpy.random.rand(), torch.rand(1).item())
+    seed_everything(7)
+    assert (random.random(), numpy.random.rand(), torch.rand(1).item()) == first
+    seed_everything(8)
+    assert torch.rand(1).item() != first[2]

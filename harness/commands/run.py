@@ -23,8 +23,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--policy", help="policy TOML: margins, floors, budgets (default: built-in)")
     parser.add_argument("--group-size", type=int, help="GPTQ/AWQ group size (default: largest of 128/64/32 "
                         "that divides every layer's input width)")
-    parser.add_argument("--calibration", help="calibration texts: a text file (one per line) or JSONL with 'text' "
-                        "(default: built from the evalsets)")
+    parser.add_argument("--calibration", help="calibration texts, e.g. a sample of real traffic: a text file (one "
+                        "per line) or JSONL with 'text' (default: an evalset's calibration split, else the corpus "
+                        "bundled in evalsets/calibration/; never the evaluated items)")
+    parser.add_argument("--allow-calibration-overlap", action="store_true", help="run even though the calibration "
+                        "texts overlap evaluated items (the report says so, and such a format cannot be GO)")
     parser.add_argument("--calibration-samples", type=int, help="number of calibration texts (default 32)")
     parser.add_argument("--max-items", type=int, help="use only the first N items of each evalset")
     parser.add_argument("--max-new-tokens", type=int, help="cap every evalset's max_new_tokens")
@@ -33,13 +36,16 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
                         help="compute dtype for the baseline (default: the checkpoint's)")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--latency-requests", type=int, help="requests timed one at a time (default 8)")
+    parser.add_argument("--latency-requests", type=int, help="requests timed one at a time (default 20: a p95 "
+                        "needs at least 20)")
     parser.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
                         "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
     parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan (default 80)")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization (default 0.90)")
     parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
                         "(default: longest prompt + max new tokens seen)")
+    parser.add_argument("--capacity-overhead-gib", type=float, help="fixed GPU memory the capacity plan holds "
+                        "back for the CUDA context and non-torch allocations, if you have measured yours (default 0)")
     parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -49,29 +55,68 @@ def add_parser(subparsers) -> None:
 
 def spec_from_args(args):
     from harness.config import build_spec
-    from harness.quantize import parse_formats
 
+    overrides, capacity = flag_values(args)
     if args.resume:
         if not args.out:
             raise UserError("--resume needs --out DIR: the run directory to continue")
-        return saved_spec(Path(args.out) / "run.json")
+        spec = saved_spec(Path(args.out) / "run.json")
+        refuse_conflicting_flags(spec, overrides, capacity, args.config, Path(args.out) / "run.json")
+        return spec
+    spec = build_spec(args.config, overrides)
+    if capacity:
+        spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update=capacity)})
+    return spec
+
+
+def flag_values(args) -> tuple[dict, dict]:
+    """The run settings given on the command line (None: not given), and the capacity ones."""
+    from harness.quantize import parse_formats
+
     capacity = {k: v for k, v in {"gpu_memory_gib": args.gpu_memory_gib,
                                   "gpu_memory_utilization": args.gpu_memory_utilization,
-                                  "max_model_len": args.max_model_len}.items() if v is not None}
+                                  "max_model_len": args.max_model_len,
+                                  "overhead_gib": args.capacity_overhead_gib}.items() if v is not None}
     overrides = {
         "model": args.model, "formats": parse_formats(args.formats) if args.formats else None,
         "evalsets": args.evalsets, "out": args.out, "policy": args.policy, "group_size": args.group_size,
         "calibration": args.calibration, "calibration_samples": args.calibration_samples,
+        "allow_calibration_overlap": True if args.allow_calibration_overlap else None,
         "max_items": args.max_items, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "threads": args.threads, "dtype": args.dtype, "seed": args.seed,
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
         "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
         "trust_remote_code": True if args.trust_remote_code else None,
     }
-    spec = build_spec(args.config, overrides)
-    if capacity:
-        spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update=capacity)})
-    return spec
+    return overrides, capacity
+
+
+def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str | None, saved_path: Path) -> None:
+    """--resume continues a run exactly as it was started: a flag that would change it is refused, not dropped."""
+    if config:
+        raise UserError(f"--resume continues the run saved in {saved_path}; --config cannot change it (drop "
+                        "--config, or start a new run in another --out)")
+    values = saved.model_dump()
+    differ = []
+    for key, given in overrides.items():
+        if given is None or key in ("out", "fresh_after"):
+            continue
+        if given != values[key]:
+            differ.append(f"--{key.replace('_', '-')} {_shown(given)} (saved: {_shown(values[key])})")
+    for key, given in capacity.items():
+        if given != values["capacity"][key]:
+            flag = "capacity-overhead-gib" if key == "overhead_gib" else key.replace("_", "-")
+            differ.append(f"--{flag} {given} (saved: {values['capacity'][key]})")
+    if differ:
+        raise UserError(f"--resume continues the run saved in {saved_path} with its own settings, and these flags "
+                        f"differ from them: {'; '.join(differ)}; drop them to resume, or start a new run in another "
+                        "--out")
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 def saved_spec(saved: Path):

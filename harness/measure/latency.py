@@ -1,4 +1,8 @@
-"""Latency figures from batch timings: per-request TTFT, TPOT and end-to-end, summarized as p50/p95."""
+"""Latency figures from batch timings: per-request TTFT, TPOT and end-to-end, summarized as p50/p95.
+
+A p95 needs at least P95_MIN_REQUESTS requests: below that it is the maximum of a few (reports show it as
+"max of N", and a p95 budget judged on it is INCONCLUSIVE).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,17 @@ import statistics
 
 from harness.runtime.transformers_backend import BatchTiming
 
+P95_MIN_REQUESTS = 20
+
 
 def summarize(values_ms: list[float]) -> dict:
     if not values_ms:
-        return {"p50": None, "p95": None, "mean": None, "stdev": None, "count": 0}
+        return {"p50": None, "p95": None, "max": None, "mean": None, "stdev": None, "count": 0}
     ordered = sorted(values_ms)
     return {
         "p50": round(_percentile(ordered, 50), 3),
         "p95": round(_percentile(ordered, 95), 3),
+        "max": round(ordered[-1], 3),
         "mean": round(statistics.fmean(ordered), 3),
         "stdev": round(statistics.stdev(ordered), 3) if len(ordered) > 1 else 0.0,
         "count": len(ordered),

@@ -22,7 +22,8 @@ class BnbInt8Quantizer:
 
         model = AutoModelForCausalLM.from_pretrained(
             source_path,
-            quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+            quantization_config=BitsAndBytesConfig(
+                load_in_8bit=True, llm_int8_threshold=float(recipe.extra.get("llm_int8_threshold", 6.0))),
             device_map=device_map(),
             trust_remote_code=trust_remote_code,
         )

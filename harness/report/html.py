@@ -30,10 +30,12 @@ from harness.report.units import (
 )
 from harness.report.view import (
     ARTIFACT_COLUMNS,
+    CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
     LATENCY_COLUMNS,
     LEGEND,
     artifact_rows,
+    calibration_rows,
     capacity_text,
     environment_items,
     evalset_rows,
@@ -364,6 +366,9 @@ def _provenance(report: dict[str, Any], layout: _Layout) -> str:
     evalsets = evalset_rows(report)[: layout.list_items]
     if evalsets:
         parts.append(_table(EVALSET_COLUMNS, [[e(c) for c in row] for row in evalsets], cls="prov-evalsets"))
+    calibration = calibration_rows(report)
+    if calibration:
+        parts.append(_table(CALIBRATION_COLUMNS, [[e(c) for c in row] for row in calibration], cls="prov-calibration"))
     artifacts = artifact_rows(report)
     if artifacts:
         parts.append(_table(ARTIFACT_COLUMNS, [[e(clip(c, 600)) for c in row] for row in artifacts], cls="prov-artifacts"))

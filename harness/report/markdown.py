@@ -29,10 +29,12 @@ from harness.report.units import (
 )
 from harness.report.view import (
     ARTIFACT_COLUMNS,
+    CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
     LATENCY_COLUMNS,
     LEGEND,
     artifact_rows,
+    calibration_rows,
     capacity_text,
     environment_items,
     evalset_rows,
@@ -345,6 +347,7 @@ def _provenance(report: dict[str, Any], layout: _Layout) -> str:
         more = f", … {len(env) - len(shown)} more" if len(env) > len(shown) else ""
         lines.append("- **Environment:** " + ", ".join(shown) + more)
     lines += _table(EVALSET_COLUMNS, evalset_rows(report), layout, "evalsets")
+    lines += _table(CALIBRATION_COLUMNS, calibration_rows(report), layout, "calibration rows")
     lines += _table(ARTIFACT_COLUMNS, artifact_rows(report), layout, "artifacts")
     return "\n".join(lines)
 

@@ -153,7 +153,7 @@ def exit_code_of(report: dict[str, Any]) -> int:
 
 # --- plain-text figures shared by the Markdown and HTML renderers (they escape them) --------
 
-LATENCY_COLUMNS = ("Run", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50", "E2E p95", "Throughput")
+LATENCY_COLUMNS = ("Run", "Requests", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50", "E2E p95", "Throughput")
 
 
 @dataclass(frozen=True)
@@ -232,14 +232,26 @@ def latency_rows(fmt: dict[str, Any]) -> list[list[str]]:
         if not run:
             continue
         label = "batch 1" if which == "batch_1" else f"batch {fmt_int(run.get('batch_size'))}"
-        cells = [label]
+        cells = [label, fmt_int(run.get("requests") or (run.get("ttft_ms") or {}).get("count"))]
         for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
             stats = run.get(key) or {}
-            cells += [fmt_ms(stats.get("p50")), fmt_ms(stats.get("p95"))]
+            cells += [fmt_ms(stats.get("p50")), p95_text(stats)]
         tput = run.get("throughput_tok_s")
         cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
         rows.append(cells)
     return rows
+
+
+def p95_text(stats: dict[str, Any]) -> str:
+    """The p95, or 'max of N: X' when N requests are too few for a 95th percentile."""
+    from harness.measure.latency import P95_MIN_REQUESTS
+
+    count = stats.get("count")
+    if is_number(count) and 0 < count < P95_MIN_REQUESTS:
+        if is_number(stats.get("max")):
+            return f"max of {fmt_int(count)}: {fmt_ms(stats['max'])}"
+        return f"p95 of only {fmt_int(count)}: {fmt_ms(stats.get('p95'))}"  # a report from before "max" was kept
+    return fmt_ms(stats.get("p95"))
 
 
 def latency_caption(fmt: dict[str, Any]) -> str:
@@ -352,6 +364,34 @@ def evalset_rows(report: dict[str, Any]) -> list[list[str]]:
 
 EVALSET_COLUMNS = ("Evalset", "Task", "Language", "Items", "Gate", "Tokenizer", "Hash", "Spec")
 ARTIFACT_COLUMNS = ("Format", "Artifact", "Size", "Cached", "Manifest")
+CALIBRATION_COLUMNS = ("Format", "Calibration source", "Texts", "Tokens (mean, min)", "Overlap with evaluated items")
+
+
+def calibration_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Per format that calibrates: where its texts came from, how many and how long, and what they overlap."""
+    rows = []
+    for name, fmt in formats_in_order(report):
+        cal = fmt.get("calibration")
+        if not isinstance(cal, dict):
+            continue
+        rows.append([name, str(cal.get("source") or DASH), fmt_int(cal.get("texts")),
+                     f"{fmt_num(cal.get('tokens_mean'), 0)}, {fmt_int(cal.get('tokens_min'))}",
+                     overlap_text(cal.get("overlap"))])
+    return rows
+
+
+def overlap_text(overlap: Any) -> str:
+    if not isinstance(overlap, dict):
+        return DASH
+    share = overlap.get("calibration_ngram_share")
+    text = (f"{fmt_int(overlap.get('items_overlapping'))} of {fmt_int(overlap.get('items_total'))} items share "
+            f"{overlap.get('ngram', 13)}-grams; {fmt_num(100 * share, 2) if is_number(share) else DASH}% of the "
+            "calibration n-grams occur in evaluated items")
+    if overlap.get("items_overlapping") and overlap.get("allowed"):
+        ids = list(overlap.get("overlapping") or [])
+        more = f", ... {len(ids) - 10} more" if len(ids) > 10 else ""
+        text += " (allowed by --allow-calibration-overlap: " + ", ".join(ids[:10]) + more + ")"
+    return text
 
 
 def artifact_rows(report: dict[str, Any]) -> list[list[str]]:

@@ -11,7 +11,14 @@ def is_cuda() -> bool:
     return torch.cuda.is_available() and os.environ.get("QUANTGATE_DEVICE", "auto") != "cpu"
 
 
+FORCE_NO_BF16_ENV = "QUANTGATE_FORCE_NO_BF16"
+
+
 def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 matmul units (AVX512-BF16 or AMX). `QUANTGATE_FORCE_NO_BF16=1` answers no on
+    any CPU, so the float32 path that CPUs without them take (calibration, compute dtype) runs in CI everywhere."""
+    if os.environ.get(FORCE_NO_BF16_ENV, "") not in ("", "0"):
+        return False
     try:
         flags = open("/proc/cpuinfo", encoding="utf-8").read()
     except OSError:
@@ -46,13 +53,16 @@ def configure_threads(threads: int) -> int:
 
 
 def device_info(threads: int) -> dict:
+    """What the figures were measured on; every field of it changes a latency or memory figure."""
     import platform
 
     import torch
 
     if is_cuda():
         props = torch.cuda.get_device_properties(0)
-        return {"kind": "cuda", "name": props.name, "threads": threads, "total_memory_bytes": props.total_memory}
+        return {"kind": "cuda", "name": props.name, "threads": threads, "total_memory_bytes": props.total_memory,
+                "driver": _nvidia_driver(), "cuda": torch.version.cuda,
+                "capability": f"{props.major}.{props.minor}"}
     import psutil
 
     name = platform.processor() or "cpu"
@@ -64,4 +74,23 @@ def device_info(threads: int) -> dict:
     except OSError:
         pass
     return {"kind": "cpu", "name": name, "threads": threads, "cores": os.cpu_count(),
-            "total_memory_bytes": psutil.virtual_memory().total}
+            "total_memory_bytes": psutil.virtual_memory().total, "bf16_matmul": cpu_has_bf16_matmul()}
+
+
+def device_key(threads: int) -> dict:
+    """The part of `device_info` that cache keys of measurements and artifacts depend on (not free memory)."""
+    return {k: v for k, v in device_info(threads).items() if k != "total_memory_bytes"}
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - no NVML: the driver is unknown, not an error
+        return None

@@ -115,17 +115,17 @@ class LoadedModel:
             torch.cuda.synchronize()
         end = time.perf_counter()
         new = output[:, width:].tolist()
-        stop_ids = _stop_ids(self.model.generation_config, self.tokenizer)
+        stops = stop_ids(self.model.generation_config, self.tokenizer)
         results = []
         for prompt, row in zip(prompts, new):
-            kept = _until_stop(row, stop_ids)
+            kept = until_stop(row, stops)
             results.append(Generation(self.tokenizer.decode(kept, skip_special_tokens=True).strip(), len(prompt), len(kept)))
         steps = len(clock.stamps)
         ttft = (clock.stamps[0] - start) if clock.stamps else end - start
         return results, BatchTiming(len(prompts), width, steps, ttft, end - start), cache_bytes
 
 
-def _stop_ids(generation_config, tokenizer) -> set[int]:
+def stop_ids(generation_config, tokenizer) -> set[int]:
     eos = generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None:
@@ -133,7 +133,7 @@ def _stop_ids(generation_config, tokenizer) -> set[int]:
     return ids
 
 
-def _until_stop(row: list[int], stop_ids: set[int]) -> list[int]:
+def until_stop(row: list[int], stop_ids: set[int]) -> list[int]:
     for index, token in enumerate(row):
         if token in stop_ids:
             return row[:index]
