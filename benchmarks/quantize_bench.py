@@ -29,8 +29,6 @@ class QuantizeBench:
 
 def run_quantize_bench(fmt: str, cache: Path, max_items: int, calibration_samples: int, threads: int,
                        work: Path) -> QuantizeBench:
-    from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
-
     env = {**child_env(), "QUANTGATE_CACHE": str(cache)}
     say(f"quantize: quantgate's {fmt} stage (max-items {max_items}, {calibration_samples} calibration samples)")
     ours = run_child("benchmarks.quantgate_quantize_side", {
@@ -42,7 +40,7 @@ def run_quantize_bench(fmt: str, cache: Path, max_items: int, calibration_sample
     direct = run_child("benchmarks.gptqmodel_direct", {
         "source_path": ours.result["source_path"], "recipe": ours.result["recipe"],
         "calibration_path": ours.result["calibration_path"], "out_dir": str(work / f"direct-{fmt}"),
-        "threads": threads, "calibrate_fp32": not is_cuda() and not cpu_has_bf16_matmul()}, work / fmt,
+        "threads": threads}, work / fmt,
         base_env=_worker_environment(env))
     say(f"quantize: {fmt} direct {direct.wall_s:.1f}s wall, {direct.cpu_s:.1f}s CPU")
     return QuantizeBench(fmt, texts, ours.result["stage_s"], ours.result["stage_cpu_s"], float(ours.result["quantize_s"]),
