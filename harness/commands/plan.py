@@ -1,4 +1,5 @@
-"""`quantgate plan`: what a model needs on a target GPU per format, from its config alone (no weights loaded)."""
+"""`quantgate plan`: per format, the settings of vLLM, SGLang and TensorRT-LLM on a target GPU, and the numbers behind
+them, from the model's config alone (no weights loaded, nothing runs)."""
 
 from __future__ import annotations
 
@@ -7,68 +8,94 @@ import json
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.measure.capacity import default_batched_tokens, plan_capacity
-from harness.measure.kv import (DEMO_CONFIG, estimate_activation_peak_bytes, estimate_weights_bytes,
-                                kv_bytes_per_token, parameter_count, text_config)
-from harness.quantize import FORMATS, VLLM_QUANTIZATION, choose_group_size
+from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu, ModelShape, Target,
+                                      TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
+                                      kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
+                                      plan_engines, resolve_version, weight_format)
+from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
+from harness.measure.kv import DEMO_CONFIG, text_config
+from harness.quantize import FORMATS, choose_group_size
 
-_GIB = 2**30
 DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_GPU_GIB = 80.0
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="estimate weights, KV cache and vLLM capacity per format from a model's config",
-        description="From a model's config.json alone (no weights are loaded, nothing runs): estimated weights per "
-                    "format, KV cache bytes per token, how many sequences fit on the target GPU, and the vLLM flags.")
+        "plan", help="serving settings for vLLM, SGLang and TensorRT-LLM per format, from a model's config",
+        description="From a model's config.json alone (no weights are loaded, nothing runs): weights per format, KV "
+                    "cache per token, how many sequences fit on the target GPU(s), and the launch settings of vLLM "
+                    "(by version), SGLang and TensorRT-LLM, or why nothing fits and what would.")
     parser.add_argument("--model", default="demo", metavar="PATH_OR_CONFIG_JSON",
                         help="a Hugging Face model directory, its config.json, or 'demo' (SmolLM2-135M; default)")
     parser.add_argument("--format", default=",".join(FORMATS), metavar="NAME[,NAME...]",
                         help=f"format(s) to plan, comma-separated, of {', '.join(FORMATS)} (default: all)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="gptq/awq group size (default: the largest of 128/64/32 dividing the layer widths)")
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="target GPU memory (default 80)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.90,
-                        help="vLLM's --gpu-memory-utilization (default 0.90)")
+    parser.add_argument("--engine", default="all", choices=(*ENGINES, "all"),
+                        help="serving engine(s) to plan for (default: all)")
+    parser.add_argument("--target-gpu", metavar="NAME",
+                        help="target GPU by name: T4, A10G, L4, RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, "
+                             "H100-SXM, H100-NVL, H200, B200 (memory as the driver reports it, compute capability)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None,
+                        help=f"target GPU memory in GiB (default {DEFAULT_GPU_GIB:g} without --target-gpu; with it, "
+                             "overrides its memory: a MIG slice or a shared card)")
+    parser.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default 1)")
+    parser.add_argument("--vllm-version", default=None,
+                        help="vLLM rules to plan with: 0.32, 0.33, 0.34 (default: the installed vLLM, else 0.34)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vLLM's --gpu-memory-utilization (default: the version's, 0.92 for 0.32/0.33; 0.34 "
+                             "sets --kv-cache-memory-bytes instead)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help=f"tokens per sequence (default {DEFAULT_MAX_MODEL_LEN}, or the model's limit if lower)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="tokens per forward step (default: max(max-model-len, 8192))")
+                        help="tokens per forward step: vLLM's budget, SGLang's --chunked-prefill-size, TensorRT-LLM's "
+                             "max_num_tokens (default: each engine's own)")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="cap on concurrent sequences (default 256)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=tuple(KV_DTYPE_BYTES),
+                        help="KV cache dtype: auto (the model's 16-bit) or fp8 (1 byte; compute capability 8.9+)")
+    parser.add_argument("--no-chunked-prefill", action="store_true",
+                        help="plan without chunked prefill (the token budget then covers a whole prompt)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (their pool is not reserved)")
     parser.add_argument("--activation-gib", type=float, default=None,
-                        help="activation peak to reserve, in GiB (default: estimated from the config at "
-                             "--max-num-batched-tokens: tokens x (4 x hidden + 3 x intermediate) x 2 bytes "
-                             "plus fp32 sampler logits for 256 sequences)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+                        help="a measured activation peak per GPU at the engines' token budget, in GiB (default: "
+                             "estimated from the config: tokens x (4 x hidden + 3 x MLP width) x 2 bytes plus fp32 "
+                             "sampler logits)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config, described = load_model_config(args.model)
     formats = _parse_formats(args.format)
-    _check_positive(args)
-    max_model_len = _max_model_len(config, args.max_model_len)
-    batched = args.max_num_batched_tokens or default_batched_tokens(max_model_len)
+    _check_numbers(args)
     try:
-        kv_per_token = kv_bytes_per_token(config)
-        parameters = parameter_count(config)
-        estimated_activation = estimate_activation_peak_bytes(config, batched)
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"--model {args.model}: {exc}") from None
-    activation = estimated_activation if args.activation_gib is None else int(args.activation_gib * _GIB)
+        shape = model_shape(config)
+    except ConfigFieldError as exc:
+        raise UserError(f"{described}: {exc}") from None
+    target = _target(args)
+    workload = Workload(max_model_len=_max_model_len(shape, args.max_model_len),
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                        kv_cache_dtype=args.kv_cache_dtype, chunked_prefill=not args.no_chunked_prefill,
+                        enforce_eager=args.enforce_eager,
+                        activation_bytes=None if args.activation_gib is None else int(args.activation_gib * GIB))
+    engines = ENGINES if args.engine == "all" else (args.engine,)
+    try:
+        version, version_note = resolve_version(args.vllm_version)
+    except ValueError as exc:
+        raise UserError(f"--vllm-version {args.vllm_version}: {exc}") from None
     plans = {}
-    for fmt in formats:
-        bits, group = _scheme(fmt, config, args.group_size)
-        weights = estimate_weights_bytes(config, bits, group, fmt=fmt)
-        capacity = plan_capacity(weights, activation, kv_per_token, gpu_memory_gib=args.gpu_memory_gib,
-                                 gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=max_model_len,
-                                 quantization=VLLM_QUANTIZATION[fmt], max_num_batched_tokens=batched)
-        plans[fmt] = {"bits": bits, "group_size": group, "weights_bytes": weights, "capacity": capacity.as_dict()}
-    result = {"model": {"source": described, "architecture": (config.get("architectures") or ["?"])[0],
-                        "num_parameters": parameters},
-              "kv_bytes_per_token": kv_per_token, "activation_peak_bytes": activation,
-              "activation_estimated": args.activation_gib is None, "max_num_batched_tokens": batched,
-              "formats": plans}
-    print(json.dumps(result, indent=2) if args.json else render_table(result))
+    for name in formats:
+        group = choose_group_size(config, args.group_size, name) if name in ("gptq", "awq") else None
+        fmt = weight_format(name, group)
+        try:
+            plans[name] = (fmt, plan_engines(shape, fmt, target, workload, engines, vllm_version=version,
+                                             gpu_memory_utilization=args.gpu_memory_utilization))
+        except TensorParallelError as exc:
+            raise UserError(f"--num-gpus {target.num_gpus}: {exc}") from None
+    result = plan_result(config, described, shape, target, workload, plans, version, version_note)
+    print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0
 
 
@@ -99,67 +126,171 @@ def _parse_formats(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _check_positive(args: argparse.Namespace) -> None:
-    if args.gpu_memory_gib <= 0:
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
         raise UserError(f"--gpu-memory-gib {args.gpu_memory_gib}: must be positive (e.g. 80)")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1] (e.g. 0.90)")
-    for flag, value in (("--max-model-len", args.max_model_len),
-                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1] (e.g. 0.92)")
+    for flag, value in (("--max-model-len", args.max_model_len), ("--num-gpus", args.num_gpus),
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+                        ("--max-num-seqs", args.max_num_seqs)):
         if value is not None and value <= 0:
-            raise UserError(f"{flag} {value}: must be a positive number of tokens")
+            raise UserError(f"{flag} {value}: must be a positive number")
     if args.activation_gib is not None and args.activation_gib < 0:
         raise UserError(f"--activation-gib {args.activation_gib}: must not be negative")
 
 
-def _max_model_len(config: dict, requested: int | None) -> int:
-    limit = config.get("max_position_embeddings")
+def _target(args: argparse.Namespace) -> Target:
+    gpu: Gpu | None = None
+    if args.target_gpu:
+        try:
+            gpu = gpu_by_name(args.target_gpu)
+        except ValueError as exc:
+            raise UserError(f"--target-gpu: {exc}") from None
+    if args.gpu_memory_gib is not None:
+        gpu = gpu_of_size(args.gpu_memory_gib, like=gpu)
+    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus)
+
+
+def _max_model_len(shape: ModelShape, requested: int | None) -> int:
+    limit = shape.max_len
     if requested is None:
-        return min(DEFAULT_MAX_MODEL_LEN, int(limit)) if limit else DEFAULT_MAX_MODEL_LEN
-    if limit and requested > int(limit) and not config.get("rope_scaling"):
-        raise UserError(f"--max-model-len {requested}: longer than the model's max_position_embeddings {limit} "
-                        f"(vLLM refuses it); use --max-model-len {limit} or less")
+        return min(DEFAULT_MAX_MODEL_LEN, limit) if limit else DEFAULT_MAX_MODEL_LEN
+    if limit and requested > limit:
+        raise UserError(f"--max-model-len {requested}: longer than the model allows ({limit:,} tokens from "
+                        "max_position_embeddings and its RoPE scaling); vLLM, SGLang and TensorRT-LLM refuse it: "
+                        f"use --max-model-len {limit} or less")
     return requested
 
 
-def _scheme(fmt: str, config: dict, group_size: int | None) -> tuple[int, int | None]:
-    if fmt == "baseline":
-        return 16, None
-    if fmt == "int8":
-        return 8, None
-    return 4, choose_group_size(config, group_size, fmt)
+def plan_result(config: dict, described: str, shape: ModelShape, target: Target, workload: Workload,
+                plans: dict[str, tuple[WeightFormat, dict[str, EnginePlan]]], version: str, version_note: str) -> dict:
+    """The plan as one JSON-ready dict: model, target, workload, and per format each engine's plan."""
+    attention, kv_bytes, tp = shape.attention, KV_DTYPE_BYTES[workload.kv_cache_dtype], target.num_gpus
+    first = next(iter(plans.values()))[1]
+    vllm = first.get("vllm")
+    any_plan = next(iter(first.values()))
+    return {
+        "model": {"source": described, "architecture": (config.get("architectures") or ["?"])[0],
+                  "model_type": shape.model_type, "num_parameters": parameter_count(shape),
+                  "experts": shape.experts, "experts_per_token": shape.experts_per_token,
+                  "attention": "MLA" if attention.is_mla else "GQA", "layers": shape.layers,
+                  "sliding_window_layers": attention.sliding_layers, "max_len": shape.max_len},
+        "target": {"gpu": target.gpu.name, "nominal": target.gpu.nominal, "memory_bytes": target.gpu.memory_bytes,
+                   "compute_capability": target.gpu.compute_capability, "num_gpus": tp,
+                   "kernels": kernel_support(target.gpu), "kv_placement": kv_split(attention, tp)},
+        "workload": {"max_model_len": workload.max_model_len, "max_num_batched_tokens": workload.max_num_batched_tokens,
+                     "max_num_seqs": workload.max_num_seqs, "kv_cache_dtype": workload.kv_cache_dtype,
+                     "chunked_prefill": workload.chunked_prefill, "enforce_eager": workload.enforce_eager},
+        "vllm_version": version if vllm else None, "vllm_version_note": version_note if vllm else None,
+        "kv_bytes_per_token": kv_bytes_per_token(attention, kv_bytes, tp),
+        "kv_bytes_per_sequence": kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp),
+        "activation_peak_bytes": (vllm or any_plan).memory.activation_bytes,
+        "activation_estimated": workload.activation_bytes is None,
+        "max_num_batched_tokens": (vllm or any_plan).token_budget,
+        "formats": {name: _format_entry(fmt, by_engine) for name, (fmt, by_engine) in plans.items()},
+    }
 
 
-def render_table(result: dict) -> str:
-    model = result["model"]
-    first = next(iter(result["formats"].values()))["capacity"]
+def _format_entry(fmt: WeightFormat, by_engine: dict[str, EnginePlan]) -> dict:
+    vllm = by_engine.get("vllm")
+    return {"bits": fmt.bits, "group_size": fmt.group_size, "label": fmt.label(),
+            "weights_bytes": next(iter(by_engine.values())).memory.weights_bytes,
+            "capacity": capacity_view(vllm) if vllm else None,
+            "engines": {engine: plan.as_dict() for engine, plan in by_engine.items()}}
+
+
+def capacity_view(plan: EnginePlan) -> dict:
+    """A vLLM plan in the shape of the report's capacity entry (legacy CapacityPlan's keys)."""
+    memory = plan.memory
+    return {"gpu_memory_gib": memory.gpu_memory_bytes / GIB, "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
+            "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
+            "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
+            "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
+                                   f"of {plan.max_model_len:,} tokens."}
+
+
+def render_text(result: dict) -> str:
+    return "\n".join(_header(result) + [""] + _table(result) + [""] + _details(result))
+
+
+def _header(result: dict) -> list[str]:
+    model, target, work = result["model"], result["target"], result["workload"]
+    kind = (f"MoE, {model['experts']} experts ({model['experts_per_token']} per token), every expert counted"
+            if model["experts"] else "dense")
+    sliding = f", {model['sliding_window_layers']} sliding-window layers" if model["sliding_window_layers"] else ""
+    gpu, cc, nominal = target["gpu"], target["compute_capability"], target["nominal"]
     lines = [
-        f"model: {model['source']}, {model['architecture']}, {model['num_parameters'] / 1e6:,.1f}M parameters",
-        f"KV cache per token: {_fmt(result['kv_bytes_per_token'])} (16-bit); activation peak "
-        f"{'estimated' if result['activation_estimated'] else 'given'}: {_fmt(result['activation_peak_bytes'])} "
-        f"at {result['max_num_batched_tokens']:,} batched tokens",
-        f"target: {first['gpu_memory_gib']:g} GiB GPU at {first['gpu_memory_utilization']:.2f} utilization "
-        f"({_fmt(first['budget_bytes'])} budget), max-model-len {first['max_model_len']:,}, "
-        f"{first['safety_margin']:.0%} of the KV room held back",
-        "",
-        f"{'format':<9} {'weights':>11} {'KV room':>11} {'KV tokens':>11} {'max seqs':>9}  fits",
+        f"model: {model['source']}, {model['architecture']} ({model['model_type']}), "
+        f"{model['num_parameters'] / 1e6:,.1f}M parameters, {kind}; {model['attention']}, {model['layers']} layers"
+        f"{sliding}",
+        f"KV cache: {_size(result['kv_bytes_per_token'])} per token ({'fp8' if work['kv_cache_dtype'] == 'fp8' else '16-bit'}"
+        f", {target['kv_placement']}), {_size(result['kv_bytes_per_sequence'])} per sequence of "
+        f"{work['max_model_len']:,} tokens (per GPU)",
+        f"target: {target['num_gpus']} x {gpu}{f' ({nominal})' if nominal else ''}, "
+        f"{target['memory_bytes'] / GIB:.2f} GiB "
+        + (f"as the driver reports it, compute capability {cc:.1f}" if cc is not None else
+           "(by size: compute capability unknown; --target-gpu names the GPU)"),
+        f"activation peak {'estimated from the config' if result['activation_estimated'] else 'given (measured)'}: "
+        f"{_size(result['activation_peak_bytes'])} at {result['max_num_batched_tokens']:,} batched tokens, the first "
+        "engine's budget (each engine's below)"
+        + ("; --activation-gib gives a measured figure" if result["activation_estimated"] else ""),
     ]
-    for fmt, plan in result["formats"].items():
-        cap = plan["capacity"]
-        name = fmt + (f" g{plan['group_size']}" if plan["group_size"] else "")
-        lines.append(f"{name:<9} {_fmt(plan['weights_bytes']):>11} {_fmt(cap['kv_room_bytes']):>11} "
-                     f"{cap['kv_tokens']:>11,} {cap['max_num_seqs']:>9,}  {'yes' if cap['fits'] else 'NO'}")
-    lines.append("")
-    for fmt, plan in result["formats"].items():
-        cap = plan["capacity"]
-        lines.append(f"{fmt}: " + (f"vllm serve MODEL {cap['vllm_flags']}" if cap["vllm_flags"] else cap["note"]))
-        if cap["vllm_flags"]:
-            lines.append(f"  {cap['note']}")
-    return "\n".join(lines)
+    if result["vllm_version_note"]:
+        lines.append(f"{result['vllm_version_note']}")
+    return lines
 
 
-def _fmt(size: int) -> str:
+def _table(result: dict) -> list[str]:
+    engines = list(next(iter(result["formats"].values()))["engines"])
+    titles = [f"vllm {result['vllm_version']}" if e == "vllm" else e for e in engines]
+    lines = [(f"{'format':<10} {'weights/GPU':>11}  " + "".join(f"{t:<19}" for t in titles)).rstrip()]
+    capped = False
+    for entry in result["formats"].values():
+        cells = [_cell(entry["engines"][e]) for e in engines]
+        capped = capped or any("(of" in cell for cell in cells)
+        lines.append(f"{entry['label']:<10} {_size(entry['weights_bytes']):>11}  "
+                     + "".join(f"{c:<19}" for c in cells).rstrip())
+    if capped:
+        lines.append("N seqs (of M): the KV cache holds M sequences of max-model-len; the commands cap concurrency at "
+                     "N (--max-num-seqs raises the cap)")
+    return lines
+
+
+def _cell(plan: dict) -> str:
+    if not plan["servable"]:
+        return "cannot serve"
+    if not plan["fits"]:
+        return "NO"
+    more = f" (of {plan['max_concurrency']:,})" if plan["max_concurrency"] > plan["max_num_seqs"] else ""
+    return f"{plan['max_num_seqs']} seqs{more}"
+
+
+def _details(result: dict) -> list[str]:
+    lines: list[str] = []
+    notes: list[str] = []
+    for name, entry in result["formats"].items():
+        lines.append(entry["label"])
+        for engine, plan in entry["engines"].items():
+            title = f"{engine} {plan['engine_version']}".strip()
+            if plan["command"]:
+                lines.append(f"  {title}: {plan['command']}")
+                lines.append(f"    {plan['formula']}; holds {plan['kv_tokens']:,} tokens: {plan['max_concurrency']:,} "
+                             f"sequences of {plan['max_model_len']:,}")
+                if plan["config_yaml"]:
+                    lines += ["    with trtllm-extra.yaml:"] + [f"      {row}" for row in
+                                                                     plan["config_yaml"].splitlines()]
+            else:
+                lines.append(f"  {title}: {'cannot serve it: ' if not plan['servable'] else ''}{plan['reason']}")
+                if plan["servable"]:
+                    lines.append(f"    {plan['formula']}")
+            notes += [n for n in plan["notes"] if n not in notes]
+    return lines + ([""] + ["notes:"] + [f"  - {n}" for n in notes] if notes else [])
+
+
+def _size(size: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
+        if abs(size) >= scale:
             return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
     return f"{size} B"

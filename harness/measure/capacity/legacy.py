@@ -1,10 +1,12 @@
-"""What fits on a target GPU under vLLM: KV room, concurrent sequences, and the flags to launch it with.
+"""The version-agnostic vLLM capacity plan that harness/assemble.py and scripts/gpu_check.py call.
 
 vLLM takes `gpu_memory_gib x 2^30 x gpu_memory_utilization` as its budget, subtracts the weights and the peak of a
-profiling forward pass (activations), and hands the rest to the KV cache in blocks of `block_size` tokens. We do
-the same, then keep `safety_margin` of the KV room back for what the arithmetic misses: the CUDA context and
-non-torch memory (about 0.5-1 GiB), CUDA-graph pools, allocator fragmentation. `overhead_bytes` (default 0)
-subtracts a fixed amount instead or as well, for those who have measured theirs.
+profiling forward pass (activations), and hands the rest to the KV cache in blocks of `block_size` tokens. This
+plan does the same, then keeps `safety_margin` of the KV room back for what the arithmetic misses; `overhead_bytes`
+(default 0) subtracts a fixed amount instead or as well. Kept as it was for those callers: it knows no vLLM version
+(its int8 flag, --quantization bitsandbytes, is one vLLM 0.32+ refuses). The version-aware planners
+(harness.measure.capacity.plan_vllm / plan_sglang / plan_trtllm) model CUDA context, CUDA graphs and headroom as
+fixed amounts and never print a flag the engine rejects.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""What every engine planner takes (target, workload) and gives (an EnginePlan), and what they share: the 4-bit
+kernel choice, the dtype a GPU needs, commands as flags."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import asdict, dataclass, field
+
+from harness.measure.capacity.gpus import (AWQ_MIN_CC, BF16_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu,
+                                           has_capability)
+from harness.measure.capacity.memory import GIB, MIB, WeightFormat, kv_heads_per_gpu
+from harness.measure.capacity.shapes import ModelShape
+
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
+# vLLM's marlin_utils: output width per GPU divisible by GPTQ_MARLIN_MIN_THREAD_N, input width by _MIN_THREAD_K.
+MARLIN_MIN_THREAD_N, MARLIN_MIN_THREAD_K = 64, 128
+MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Target:
+    gpu: Gpu
+    num_gpus: int = 1  # tensor-parallel degree
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the deployment asks for. None: the engine's own default."""
+
+    max_model_len: int
+    max_num_batched_tokens: int | None = None  # vLLM's token budget, SGLang's chunked prefill, TRT-LLM's max_num_tokens
+    max_num_seqs: int | None = None  # cap on concurrent sequences (default DEFAULT_MAX_NUM_SEQS)
+    kv_cache_dtype: str = "auto"  # auto (the model's 16-bit dtype) or fp8
+    chunked_prefill: bool = True
+    enforce_eager: bool = False  # no CUDA graphs
+    activation_bytes: int | None = None  # a measured activation peak per GPU at the engine's token budget
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One GPU's memory under an engine plan, bytes. kv_cache_bytes = what the engine's formula leaves for KV."""
+
+    gpu_memory_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    activation_source: str  # "estimated from the config" or "measured"
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    headroom_bytes: int  # memory the plan leaves unclaimed
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes_per_sequence: int
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine's settings for one format on one target, and the numbers behind them.
+
+    servable False: the engine cannot serve this format on this target at all (reason says why); fits False: it
+    could, but not even one sequence of max_model_len fits (reason says why and what would). command is empty then.
+    """
+
+    engine: str  # vllm, sglang, trtllm
+    engine_version: str  # the rules followed, e.g. "0.34"; "" where not versioned
+    format: str
+    servable: bool
+    fits: bool
+    command: str
+    args: tuple[tuple[str, str], ...]  # (flag, value) in print order; value "" for a bare flag
+    memory: MemoryBreakdown | None
+    kv_tokens: int
+    max_concurrency: int  # sequences of max_model_len the KV cache holds
+    max_num_seqs: int  # what the command sets (vLLM --max-num-seqs, SGLang --max-running-requests, TRT max_batch_size)
+    token_budget: int
+    max_model_len: int
+    formula: str  # the engine's KV formula with this plan's numbers
+    source: str  # the engine file the planner follows
+    notes: tuple[str, ...] = ()
+    reason: str = ""
+    config_yaml: str = ""  # TensorRT-LLM: settings its CLI has no flag for (pass with --config)
+    gpu_memory_utilization: float | None = None  # vLLM's, when the command sets it
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def arg(self, flag: str) -> str | None:
+        return dict(self.args).get(flag)
+
+
+def render_command(program: str, args: tuple[tuple[str, str], ...]) -> str:
+    return " ".join([program, *(f"{flag} {shlex.quote(value)}" if value else flag for flag, value in args)])
+
+
+def parse_flags(command: str, program_words: int) -> dict[str, str]:
+    """--flag value pairs of a printed command after its first `program_words` words ("" for a bare flag)."""
+    words = shlex.split(command)[program_words:]
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            raise ValueError(f"{word!r} in {command!r} is not a flag")
+        has_value = i + 1 < len(words) and not words[i + 1].startswith("--")
+        flags[word] = words[i + 1] if has_value else ""
+        i += 2 if has_value else 1
+    return flags
+
+
+def floor2(value: float) -> float:
+    """Round down to two decimals (a fraction flag that must not claim more than computed)."""
+    return math.floor(round(value * 10000, 6) / 100) / 100
+
+
+def gib(size: float) -> str:
+    return f"{size / GIB:.2f} GiB" if abs(size) >= 0.1 * GIB else f"{size / MIB:.1f} MiB"
+
+
+def needs_half_dtype(shape: ModelShape, gpu: Gpu) -> bool:
+    """A bf16 (or unspecified, hence bf16) checkpoint on a GPU without bf16: the engines refuse it unless told fp16."""
+    dtype = str(shape.torch_dtype or "bfloat16")
+    return dtype in ("bfloat16", "bf16") and has_capability(gpu, BF16_MIN_CC) is False
+
+
+def half_dtype_note(gpu: Gpu, engine: str, setting: str) -> str:
+    return (f"{engine}: {setting}: {gpu.name} has no bf16 (compute capability {gpu.compute_capability:.1f} < "
+            f"{BF16_MIN_CC:.1f}), so the bf16 checkpoint runs in fp16; judge it in fp16 too (fp16 can overflow)")
+
+
+def fp8_kv_refusal(gpu: Gpu, workload: Workload, engine: str) -> str | None:
+    """Why an fp8 KV cache cannot be planned on this GPU (None: it can, or the GPU is unknown)."""
+    if workload.kv_cache_dtype == "fp8" and has_capability(gpu, FP8_MIN_CC) is False:
+        return (f"{engine}: an fp8 KV cache needs compute capability {FP8_MIN_CC} (FP8); {gpu.name} has "
+                f"{gpu.compute_capability:.1f}: use --kv-cache-dtype auto")
+    return None
+
+
+def marlin_shape_problem(shape: ModelShape, fmt: WeightFormat, tp: int) -> str | None:
+    """Why vLLM/SGLang's Marlin kernels cannot take this model's 4-bit layers (None: they can).
+
+    vllm/model_executor/layers/quantization/utils/marlin_utils.py::verify_marlin_supports_shape: per GPU, output
+    width divisible by 64, input width by 128 and, when grouped, by the group size; group size -1, 32, 64 or 128.
+    """
+    group = fmt.group_size if fmt.group_size and fmt.group_size > 0 else -1
+    if group not in MARLIN_GROUP_SIZES:
+        return f"group size {group} (Marlin takes {', '.join(map(str, MARLIN_GROUP_SIZES[1:]))} or per-column)"
+    for lin in shape.linears:
+        if not lin.quantized:
+            continue
+        inputs = lin.in_features // tp if lin.split == "row" else lin.in_features
+        if lin.split == "kv":
+            outputs = kv_heads_per_gpu(shape.attention, tp) * shape.attention.head_dim
+        else:
+            outputs = lin.out_features // tp if lin.split == "column" else lin.out_features
+        if outputs % MARLIN_MIN_THREAD_N or inputs % MARLIN_MIN_THREAD_K or (group > 0 and inputs % group):
+            by_group = f" and by the group size {group}" if group > 0 else ""
+            return (f"{lin.name} is {inputs} x {outputs} per GPU (Marlin needs inputs divisible by "
+                    f"{MARLIN_MIN_THREAD_K}{by_group}, outputs by {MARLIN_MIN_THREAD_N})")
+    return None
+
+
+def four_bit_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, engine: str) -> tuple[str | None, str]:
+    """The --quantization value for a GPTQ/AWQ checkpoint on this GPU, and a note; (None, why) when no kernel fits.
+
+    Marlin (gptq_marlin, awq_marlin) is the fast path on compute capability >= 8.0 when the shapes allow it; naming
+    plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0 (vLLM's
+    get_min_capability()). An unknown GPU gets the plain name, which every CUDA GPU from those capabilities runs.
+    """
+    minimum = AWQ_MIN_CC if fmt.name == "awq" else GPTQ_MIN_CC
+    marlin = has_capability(gpu, MARLIN_MIN_CC)
+    if marlin is None:
+        return fmt.name, (f"{engine}: --quantization {fmt.name} runs on any CUDA GPU of compute capability "
+                          f"{minimum:.1f}+; on 8.0+ {fmt.name}_marlin is the fast path (--target-gpu picks it)")
+    problem = marlin_shape_problem(shape, fmt, tp)
+    if marlin and problem is None:
+        return f"{fmt.name}_marlin", f"{engine}: {fmt.name}_marlin, the Marlin 4-bit kernel (compute capability 8.0+)"
+    if not has_capability(gpu, minimum):
+        return None, (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s {fmt.name} kernels "
+                      f"need {minimum:.1f}")
+    why = problem if marlin else f"Marlin needs compute capability {MARLIN_MIN_CC:.1f}"
+    return fmt.name, f"{engine}: plain {fmt.name} kernel, not Marlin: {why}"

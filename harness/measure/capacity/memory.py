@@ -1,0 +1,223 @@
+"""One memory model for every engine planner: weights per format, KV cache per token and per sequence, the
+activation peak at an engine's token budget, and the engine overheads as fixed amounts.
+
+All figures are bytes on one GPU: under tensor parallelism (`tp` GPUs) each function gives one GPU's share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.measure.capacity.shapes import Attention, Linear, ModelShape
+
+GIB = 2**30
+MIB = 2**20
+FP16_BYTES = 2
+KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}  # auto: the model's 16-bit dtype; fp8 (e4m3/e5m2): 1 byte per element
+
+# Memory a GPU holds outside PyTorch's allocator: the CUDA context, cuBLAS/cuDNN workspaces. vLLM measures it at
+# start-up and logs it as "non_torch_memory" (0.1-0.6 GiB on one GPU in its memory-profiling log lines); the CUDA
+# context alone is 0.3-0.5 GiB on Ampere/Hopper. With tensor parallelism NCCL's buffers add to it.
+NON_TORCH_BYTES = 512 * MIB
+NCCL_BYTES = 256 * MIB
+# CUDA-graph pool: vLLM captures decode graphs for batch sizes up to 512 by default and logs "Graph capturing
+# finished in N secs, took X GiB" (0.3-1.0 GiB for 7B-70B models; its profile_cudagraph_memory estimate is of the
+# same order). SGLang and TensorRT-LLM capture comparable decode graphs. None with --enforce-eager.
+CUDA_GRAPH_BYTES = GIB
+# Held back where the plan sets the KV cache outright (vLLM 0.34's --kv-cache-memory-bytes, SGLang, TensorRT-LLM):
+# allocator fragmentation and what the arithmetic cannot see. vLLM 0.32/0.33's default --gpu-memory-utilization
+# 0.92 leaves its own 8% instead.
+HEADROOM_BYTES = GIB
+
+
+class TensorParallelError(ValueError):
+    """The model's heads cannot be split over the requested number of GPUs."""
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a format stores the weights: `bits` per quantized weight (16/32: unquantized), GPTQ/AWQ's `group_size`
+    (None or <= 0: one group per output column), GPTQ's int32 `g_idx` per input channel."""
+
+    name: str
+    bits: float
+    group_size: int | None = None
+    g_idx: bool = False
+
+    def label(self) -> str:
+        return self.name + (f" g{self.group_size}" if self.group_size and self.bits < 8 else "")
+
+
+def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
+    """The storage of a quantgate format: baseline 16-bit, int8 (LLM.int8, bitsandbytes), gptq and awq 4-bit."""
+    if name in ("baseline", "none"):
+        return WeightFormat("baseline", 16)
+    if name == "int8":
+        return WeightFormat("int8", 8)
+    if name in ("gptq", "awq"):
+        return WeightFormat(name, 4, group_size, g_idx=name == "gptq")
+    raise ValueError(f"unknown format {name!r} (known: baseline, int8, gptq, awq)")
+
+
+def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:
+    """KV heads one GPU holds: kv_heads / tp when tp divides them; 1 when kv_heads divides tp (each head replicated
+    on tp / kv_heads GPUs, as vLLM's QKVParallelLinear does); MLA's latent is on every GPU. Engines refuse any other
+    split, and attention heads that tp does not divide (TensorParallelError)."""
+    if tp < 1:
+        raise TensorParallelError(f"--num-gpus {tp}: must be at least 1")
+    if attention.heads % tp:
+        raise TensorParallelError(f"num_attention_heads {attention.heads} is not divisible by {tp} GPUs "
+                                  "(vLLM, SGLang and TensorRT-LLM split attention heads evenly)")
+    if attention.is_mla:
+        return 1
+    if attention.kv_heads % tp == 0:
+        return attention.kv_heads // tp
+    if tp % attention.kv_heads == 0:
+        return 1
+    raise TensorParallelError(f"num_key_value_heads {attention.kv_heads} neither divides nor is divisible by {tp} "
+                              "GPUs: the KV heads can be neither split nor replicated evenly")
+
+
+def kv_split(attention: Attention, tp: int) -> str:
+    """How tensor parallelism places the KV cache, in words."""
+    per_gpu = kv_heads_per_gpu(attention, tp)
+    if attention.is_mla:
+        return "MLA latent on every GPU" if tp > 1 else "MLA latent"
+    if tp == 1:
+        return f"{attention.kv_heads} KV heads"
+    if per_gpu * tp == attention.kv_heads:
+        return f"{attention.kv_heads} KV heads split, {per_gpu} per GPU"
+    return f"{attention.kv_heads} KV heads replicated: 1 per GPU, each on {tp // attention.kv_heads} GPUs"
+
+
+def kv_layer_token_bytes(attention: Attention, kv_dtype_bytes: float = 2, tp: int = 1) -> float:
+    """Bytes one token takes in one layer's KV cache on one GPU.
+
+    GQA: 2 (K and V) x KV heads per GPU x head_dim x bytes. MLA: (kv_lora_rank + qk_rope_head_dim) x bytes.
+    """
+    if attention.is_mla:
+        return attention.latent_dim * kv_dtype_bytes
+    return 2 * kv_heads_per_gpu(attention, tp) * attention.head_dim * kv_dtype_bytes
+
+
+def kv_bytes_per_token(attention: Attention, kv_dtype_bytes: float = 2, tp: int = 1) -> int:
+    """KV bytes of one token in every layer on one GPU, as if every layer attended to it:
+    GQA 2 x layers x KV heads x head_dim x bytes; MLA (kv_lora_rank + qk_rope_head_dim) x layers x bytes."""
+    return int(round(attention.layers * kv_layer_token_bytes(attention, kv_dtype_bytes, tp)))
+
+
+def kv_bytes_per_sequence(attention: Attention, length: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
+                          block_size: int = 1, window_extra: int = 0, sliding: bool = True) -> int:
+    """KV bytes one sequence of `length` tokens holds on one GPU.
+
+    Sum over layers of (layer token bytes x tokens the layer keeps), each rounded up to whole blocks of `block_size`
+    tokens. A full-attention layer keeps all `length` tokens; a sliding-window layer at most
+    min(length, sliding_window + window_extra) (vLLM frees the blocks that leave the window; during a chunked
+    prefill it holds up to max_num_batched_tokens - 1 more, which the caller passes as window_extra).
+    sliding=False counts sliding layers as full attention (an engine that keeps their whole history).
+    """
+    per_layer = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
+    total = 0.0
+    for window in attention.windows:
+        kept = length if window is None or not sliding else min(length, window + window_extra)
+        total += per_layer * math.ceil(kept / block_size) * block_size
+    return int(round(total))
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Every parameter: linear weights and biases (every expert), embeddings and lm_head (once if tied), norms."""
+    linear = sum(lin.count * (lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0))
+                 for lin in shape.linears)
+    return linear + _embedding_params(shape) + shape.other_params
+
+
+def _embedding_params(shape: ModelShape, tp: int = 1) -> int:
+    rows = math.ceil(shape.vocab / tp)  # vocabulary-parallel embedding and lm_head
+    return rows * shape.hidden * (1 if shape.tied_embeddings else 2)
+
+
+def _per_gpu(linear: Linear, attention: Attention, tp: int) -> tuple[int, int]:
+    """(in_features, out_features) of one GPU's share of a linear layer."""
+    if tp == 1 or linear.split == "none":
+        return linear.in_features, linear.out_features
+    if linear.split == "row":
+        return math.ceil(linear.in_features / tp), linear.out_features
+    if linear.split == "kv":
+        return linear.in_features, kv_heads_per_gpu(attention, tp) * attention.head_dim
+    return linear.in_features, math.ceil(linear.out_features / tp)
+
+
+def quantized_linear_bytes(in_features: int, out_features: int, bits: float, group_size: int | None,
+                           g_idx: bool = False) -> float:
+    """GPTQ/AWQ storage of one linear weight: packed in x out x bits/8, and per group of `group_size` inputs an fp16
+    scale and a packed `bits`-wide zero per output column; GPTQ adds an int32 g_idx per input channel."""
+    groups = math.ceil(in_features / group_size) if group_size and group_size > 0 else 1
+    packed = in_features * out_features * bits / 8
+    scales = groups * out_features * FP16_BYTES
+    zeros = groups * out_features * bits / 8
+    return packed + scales + zeros + (in_features * 4 if g_idx else 0)
+
+
+def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
+    """Bytes of the weights on one GPU as a serving engine holds them.
+
+    bits >= 16: every parameter at bits/8 bytes.
+    bits == 8 (LLM.int8, bitsandbytes): each quantized linear weight 1 byte plus an fp32 scale per output row.
+    bits < 8 (GPTQ/AWQ): quantized_linear_bytes per linear weight, every expert included.
+    Embeddings, lm_head, norms, biases and MoE routers stay 16-bit. Tensor parallelism: column-parallel layers keep
+    out/tp outputs, row-parallel ones in/tp inputs, K/V projections their KV heads per GPU, embeddings and lm_head
+    vocab/tp rows; norms, routers and MLA's down-projections are on every GPU.
+    """
+    attention = shape.attention
+    kept_16bit = _embedding_params(shape, tp) + shape.other_params
+    if fmt.bits >= 16:
+        linear = sum(lin.count * (i * o + (o if lin.bias else 0))
+                     for lin in shape.linears for i, o in [_per_gpu(lin, attention, tp)])
+        return int(round((linear + kept_16bit) * fmt.bits / 8))
+    linear_bytes = 0.0
+    for lin in shape.linears:
+        in_features, out_features = _per_gpu(lin, attention, tp)
+        if lin.bias:
+            kept_16bit += lin.count * out_features
+        if not lin.quantized:
+            kept_16bit += lin.count * in_features * out_features
+        elif fmt.bits == 8:
+            linear_bytes += lin.count * (in_features * out_features + out_features * 4)
+        else:
+            linear_bytes += lin.count * quantized_linear_bytes(in_features, out_features, fmt.bits, fmt.group_size,
+                                                               fmt.g_idx)
+    return int(round(linear_bytes + kept_16bit * FP16_BYTES))
+
+
+def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_dtype_bytes: int = 2,
+                          tp: int = 1) -> int:
+    """Peak of a forward pass over `tokens` tokens (an engine's profile run at its token budget), estimated from the
+    config: tokens x (4 x hidden + 3 x mlp_width / tp) x bytes + seqs x vocab x 4 x 2.
+
+    The MLP is the widest point: while the residual stream and the layer input (2 x hidden) are live, the fused
+    gate/up output (2 x mlp_width) and the activated product (mlp_width) exist together; the 2 extra hidden widths
+    cover attention's q/k/v and output buffers. mlp_width is intermediate_size for a dense MLP, and for MoE the
+    experts one token visits (num_experts_per_tok x expert width + the shared experts). The sampler adds fp32
+    logits for one token per sequence, twice (logits and softmax). Llama-3-8B at 8192 tokens: about 1.2 GiB, the
+    order vLLM's profiler reports.
+    """
+    forward = tokens * (4 * shape.hidden + 3 * math.ceil(shape.mlp_width / tp)) * act_dtype_bytes
+    sampler = seqs * shape.vocab * 4 * 2
+    return int(forward + sampler)
+
+
+def non_torch_bytes(tp: int = 1) -> int:
+    """CUDA context and non-torch allocations on one GPU: NON_TORCH_BYTES, plus NCCL_BYTES when tensor-parallel."""
+    return NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
+
+
+def cuda_graph_bytes(enforce_eager: bool = False) -> int:
+    """The CUDA-graph pool on one GPU: CUDA_GRAPH_BYTES, none when graphs are off (--enforce-eager)."""
+    return 0 if enforce_eager else CUDA_GRAPH_BYTES
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int:
+    if kv_cache_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"KV cache dtype {kv_cache_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
+    return KV_DTYPE_BYTES[kv_cache_dtype]

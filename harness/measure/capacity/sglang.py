@@ -1,0 +1,197 @@
+"""SGLang's launch flags from the memory model (--mem-fraction-static, --max-running-requests, --context-length,
+--chunked-prefill-size), and the argument checks SGLang runs on them.
+
+Memory, following python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token (the pool
+sized in srt/mem_cache/kv_cache_configurator.py): after loading the weights SGLang gives the KV pool
+    rest = free memory after loading - total x (1 - mem_fraction_static)
+and free memory after loading = total - weights - CUDA context, so
+    mem_fraction_static = (weights + CUDA context + KV pool) / GPU memory.
+The rest, total x (1 - mem_fraction_static), must hold the activations at --chunked-prefill-size tokens, the CUDA
+graphs and the headroom; the plan takes mem_fraction_static = floor2((total - activations - CUDA graphs - headroom)
+/ total), then the pool SGLang's formula gives for it. Page size 1: the pool holds pool // cell_size tokens, cell
+size = the KV bytes per token (MLA: the latent). Sliding-window layers are counted as full attention (an upper bound).
+The checks (check_sglang_command) are server_args.py's: chunked_prefill_size % page_size == 0, context_length
+within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype and head split the GPU allows.
+"""
+
+from __future__ import annotations
+
+from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+                                             floor2, four_bit_method, fp8_kv_refusal, gib, half_dtype_note,
+                                             marlin_shape_problem, needs_half_dtype, parse_flags, render_command)
+from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
+from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
+                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
+                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, non_torch_bytes,
+                                             weights_bytes)
+from harness.measure.capacity.shapes import ModelShape
+
+PROGRAM = "python -m sglang.launch_server --model-path MODEL"
+SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token; "
+          "srt/mem_cache/kv_cache_configurator.py; srt/server_args.py")
+PAGE_SIZE = 1
+MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a prefill batch without chunking
+# Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
+QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8"})
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+_FLAGS = {"--model-path", "--tp-size", "--dtype", "--context-length", "--mem-fraction-static",
+          "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
+          "--quantization"}
+
+
+def default_chunked_prefill_size(gpu: Gpu) -> int:
+    """server_args.py's default by GPU memory: 2048 under 35 GiB (A10, L4, 4090), 8192 under 160 GiB, else 16384."""
+    mib = gpu.memory_bytes / 2**20
+    return 2048 if mib < 35 * 1024 else 8192 if mib < 160 * 1024 else 16384
+
+
+def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
+    """SGLang's flags for `fmt` on `target` (formula in the module docstring)."""
+    gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
+    kv_heads_per_gpu(shape.attention, tp)
+    notes: list[str] = []
+    method, refusal = _quantization(shape, fmt, gpu, tp, notes)
+    refusal = refusal or fp8_kv_refusal(gpu, workload, "SGLang")
+    chunk = workload.max_num_batched_tokens or default_chunked_prefill_size(gpu)
+    prefill_tokens = chunk if workload.chunked_prefill else max(length, MAX_PREFILL_TOKENS)
+    seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    memory, fraction, formula = _memory(shape, fmt, target, workload, prefill_tokens, seq_cap)
+    kv_tokens = memory.kv_cache_bytes // memory.kv_bytes_per_token
+    concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
+    fits = concurrency >= 1 and refusal is None and 0 < fraction < 1
+    running = min(concurrency, seq_cap)
+    args: list[tuple[str, str]] = []
+    if fits:
+        args = _args(shape, gpu, tp, workload, fraction, running, chunk, method)
+        notes += _general_notes(shape, workload, chunk, gpu)
+    reason = refusal or ("" if fits else _why_not(memory, fraction, kv_tokens, length))
+    return EnginePlan(engine="sglang", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
+                      command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
+                      kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=running if fits else 0,
+                      token_budget=chunk, max_model_len=length, formula=formula, source=SOURCE, notes=tuple(notes),
+                      reason=reason, extra={"mem_fraction_static": fraction})
+
+
+def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
+                  notes: list[str]) -> tuple[str | None, str | None]:
+    if fmt.bits >= 16:
+        return None, None
+    if fmt.name == "int8":
+        notes.append("SGLang: bitsandbytes is among its --quantization choices (server_args.py); quantgate has "
+                     "not run an LLM.int8 checkpoint on SGLang: check it starts and answers before relying on it")
+        return "bitsandbytes", None
+    method, note = four_bit_method(shape, fmt, gpu, tp, "SGLang")
+    if method is None:
+        return None, note
+    notes.append(note)
+    return method, None
+
+
+def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
+            seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
+    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
+    weights = weights_bytes(shape, fmt, tp)
+    measured = workload.activation_bytes is not None
+    activation = (workload.activation_bytes if measured else
+                  activation_peak_bytes(shape, prefill_tokens, min(seq_cap, prefill_tokens), tp=tp))
+    context, graphs = non_torch_bytes(tp), cuda_graph_bytes(workload.enforce_eager)
+    fraction = max(floor2((total - activation - graphs - HEADROOM_BYTES) / total), 0.0)
+    pool = max(int(fraction * total) - weights - context, 0)
+    formula = (f"mem_fraction_static = floor2(({gib(total)} - activations {gib(activation)} - CUDA graphs "
+               f"{gib(graphs)} - headroom {gib(HEADROOM_BYTES)}) / {gib(total)}) = {fraction:.2f}; KV pool = "
+               f"{fraction:.2f} x {gib(total)} - weights {gib(weights)} - CUDA context {gib(context)} = "
+               f"{gib(int(fraction * total) - weights - context)}")
+    attention = shape.attention
+    memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
+                             activation_source="measured" if measured else "estimated from the config",
+                             non_torch_bytes=context, cuda_graph_bytes=graphs,
+                             headroom_bytes=total - int(fraction * total) - activation - graphs,
+                             kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,
+                                                                         tp, block_size=PAGE_SIZE, sliding=False))
+    return memory, fraction, formula
+
+
+def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: float, running: int, chunk: int,
+          method: str | None) -> list[tuple[str, str]]:
+    args: list[tuple[str, str]] = []
+    if tp > 1:
+        args.append(("--tp-size", str(tp)))
+    if needs_half_dtype(shape, gpu):
+        args.append(("--dtype", "half"))
+    args += [("--context-length", str(workload.max_model_len)), ("--mem-fraction-static", f"{fraction:.2f}"),
+             ("--max-running-requests", str(running)),
+             ("--chunked-prefill-size", str(chunk) if workload.chunked_prefill else "-1")]
+    if workload.kv_cache_dtype == "fp8":
+        args.append(("--kv-cache-dtype", "fp8_e4m3"))
+    if workload.enforce_eager:
+        args.append(("--disable-cuda-graph", ""))
+    if method:
+        args.append(("--quantization", method))
+    return args
+
+
+def _general_notes(shape: ModelShape, workload: Workload, chunk: int, gpu: Gpu) -> list[str]:
+    notes = []
+    if workload.chunked_prefill:
+        notes.append(f"SGLang prefills in chunks of --chunked-prefill-size {chunk:,} tokens (its default on this GPU: "
+                     f"{default_chunked_prefill_size(gpu):,})")
+    notes.append("SGLang's radix cache reuses shared prefixes by default, as vLLM's prefix caching does")
+    if needs_half_dtype(shape, gpu):
+        notes.append(half_dtype_note(gpu, "SGLang", "--dtype half"))
+    if shape.attention.sliding_layers:
+        notes.append("SGLang: sliding-window layers counted as full attention (an upper bound on the pool's needs)")
+    return notes
+
+
+def _why_not(memory: MemoryBreakdown, fraction: float, kv_tokens: int, length: int) -> str:
+    if fraction <= 0:
+        return (f"does not fit: activations {gib(memory.activation_bytes)}, CUDA graphs and headroom take the whole "
+                f"{gib(memory.gpu_memory_bytes)}")
+    if memory.kv_cache_bytes <= 0:
+        return (f"does not fit: weights {gib(memory.weights_bytes)} and the CUDA context exceed the static part "
+                f"({fraction:.2f} x {gib(memory.gpu_memory_bytes)}) that --mem-fraction-static may claim "
+                "(SGLang: \"Not enough memory. Please try to increase --mem-fraction-static\")")
+    return (f"does not fit: the KV pool gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
+            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+
+
+def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: Gpu) -> list[str]:
+    """The start-up checks SGLang runs on a printed launch_server command, as encoded here from server_args.py and
+    model_runner (module docstring); an empty list when it would accept it."""
+    flags = parse_flags(command, 3)
+    errors = [f"{flag}: not a flag this planner prints" for flag in flags if flag not in _FLAGS]
+    fraction, length = float(flags["--mem-fraction-static"]), int(flags["--context-length"])
+    running, chunk = int(flags["--max-running-requests"]), int(flags["--chunked-prefill-size"])
+    if not 0 < fraction < 1:
+        errors.append(f"--mem-fraction-static {fraction}: must be in (0, 1)")
+    if running < 1 or length < 1:
+        errors.append("--max-running-requests and --context-length must be >= 1")
+    if chunk > 0 and chunk % PAGE_SIZE:
+        errors.append("chunked_prefill_size must be divisible by page_size")
+    if chunk == 0 or chunk < -1:
+        errors.append(f"--chunked-prefill-size {chunk}: a positive size, or -1 to disable")
+    if shape.max_len and length > shape.max_len:
+        errors.append(f"User-specified context_length ({length}) is greater than the derived context_length "
+                      f"({shape.max_len})")
+    method = flags.get("--quantization")
+    if method is None and fmt.bits < 16:
+        errors.append(f"a {fmt.name} checkpoint needs --quantization")
+    if method is not None and method not in QUANTIZATION_CHOICES:
+        errors.append(f"--quantization {method}: not among SGLang's choices")
+    tp = int(flags.get("--tp-size", 1))
+    if method and method.endswith("_marlin") and (marlin_shape_problem(shape, fmt, tp) or
+                                                  has_capability(gpu, 8.0) is False):
+        errors.append(f"--quantization {method}: Marlin cannot take this model on {gpu.name}")
+    try:
+        kv_heads_per_gpu(shape.attention, tp)
+    except TensorParallelError as exc:
+        errors.append(str(exc))
+    if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):
+        errors.append("bf16 on a GPU without bf16: --dtype half")
+    kv_dtype = flags.get("--kv-cache-dtype", "auto")
+    if kv_dtype not in KV_CACHE_DTYPES:
+        errors.append(f"--kv-cache-dtype {kv_dtype}: not one of {', '.join(KV_CACHE_DTYPES)}")
+    elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
+        errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
+    return errors

