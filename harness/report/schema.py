@@ -1,0 +1,446 @@
+"""The report.json contract: pydantic models of every field a run report carries, and its JSON Schema.
+
+`RunReport.model_validate(json.loads(text))` (or `RunReport.model_validate_json(text)`) checks a report;
+`quantgate schema` prints `schema_text()`, and docs/report.schema.json is a copy of it (a test keeps them equal;
+regenerate with `python -m harness schema > docs/report.schema.json`). docs/report.md says what each field means.
+
+The models follow what the producer writes today (harness/assemble.py, decide.py, measure/latency.py,
+measure/capacity.py, calibration.py, the artifact manifest of pipeline.py and worker.py) and what version-1
+reports written earlier carry, so both validate:
+- extra="forbid" everywhere a fixed set of keys is written, so that a renamed or misspelled field fails
+  validation and names itself; extra="allow" only where the dict is open-ended by nature: the artifact manifest
+  (read back from cached artifacts that older quantgate versions wrote) and the policy (a report records the
+  policy it ran under, whatever keys that version had). `environment` and the manifest's `versions` are plain
+  name -> version maps.
+- strict types: a count is an integer, not 2.0 or "2" or true; a float field accepts an integer. Validate the
+  parsed JSON (lists, not tuples).
+- A field the producer can write as null is `X | None`; a field that early version-1 reports lack (the
+  `calibration` block, latency `max`, capacity `budget_bytes`, ...) has a default and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+REGENERATE = "python -m harness schema > docs/report.schema.json"
+
+CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration"]
+CheckStatus = Literal["pass", "fail", "inconclusive"]
+Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
+DeviceKind = Literal["cpu", "cuda"]
+
+
+def _not_bool(value: Any) -> Any:
+    """Literal[1] and Literal[0, 1] accept True and False (1 == True) even in strict mode; a report does not."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+# --- per-format blocks ------------------------------------------------------------------------------
+
+
+class ScoreEntry(_Strict):
+    """One metric of one evalset for one format: its mean and, for a candidate, the paired comparison with the
+    baseline (the baseline's own entries carry null comparison fields). Scores are points on 0-100."""
+
+    value: float | None = Field(description="mean score of this format over its scored items, points on 0-100; "
+                                            "null when no item was scored")
+    delta: float | None = Field(description="mean paired difference candidate - baseline, points on 0-100; "
+                                            "null for the baseline")
+    ci_low: float | None = Field(description="lower end of the confidence interval of delta, points; null for "
+                                             "the baseline or when there is no interval (fewer than 2 items)")
+    ci_high: float | None = Field(description="upper end of the confidence interval of delta, points")
+    n: int = Field(description="paired items the comparison rests on (for the baseline: its scored items)")
+    margin: float | None = Field(description="the policy's non-inferiority margin for this metric, points; "
+                                             "null for the baseline or when the policy sets none")
+    mde: float | None = Field(description="minimum detectable effect: the smallest drop this set detects at the "
+                                          "policy's power, points")
+    p_value: float | None = Field(description="two-sided p-value of the paired test (no unit)")
+    method: str | None = Field(description="how the interval was computed, e.g. 'paired bootstrap BCa (2000) "
+                                           "\u222a t', with the clustering when items are clustered")
+    gated: bool = Field(description="whether the verdict gates on this metric (the evalset's `gate`)")
+    status: CheckStatus | None = Field(description="the gated metric check's status; null when not gated and "
+                                                   "for the baseline")
+
+
+class Check(_Strict):
+    """One check behind a candidate's verdict: a gated metric, a floor, a budget, the run itself, calibration."""
+
+    name: str = Field(description="'evalset/metric', 'memory', 'latency/ttft_p95', 'latency/tpot_p95', "
+                                  "'run', 'evalset/items' or 'calibration/overlap'")
+    kind: CheckKind = Field(description="what is checked")
+    status: CheckStatus = Field(description="pass, fail or inconclusive; any fail makes the verdict NO-GO, "
+                                            "else any inconclusive makes it INCONCLUSIVE")
+    detail: str = Field(description="the measured figure against its limit, in words")
+    reason: str | None = Field(default=None, description="the line this check adds to `reasons` when it does not "
+                                                         "pass; not yet written by the producer (absent)")
+
+
+class LargestBatch(_Strict):
+    """The batch the memory peak was measured on: the evaluation batch size of the longest prompts."""
+
+    batch_size: int = Field(description="sequences in the batch")
+    prompt_tokens: int = Field(description="prompt length of the batch (padded), tokens")
+    new_tokens: int = Field(description="generation steps taken, tokens per sequence")
+    tokens: int = Field(description="tokens held in the KV cache at the end: batch_size x (prompt_tokens + "
+                                    "new_tokens - 1)")
+
+
+class Memory(_Strict):
+    """Memory of one format's own subprocess. Every figure is bytes. A format that never measured carries only
+    device, peak_bytes and weights_bytes (null) and the predicted kv_bytes_per_token."""
+
+    device: DeviceKind | None = Field(default=None, description="where it was measured; null when not measured")
+    peak_bytes: int | None = Field(default=None, description="peak memory, bytes: NVML device used on a GPU "
+                                   "(allocator reserved without NVML), peak RSS on a CPU; see `figures`")
+    weights_bytes: int | None = Field(default=None, description="bytes of the loaded weights (parameters and "
+                                      "buffers, in the dtype the run computed in)")
+    parameters: int | None = Field(default=None, description="number of parameters of the loaded model (count)")
+    weights_bytes_measured: int | None = Field(default=None, description="allocator (GPU) or RSS (CPU) growth "
+                                               "across the model load, bytes")
+    kv_bytes_per_token: int | None = Field(default=None, description="predicted KV-cache bytes per token from "
+                                           "the model config, in the dtype the run computed in")
+    kv_bytes_per_token_measured: int | None = Field(default=None, description="KV-cache bytes per token measured "
+                                                    "on the largest batch")
+    kv_bytes_largest_batch: int | None = Field(default=None, description="KV-cache bytes held at the end of the "
+                                               "largest batch (measured)")
+    activation_peak_bytes: int | None = Field(default=None, description="generation peak above weights and KV "
+                                              "cache, bytes")
+    rss_peak_bytes: int | None = Field(default=None, description="peak resident set size of the subprocess, bytes")
+    cuda_max_allocated_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_allocated, "
+                                                 "bytes; null on a CPU")
+    cuda_max_reserved_bytes: int | None = Field(default=None, description="torch.cuda.max_memory_reserved, bytes; "
+                                                "null on a CPU")
+    nvml_peak_used_bytes: int | None = Field(default=None, description="peak NVML device used memory (what "
+                                             "nvidia-smi shows), bytes; null on a CPU or without NVML")
+    largest_batch: LargestBatch | None = Field(default=None, description="the batch the peak was measured on")
+    figures: str | None = Field(default=None, description="which figure peak_bytes is, in words")
+
+
+class LatencyStats(_Strict):
+    """Per-request times of one kind, in milliseconds. Every request of a static batch shares its batch's times.
+    A format that never ran carries {p50: null, p95: null} only."""
+
+    p50: float | None = Field(default=None, description="median, ms")
+    p95: float | None = Field(default=None, description="95th percentile (linear interpolation), ms; with fewer "
+                                                        "than 20 requests it is about the max")
+    max: float | None = Field(default=None, description="largest, ms (absent in early version-1 reports)")
+    mean: float | None = Field(default=None, description="mean, ms")
+    stdev: float | None = Field(default=None, description="sample standard deviation, ms (0 for one request)")
+    count: int | None = Field(default=None, description="requests summarized (count)")
+
+
+class LatencyRun(_Strict):
+    """One latency workload: TTFT, TPOT and end-to-end time per request, and throughput."""
+
+    batch_size: int | None = Field(default=None, description="largest batch of the workload, sequences (absent in "
+                                                             "early version-1 reports)")
+    ttft_ms: LatencyStats = Field(description="time to first token (prefill), ms")
+    tpot_ms: LatencyStats = Field(description="time per output token after the first, ms")
+    e2e_ms: LatencyStats = Field(description="end-to-end time of the request, ms")
+    throughput_tok_s: float | None = Field(description="generated tokens per second over the workload, tokens/s")
+    requests: int | None = Field(default=None, description="requests measured (count; absent in early version-1 "
+                                                           "reports)")
+    workload: str | None = Field(default=None, description="what was timed, when not the probe workload (e.g. "
+                                                           "'evaluation batches, all evalsets')")
+
+
+class EvalsetLatency(LatencyRun):
+    """One evalset's generation batches, timed."""
+
+    evalset: str = Field(description="the evalset's name")
+
+
+class Latency(_Strict):
+    """Latency of one format on its device. batch_1: one request at a time on the probe prompts; batched: the
+    evaluation's own batches at the run's batch size (or the probe's one full batch)."""
+
+    device: DeviceKind | None = Field(default=None, description="where it was measured")
+    threads: int | None = Field(default=None, description="CPU threads the format's subprocess used (count)")
+    warmup_requests: int | None = Field(default=None, description="untimed requests before batch_1 (count)")
+    batch_1: LatencyRun | None = Field(default=None, description="requests one at a time")
+    batched: LatencyRun | None = Field(default=None, description="requests in batches")
+    ttft_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.ttft_ms (deprecated: read "
+                                                                   "batch_1); placeholders when not measured")
+    tpot_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.tpot_ms (deprecated)")
+    e2e_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.e2e_ms (deprecated)")
+
+
+class Capacity(_Strict):
+    """What fits on the target GPU under vLLM with this format's weights and activation peak (16-bit KV cache)."""
+
+    gpu_memory_gib: float = Field(description="target GPU memory, GiB (2^30 bytes)")
+    gpu_memory_utilization: float = Field(description="share of it vLLM may use, fraction in (0, 1]")
+    max_model_len: int = Field(description="context length planned for, tokens per sequence")
+    budget_bytes: int | None = Field(default=None, description="gpu_memory_gib x 2^30 x gpu_memory_utilization, "
+                                                               "bytes (absent in early version-1 reports)")
+    safety_margin: float | None = Field(default=None, description="share of the KV room held back, fraction "
+                                                                  "(absent in early version-1 reports)")
+    kv_room_bytes: int = Field(description="memory left for the KV cache after weights, activations, overhead "
+                                           "and the safety margin, bytes")
+    kv_tokens: int | None = Field(default=None, description="tokens the KV room holds, in whole 16-token blocks "
+                                                            "(absent in early version-1 reports)")
+    max_num_seqs: int = Field(description="concurrent sequences of max_model_len, capped at vLLM's default 256 "
+                                          "(count)")
+    max_num_batched_tokens: int = Field(description="vLLM --max-num-batched-tokens, tokens")
+    vllm_flags: str = Field(description="flags for `vllm serve`; empty when nothing fits")
+    fits: bool = Field(description="at least one sequence of max_model_len fits")
+    note: str = Field(description="the KV room in words, or what to change when nothing fits")
+
+
+class Overlap(_Strict):
+    """How much of the evaluated data the calibration texts contain (13-gram overlap)."""
+
+    ngram: int = Field(description="n-gram length compared, tokens")
+    items_total: int = Field(description="evaluated items checked (count; every item of the sets, not only the "
+                                         "--max-items share)")
+    items_overlapping: int = Field(description="items whose n-grams the calibration texts contain (count)")
+    calibration_ngram_share: float = Field(description="share of the calibration texts' n-grams found in "
+                                                       "evaluated items, fraction 0-1")
+    overlapping: list[str] = Field(description="'evalset/id' of every overlapping item")
+    allowed: bool = Field(description="the run passed --allow-calibration-overlap")
+
+
+class Calibration(_Strict):
+    """The calibration texts a format was quantized with (formats that calibrate: gptq, awq)."""
+
+    source: str = Field(description="where the texts came from: a --calibration path, an evalset's calibration "
+                                    "split, or the bundled corpus")
+    texts: int = Field(description="calibration texts used (count)")
+    tokens_mean: float | None = Field(description="mean length of the texts, tokens")
+    tokens_min: int | None = Field(description="shortest text, tokens")
+    hash: str = Field(description="'sha256:' + hash of the texts used")
+    overlap: Overlap | None = Field(description="overlap with the evaluated items")
+
+
+class SmokePerplexity(_Strict):
+    """Perplexity on a fixed probe text, of the saved artifact and of the source model (no unit)."""
+
+    artifact: float | None = Field(description="the quantized artifact's perplexity")
+    source: float | None = Field(description="the source model's perplexity")
+
+
+class Manifest(_Open):
+    """quantgate_manifest.json of an artifact: how it was made. Open: read back from cached artifacts, so keys
+    written by other quantgate versions pass through."""
+
+    engine: str = Field(description="the quantization engine ('none' for the baseline, 'bitsandbytes', "
+                                    "'gptqmodel', ...)")
+    format: str | None = Field(default=None, description="the quantgate format name")
+    source: str | None = Field(default=None, description="fingerprint of the source checkpoint")
+    versions: dict[str, str] | None = Field(default=None, description="package -> version of the engine's "
+                                                                      "packages")
+    recipe: dict[str, Any] | None = Field(default=None, description="the quantization recipe (bits, group_size, "
+                                                                    "calibration_samples, seed, extra)")
+    calibration_hash: str | None = Field(default=None, description="'sha256:' + hash of the calibration texts")
+    calibration_texts: int | None = Field(default=None, description="calibration texts used (count)")
+    calibration_source: str | None = Field(default=None, description="where they came from")
+    device: dict[str, Any] | None = Field(default=None, description="the device kind it was quantized on (and on a "
+                                                                    "CPU whether it has bf16 units)")
+    quantgate: str | None = Field(default=None, description="quantgate version that made it")
+    quantize_seconds: float | None = Field(default=None, description="quantization wall time, s")
+    smoke_replies: list[str] | None = Field(default=None, description="the artifact's replies to the smoke "
+                                                                      "check's probe prompts")
+    smoke_perplexity: SmokePerplexity | None = Field(default=None, description="the smoke check's perplexities")
+    created_at: str | None = Field(default=None, description="when it was made, ISO 8601 UTC")
+
+
+class Artifact(_Strict):
+    """The checkpoint a format was evaluated from (for the baseline: the source model)."""
+
+    path: str = Field(description="directory of the checkpoint")
+    size_bytes: int = Field(description="bytes of its weight files (.safetensors, .bin)")
+    cached: bool = Field(description="reused from the cache rather than made by this run")
+    manifest: Manifest | None = Field(description="how it was made")
+
+
+class Generation(_Strict):
+    """The format's generations on the evalsets."""
+
+    items: int = Field(description="items generated (count)")
+    new_tokens: int = Field(description="tokens generated in all")
+    wall_s: float = Field(description="generation wall time summed over evalsets, s")
+    batched_latency: list[EvalsetLatency] | None = Field(default=None, description="latency of each evalset's "
+                                                         "batches (absent in early version-1 reports)")
+
+
+class FormatResult(_Strict):
+    """One format's result: its verdict and why, and what it measured."""
+
+    role: Literal["baseline", "candidate"] = Field(description="the baseline every candidate is compared with, or "
+                                                               "a candidate")
+    status: Literal["ok", "failed", "interrupted"] = Field(description="whether the format's stages finished")
+    error: str | None = Field(description="why it failed; null when ok")
+    verdict: Verdict = Field(description="GO, NO-GO or INCONCLUSIVE for a candidate; BASELINE (or NO-GO when it "
+                                         "failed) for the baseline")
+    reasons: list[str] = Field(description="why: the failed and inconclusive checks' lines, or the one GO line")
+    checks: list[Check] = Field(description="every check of a candidate (empty for the baseline)")
+    scores: dict[str, dict[str, ScoreEntry]] = Field(description="evalset -> metric -> score")
+    artifact: Artifact | None = Field(description="the checkpoint evaluated; null when quantization failed")
+    stages_run: list[str] | None = Field(default=None, description="stages this run executed rather than took "
+                                         "from the cache: 'quantize', 'measure', 'generate:EVALSET'")
+    compute_dtype: str | None = Field(default=None, description="dtype the format computed in (e.g. 'bfloat16', "
+                                                                "'float32')")
+    calibration: Calibration | None = Field(default=None, description="its calibration texts; null when it does "
+                                            "not calibrate (absent in early version-1 reports)")
+    memory: Memory | None = Field(description="memory figures")
+    latency: Latency | None = Field(description="latency figures")
+    capacity: Capacity | None = Field(description="vLLM capacity plan; null when weights were not measured")
+    generation: Generation | None = Field(description="generation totals")
+
+
+# --- run-level blocks -------------------------------------------------------------------------------
+
+
+class Tool(_Strict):
+    """The program that wrote the report."""
+
+    name: Literal["quantgate"] = Field(description="always 'quantgate'")
+    version: str = Field(description="its version")
+
+
+class Model(_Strict):
+    """The source model every format was made from."""
+
+    source: str = Field(description="what --model named: 'demo', a directory or a .gguf file")
+    kind: Literal["demo", "hf", "gguf"] | None = Field(default=None, description="which of those (absent in early "
+                                                                                 "version-1 reports)")
+    path: str = Field(description="the Hugging Face checkpoint directory used")
+    fingerprint: str = Field(description="'sha256:' + hash of its files")
+    note: str | None = Field(default=None, description="where it came from, in words")
+    architecture: str = Field(description="config.json's first `architectures` entry ('?' when absent)")
+    num_parameters: int | None = Field(description="parameters of the baseline as loaded (count)")
+    dtype: str | None = Field(description="the checkpoint's dtype from config.json")
+
+
+class Device(_Strict):
+    """What the figures were measured on."""
+
+    kind: DeviceKind = Field(description="cpu or cuda")
+    name: str = Field(description="CPU model or GPU name")
+    threads: int = Field(description="CPU threads per format subprocess (count)")
+    total_memory_bytes: int = Field(description="host RAM on a CPU, GPU memory on a GPU, bytes")
+    cores: int | None = Field(default=None, description="CPU cores (count; CPU only)")
+    bf16_matmul: bool | None = Field(default=None, description="the CPU has bf16 matrix units (CPU only)")
+    driver: str | None = Field(default=None, description="NVIDIA driver version (GPU only)")
+    cuda: str | None = Field(default=None, description="CUDA version torch was built with (GPU only)")
+    capability: str | None = Field(default=None, description="CUDA compute capability, e.g. '9.0' (GPU only)")
+
+
+class CapacityTarget(_Strict):
+    """The target GPU the capacity plans are for (--capacity-* flags)."""
+
+    gpu_memory_gib: float = Field(description="GPU memory, GiB")
+    gpu_memory_utilization: float = Field(description="share vLLM may use, fraction in (0, 1]")
+    max_model_len: int | None = Field(description="context length, tokens; null: the longest request of the run")
+    overhead_gib: float | None = Field(default=None, description="fixed memory held back besides weights, "
+                                                                 "activations and KV, GiB (absent in early "
+                                                                 "version-1 reports)")
+
+
+class Settings(_Strict):
+    """The run's settings. Fields after `resamples` are absent in early version-1 reports."""
+
+    seed: int = Field(description="seed of every worker and of the bootstrap")
+    batch_size: int = Field(description="evaluation batch size, sequences")
+    max_items: int | None = Field(description="items scored per evalset; null: all")
+    formats: list[str] = Field(description="formats run, baseline first")
+    resamples: int = Field(description="bootstrap resamples (count)")
+    max_new_tokens: int | None = Field(default=None, description="cap on generated tokens per item; null: each "
+                                                                 "evalset's own")
+    dtype: str | None = Field(default=None, description="--dtype: auto, bfloat16, float16 or float32")
+    threads: int | None = Field(default=None, description="CPU threads per format subprocess (count)")
+    latency_requests: int | None = Field(default=None, description="batch-1 latency requests (count)")
+    warmup_requests: int | None = Field(default=None, description="untimed warm-up requests (count)")
+    decoding: Literal["greedy"] | None = Field(default=None, description="decoding strategy")
+    capacity: CapacityTarget | None = Field(default=None, description="the capacity plans' target GPU")
+
+
+class Policy(_Open):
+    """The decision policy the run used (harness/policy.py; policies/default.toml). Open: every key the writing
+    version had passes through. Margins and floors are points on 0-100, keyed 'metric' or 'evalset/metric'."""
+
+    margins: dict[str, float] | None = Field(default=None, description="non-inferiority margin per metric, points")
+    floors: dict[str, float] | None = Field(default=None, description="absolute floor per metric, points")
+    max_memory_bytes: int | None = Field(default=None, description="peak memory budget, bytes")
+    max_memory_gib: float | None = Field(default=None, description="peak memory budget, GiB")
+    max_ttft_p95_ms: float | None = Field(default=None, description="batch-1 TTFT p95 budget, ms")
+    max_tpot_p95_ms: float | None = Field(default=None, description="batch-1 TPOT p95 budget, ms")
+    inconclusive_is: Literal["fail", "pass"] | None = Field(default=None, description="the exit code an "
+                                                            "INCONCLUSIVE verdict gets")
+    min_items: int | None = Field(default=None, description="paired items a GO needs (count)")
+    min_items_for: dict[str, int] | None = Field(default=None, description="min_items per metric (count)")
+    power: float | None = Field(default=None, description="power the MDE is computed at, fraction")
+    confidence: float | None = Field(default=None, description="confidence level of the intervals, fraction")
+    resamples: int | None = Field(default=None, description="bootstrap resamples (count)")
+    seed: int | None = Field(default=None, description="bootstrap seed")
+
+
+class EvalsetInfo(_Strict):
+    """One evalset as the run scored it."""
+
+    task: Literal["qa", "generation"] = Field(description="qa (scored against answers) or generation (against "
+                                                          "references)")
+    language: str = Field(description="language code, e.g. 'en', 'zh'")
+    n: int = Field(description="items scored (count; after --max-items)")
+    hash: str = Field(description="'sha256:' + hash of the set's content")
+    spec: str = Field(description="path of its spec file")
+    metrics: list[str] = Field(description="metrics scored")
+    gate: list[str] = Field(description="metrics the verdict gates on")
+    tokenizer: str = Field(description="the tokenization its metrics used, in words")
+    max_new_tokens: int = Field(description="generation cap per item, tokens")
+
+
+class Recommendation(_Strict):
+    """The format to serve: the GO format with the smallest peak memory."""
+
+    format: str | None = Field(description="the format; null: keep serving the baseline")
+    why: str = Field(description="the reason, in words")
+    runner_up: str | None = Field(description="the next smallest GO format")
+
+
+class RunReport(_Strict):
+    """report.json of one `quantgate run`: every format's verdict against the baseline, with its evidence."""
+
+    model_config = ConfigDict(title="quantgate report.json",
+                              json_schema_extra={"$schema": JSON_SCHEMA_DIALECT})
+
+    schema_version: Annotated[Literal[1], BeforeValidator(_not_bool)] = Field(
+        description="version of this contract; a reader refuses versions it does not know")
+    tool: Tool = Field(description="the program that wrote it")
+    created_at: str = Field(description="when the run finished, ISO 8601 UTC ('2026-12-02T18:00:00Z')")
+    wall_s: float = Field(description="run wall time, s")
+    model: Model = Field(description="the source model")
+    device: Device = Field(description="the device the figures were measured on")
+    environment: dict[str, str] = Field(description="python and package -> version ('not installed' when absent)")
+    settings: Settings = Field(description="the run's settings")
+    policy: Policy = Field(description="the decision policy")
+    evalsets: dict[str, EvalsetInfo] = Field(description="evalset name -> what was scored")
+    formats: dict[str, FormatResult] = Field(description="format name -> its result (baseline included)")
+    recommendation: Recommendation = Field(description="which format to serve")
+    exit_code: Annotated[Literal[0, 1], BeforeValidator(_not_bool)] = Field(
+        description="0 when every candidate is GO (or INCONCLUSIVE under inconclusive_is = 'pass'), else 1")
+    samples: str = Field(description="per-item records file, relative to the report's directory")
+
+
+def json_schema() -> dict[str, Any]:
+    return RunReport.model_json_schema()
+
+
+def schema_text() -> str:
+    """The published JSON Schema: sorted keys, indent 2, one trailing newline (docs/report.schema.json)."""
+    return json.dumps(json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -1,0 +1,308 @@
+"""The report.json contract: committed reports validate, drift fails naming the field, the published JSON Schema
+and docs/report.md agree with the models, and what the producer writes today validates."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from harness.report import schema
+from harness.report.schema import REGENERATE, RunReport, schema_text
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "run_example" / "report.json"
+SHARED_BASELINE = ROOT / "reports" / "shared-baseline" / "report.json"
+PUBLISHED = ROOT / "docs" / "report.schema.json"
+PAGE = ROOT / "docs" / "report.md"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def models() -> dict[str, type[BaseModel]]:
+    """Every model of the contract, by name."""
+    return {name: cls for name, cls in vars(schema).items()
+            if inspect.isclass(cls) and issubclass(cls, BaseModel) and cls.__module__ == schema.__name__
+            and not name.startswith("_")}
+
+
+# --- committed version-1 reports ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [FIXTURE, SHARED_BASELINE], ids=["run_example", "shared-baseline"])
+def test_committed_version_1_reports_validate(path):
+    data = load(path)
+    report = RunReport.model_validate(data)
+    assert report.schema_version == 1
+    assert set(report.formats) == set(data["formats"])
+    assert report.model_dump(mode="json", exclude_unset=True) == data  # nothing dropped or coerced on the way
+
+
+def test_early_version_1_reports_lack_the_newer_fields():
+    """Why calibration, latency max & co. are optional: the committed reports predate them."""
+    for path in (FIXTURE, SHARED_BASELINE):
+        for fmt in load(path)["formats"].values():
+            assert "calibration" not in fmt
+            batch_1 = (fmt.get("latency") or {}).get("batch_1") or {"ttft_ms": {}}
+            assert "max" not in batch_1["ttft_ms"]
+    int8 = RunReport.model_validate(load(FIXTURE)).formats["int8"]
+    assert int8.calibration is None and int8.latency.batch_1.ttft_ms.max is None
+
+
+# --- drift is caught ------------------------------------------------------------------------------
+
+
+def _set(report: dict, path: str, rename: str | None = None, value=None) -> dict:
+    """A copy of report with the key at dotted `path` renamed to `rename`, or set to `value`."""
+    changed = copy.deepcopy(report)
+    *parents, last = path.split(".")
+    node = changed
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if rename is not None:
+        node[rename] = node.pop(last)
+    else:
+        node[last] = value
+    return changed
+
+
+@pytest.mark.parametrize("path, misspelled", [
+    ("recommendation", "recomendation"),
+    ("settings.batch_size", "batchsize"),
+    ("model.fingerprint", "fingerprnt"),
+    ("evalsets.en_support_qa.gate", "gates"),
+    ("formats.int8.verdict", "verdikt"),
+    ("formats.int8.memory.peak_bytes", "peak_byte"),
+    ("formats.int8.memory.largest_batch.tokens", "token"),
+    ("formats.int8.latency.batch_1.ttft_ms.p95", "p59"),
+    ("formats.int8.latency.batched.throughput_tok_s", "throughput"),
+    ("formats.int8.capacity.kv_room_bytes", "kv_room"),
+    ("formats.int8.checks.0.detail", "detial"),
+    ("formats.gptq.scores.en_support_qa.f1.ci_low", "ci_lo"),
+    ("formats.gptq.artifact.size_bytes", "size"),
+])
+def test_a_misspelled_field_fails_naming_it(path, misspelled):
+    with pytest.raises(ValidationError) as caught:
+        RunReport.model_validate(_set(load(FIXTURE), path, rename=misspelled))
+    where = ".".join(path.split(".")[:-1] + [misspelled])
+    errors = caught.value.errors()
+    assert any(e["type"] == "extra_forbidden" and ".".join(map(str, e["loc"])) == where for e in errors), errors
+    assert where in str(caught.value)
+
+
+@pytest.mark.parametrize("path, value, what", [
+    ("schema_version", 2, "schema_version"),
+    ("schema_version", True, "schema_version"),
+    ("exit_code", False, "exit_code"),
+    ("formats.int8.latency.batch_1.ttft_ms.count", "18", "formats.int8.latency.batch_1.ttft_ms.count"),
+    ("formats.int8.scores.en_support_qa.f1.n", 6.0, "formats.int8.scores.en_support_qa.f1.n"),
+    ("formats.int8.capacity.fits", "yes", "formats.int8.capacity.fits"),
+    ("formats.int8.verdict", "MAYBE", "formats.int8.verdict"),
+    ("formats.int8.checks.0.kind", "vibes", "formats.int8.checks.0.kind"),
+])
+def test_a_wrong_type_or_value_fails_naming_the_field(path, value, what):
+    with pytest.raises(ValidationError) as caught:
+        RunReport.model_validate(_set(load(FIXTURE), path, value=value))
+    assert what in str(caught.value)
+
+
+def test_open_blocks_pass_keys_through():
+    """The policy and an artifact's manifest come from other sources (policy files, cached artifacts)."""
+    data = _set(load(FIXTURE), "policy.new_knob", value=3)
+    data = _set(data, "formats.gptq.artifact.manifest.written_by_a_later_version", value={"x": 1})
+    report = RunReport.model_validate(data)
+    assert report.policy.model_extra == {"new_knob": 3, "budgets": data["policy"]["budgets"],
+                                         "target": data["policy"]["target"]}
+    assert report.formats["gptq"].artifact.manifest.model_extra["written_by_a_later_version"] == {"x": 1}
+
+
+def test_check_reason_is_optional_and_kept():
+    data = _set(load(FIXTURE), "formats.gptq.checks.0.reason", value="en_support_qa/f1: straddles")
+    report = RunReport.model_validate(data)
+    assert report.formats["gptq"].checks[0].reason == "en_support_qa/f1: straddles"
+    assert report.formats["gptq"].checks[1].reason is None
+
+
+# --- the published schema and the page -------------------------------------------------------------
+
+
+def test_schema_command_prints_the_published_schema(capsys):
+    from harness.cli import build_parser
+
+    args = build_parser().parse_args(["schema"])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert printed == schema_text()
+    assert json.loads(printed) == RunReport.model_json_schema()
+    published = PUBLISHED.read_text(encoding="utf-8") if PUBLISHED.is_file() else None
+    assert published == printed, f"docs/report.schema.json is out of date with harness/report/schema.py; " \
+                                 f"regenerate it: {REGENERATE}"
+
+
+def test_the_published_schema_names_every_model_and_its_dialect():
+    published = json.loads(schema_text())
+    assert published["$schema"] == schema.JSON_SCHEMA_DIALECT
+    assert set(published["$defs"]) | {"RunReport"} == set(models())
+    assert published["properties"]["schema_version"]["const"] == schema.SCHEMA_VERSION == 1
+    for name, definition in published["$defs"].items():  # every field says what it is (and its unit)
+        for field, spec in definition["properties"].items():
+            assert spec.get("description"), f"{name}.{field} has no description"
+
+
+def _page_sections() -> dict[str, set[str]]:
+    """'### `Model`' heading -> the fields its table rows name ('| `field` | ...')."""
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in PAGE.read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"#{2,4} `(\w+)`", line)
+        if heading:
+            current = sections.setdefault(heading.group(1), set())
+        elif line.startswith("#"):
+            current = None
+        elif current is not None and (row := re.match(r"\| `(\w+)` \|", line)):
+            current.add(row.group(1))
+    return sections
+
+
+def test_the_page_documents_every_field_of_every_model():
+    sections = _page_sections()
+    assert set(sections) == set(models()), "docs/report.md needs one '### `Model`' section per model"
+    for name, cls in models().items():
+        inherited = {f for base in cls.__mro__[1:] if base in models().values() for f in base.model_fields}
+        own = set(cls.model_fields) - inherited
+        assert sections[name] == own, (f"docs/report.md, section `{name}`: missing {sorted(own - sections[name])}, "
+                                       f"not in the model {sorted(sections[name] - own)}")
+
+
+# --- what the producer writes today ------------------------------------------------------------------
+
+
+class _FakeModel:
+    """What worker.measure_format and generate_evalset call on a loaded model, without a model."""
+
+    dtype = "float32"
+
+    def __init__(self) -> None:
+        self.model = SimpleNamespace(parameters=lambda: [SimpleNamespace(numel=lambda: 1000)] * 3)
+
+    def generate(self, prompts, max_new):
+        from harness.runtime.transformers_backend import BatchTiming, Generation
+
+        steps = min(max_new, 3)
+        return ([Generation(text="x", prompt_tokens=len(p), new_tokens=steps) for p in prompts],
+                BatchTiming(batch_size=len(prompts), prompt_tokens=max(len(p) for p in prompts), steps=steps,
+                            ttft_s=0.01 * len(prompts), e2e_s=0.03 * len(prompts)))
+
+    def generate_with_cache_bytes(self, prompts, max_new):
+        outputs, timing = self.generate(prompts, max_new)
+        return outputs, timing, 4096
+
+
+def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
+    """worker.measure_format / generate_evalset -> assemble_report, for an ok baseline, an ok int8, a gptq whose
+    quantization failed (it calibrates, so it carries the calibration block) and an interrupted awq."""
+    from harness import worker
+    from harness.assemble import assemble_report
+    from harness.calibration import CalibrationSet, check_overlap
+    from harness.config import RunSpec
+    from harness.evalsets import load_evalsets
+    from harness.measure import memory
+    from harness.pipeline import FormatRun, Prompt
+    from harness.policy import Policy
+    from harness.quantize.base import Recipe
+    from harness.runtime import device
+    from harness.source import ModelSource
+
+    monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(memory, "is_cuda", lambda: False)  # no torch import: the trackers read /proc on a CPU
+    monkeypatch.setattr(device, "device_info", lambda threads: {
+        "kind": "cpu", "name": "test CPU", "threads": threads, "cores": 2, "total_memory_bytes": 2**33,
+        "bf16_matmul": False})
+    rows = [{"id": f"q{i}", "question": f"What is item {i}?", "context": f"Passage {i // 3}.", "answers": ["x"]}
+            for i in range(4)]
+    (tmp_path / "faq.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (tmp_path / "faq.toml").write_text('name = "faq"\ntask = "qa"\nlanguage = "en"\n', encoding="utf-8")
+    [evalset] = load_evalsets([tmp_path / "faq.toml"])
+    spec = RunSpec(formats=["baseline", "int8", "gptq", "awq"], batch_size=2, latency_requests=3, warmup_requests=1)
+    prompts = {"faq": [Prompt("faq", r["id"], f"Answer: {r['question']}", 6, 8) for r in rows]}
+    calibration = CalibrationSet("calibration.txt", ("Unrelated text about billing cycles and renewals.",) * 4,
+                                 token_counts=(8, 8, 8, 8))
+    inputs = SimpleNamespace(
+        spec=spec, evalsets=[evalset], prompts=prompts, policy=Policy(max_memory_gib=100, max_tpot_p95_ms=1000),
+        source=ModelSource("demo", "demo", tmp_path, "sha256:abc", "a test model"),
+        model_config={"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64},
+        recipes={"int8": Recipe("int8", bits=8, calibration_samples=0, extra={"llm_int8_threshold": 6.0}),
+                 "gptq": Recipe("gptq", bits=4, group_size=32, calibration_samples=4)},
+        calibration=check_overlap(calibration, [evalset], allowed=False))
+
+    model = _FakeModel()
+
+    def tokens(prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
+
+    def measured_run(name: str, artifact: dict) -> FormatRun:
+        with memory.track_peak() as load_peak:
+            pass
+        measure = {"batch1": [[p.text, p.max_new_tokens] for p in prompts["faq"][:3]],
+                   "batched": [p.text for p in prompts["faq"][:2]], "batched_max_new_tokens": 8, "warmup": 1}
+        task = {"evalset": "faq", "key": "k", "max_new_tokens": 8,
+                "items": [{"id": p.item_id, "prompt": p.text} for p in prompts["faq"]]}
+        return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
+                         measurement={"path": "m.json", "key": "m",
+                                      "result": worker.measure_format(model, measure, tokens, load_peak, 3000, 2900)},
+                         generations={"faq": {"path": "g.json", "key": "g",
+                                              "result": worker.generate_evalset(model, task, tokens, 2)}})
+
+    manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",
+                "recipe": inputs.recipes["int8"].as_dict(), "source": "sha256:abc", "calibration_hash": "sha256:0",
+                "calibration_texts": 0, "calibration_source": None, "device": {"kind": "cpu", "bf16_matmul": False},
+                "quantgate": "0.1.0", "quantize_seconds": 1.5, "smoke_replies": ["Paris", "我是"],
+                "smoke_perplexity": {"artifact": 12.5, "source": 11.0}, "created_at": "2026-12-01T00:00:00Z"}
+    runs = {
+        "baseline": measured_run("baseline", {"path": str(tmp_path), "size_bytes": 3000, "cached": True, "manifest": {
+            "engine": "none", "format": "baseline", "source": "sha256:abc"}}),
+        "int8": measured_run("int8", {"path": str(tmp_path / "int8"), "size_bytes": 2000, "cached": False,
+                                      "manifest": manifest}),
+        "gptq": FormatRun("gptq", status="failed", error="quantization failed: boom", stages_run=["quantize"]),
+        "awq": FormatRun("awq", status="interrupted", error="not run: the run was interrupted"),
+    }
+    report, samples = assemble_report(inputs, runs, wall_s=12.34)
+    data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
+
+    parsed = RunReport.model_validate(data)
+    assert parsed.model_dump(mode="json", exclude_unset=True) == data
+    assert samples and parsed.formats["gptq"].verdict == parsed.formats["awq"].verdict == "NO-GO"
+    assert parsed.formats["awq"].status == "interrupted" and parsed.formats["awq"].memory.peak_bytes is None
+    assert parsed.formats["gptq"].calibration.overlap.items_total == 4
+    assert parsed.formats["baseline"].latency.batch_1.ttft_ms.max is not None
+
+    # The contract is not merely permissive: the producer writes every field the models name (but the reason
+    # it drops, and the Manifest fields only a real quantization writes, which the manifest above mirrors).
+    def keys(model: type[BaseModel]) -> set[str]:
+        return set(model.model_fields)
+
+    base, int8, gptq = data["formats"]["baseline"], data["formats"]["int8"], data["formats"]["gptq"]
+    assert set(data) == keys(RunReport)
+    for block, model in [(data["model"], schema.Model), (data["settings"], schema.Settings),
+                         (data["settings"]["capacity"], schema.CapacityTarget), (data["policy"], schema.Policy),
+                         (data["evalsets"]["faq"], schema.EvalsetInfo), (data["recommendation"], schema.Recommendation),
+                         (base, schema.FormatResult), (int8, schema.FormatResult), (gptq, schema.FormatResult),
+                         (int8["memory"], schema.Memory), (int8["memory"]["largest_batch"], schema.LargestBatch),
+                         (int8["latency"], schema.Latency), (int8["latency"]["batched"], schema.LatencyRun),
+                         (int8["latency"]["batch_1"]["ttft_ms"], schema.LatencyStats),
+                         (int8["capacity"], schema.Capacity), (int8["generation"], schema.Generation),
+                         (int8["scores"]["faq"]["f1"], schema.ScoreEntry), (gptq["calibration"], schema.Calibration),
+                         (gptq["calibration"]["overlap"], schema.Overlap), (int8["artifact"], schema.Artifact),
+                         (int8["artifact"]["manifest"], schema.Manifest)]:
+        assert set(block) == keys(model), f"{model.__name__}: {set(block) ^ keys(model)}"
+    assert set(int8["generation"]["batched_latency"][0]) == keys(schema.EvalsetLatency) - {"workload"}
+    assert int8["checks"] and all(set(check) == keys(schema.Check) - {"reason"} for check in int8["checks"])
