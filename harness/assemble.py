@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 
 from harness import __version__
-from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, recommend
+from harness.commands.plan import capacity_view
+from harness.decide import FormatOutcome, ServingFit, baseline_scores, decide_format, exit_code, recommend
 from harness.evalsets import score_item
-from harness.measure.capacity import plan_capacity
-from harness.measure.kv import kv_bytes_per_token
+from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
+                                      Workload, gpu_by_name, model_shape, plan_engine, plan_engines, resolve_version,
+                                      weight_format)
+from harness.measure.kv import kv_bytes_per_token, text_config
 from harness.measure.latency import latency_block
-from harness.quantize import VLLM_QUANTIZATION
 from harness.runtime.transformers_backend import BatchTiming
 
 
@@ -34,6 +36,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
             clusters={e.name: e.clusters() for e in inputs.evalsets},
             cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
             calibration_overlap=_calibration_overlap(inputs, name),
+            serving_fit=serving_fit(inputs, run) if name != "baseline" else None,
         )
     baseline = outcomes["baseline"]
     decisions = {name: decide_format(baseline, outcome, inputs.policy)
@@ -134,20 +137,91 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
         for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
             latency[key] = latency["batch_1"][key]
     entry["latency"] = latency or {k: {"p50": None, "p95": None} for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
-    entry["capacity"] = None
+    entry["capacity"] = entry["serving"] = None
     if memory.get("weights_bytes"):
         capacity = inputs.spec.capacity
-        entry["capacity"] = plan_capacity(
-            int(memory["weights_bytes"] / upcast), int((memory.get("activation_peak_bytes") or 0) / upcast),
-            kv_bytes_per_token(inputs.model_config),
-            gpu_memory_gib=capacity.gpu_memory_gib, gpu_memory_utilization=capacity.gpu_memory_utilization,
-            max_model_len=max_model_len, quantization=VLLM_QUANTIZATION[run.name],
-            overhead_bytes=int(capacity.overhead_gib * 2**30)).as_dict()
+        plans = serving_plans(inputs, run, capacity.target(), max_model_len,
+                              gpu_memory_utilization=capacity.gpu_memory_utilization)
+        if plans is not None:
+            entry["capacity"] = capacity_view(plans["vllm"])
+            entry["serving"] = {engine: plain(plan.as_dict()) for engine, plan in plans.items()}
     entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
                            "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
                            "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
                            "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated]}
     return entry
+
+
+def shape_of(inputs) -> ModelShape | None:
+    """The planners' shape of the run's model; None when its config is not one they read (no plan, no guess)."""
+    try:
+        return model_shape(text_config(inputs.model_config))
+    except ConfigFieldError:
+        return None
+
+
+def serving_sizes(run) -> tuple[int | None, int | None]:
+    """(weights, activation peak) the format measured, at the 16-bit size it serves with (None: not measured).
+
+    A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
+    memory = _memory(run)
+    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    upcast = _ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    weights, activation = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
+    return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
+
+
+def _weight_format(inputs, name: str):
+    recipe = inputs.recipes.get(name)
+    return weight_format(name, recipe.group_size if recipe is not None and name in ("gptq", "awq") else None)
+
+
+def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
+                  gpu_memory_utilization: float | None = None) -> dict[str, EnginePlan] | None:
+    """Each engine's plan (capacity.plan_engines) for the format on `target`, from its measured weights and
+    activation peak (estimated from the config where not measured), at the installed (else newest) vLLM's rules.
+    None when the planners cannot read the model's config."""
+    shape = shape_of(inputs)
+    if shape is None:
+        return None
+    weights, activation = serving_sizes(run)
+    overhead = inputs.spec.capacity.overhead_gib
+    workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
+                        non_torch_bytes=None if overhead is None else int(overhead * 2**30))
+    version, _ = resolve_version(None)
+    options = {"vllm_version": version, "gpu_memory_utilization": gpu_memory_utilization}
+    try:
+        if engines is None:
+            return plan_engines(shape, _weight_format(inputs, run.name), target, workload, **options)
+        return {e: plan_engine(e, shape, _weight_format(inputs, run.name), target, workload, **options)
+                for e in engines}
+    except TensorParallelError:
+        return None
+
+
+def serving_fit(inputs, run) -> ServingFit | None:
+    """The vLLM plan at the policy's serving target (not the run's capacity target), for the capacity check;
+    None when the policy sets no target or the planners cannot read the config. Weights not measured (a format
+    that did not get that far) are estimated from the config."""
+    serving = inputs.policy.serving
+    if not serving.checked:
+        return None
+    plans = serving_plans(inputs, run, Target(gpu_by_name(serving.target_gpu)), serving.length, engines=("vllm",))
+    if plans is None:
+        return None
+    plan = plans["vllm"]
+    return ServingFit(gpu=serving.target_gpu, max_model_len=plan.max_model_len,
+                      max_concurrency=plan.max_concurrency if plan.servable else 0, servable=plan.servable,
+                      reason=plan.reason, weights_source=plan.memory.weights_source if plan.memory else "")
+
+
+def plain(value):
+    """A dataclass's asdict with tuples as lists: what json.dumps writes and the strict schema validates."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
 
 
 # A 16-bit checkpoint computed in float32 (a CPU without bf16 units) holds twice the bytes it would serve with.

@@ -21,13 +21,33 @@ class FormatSettings(BaseModel):
 
 
 class CapacitySettings(BaseModel):
+    """The target of the report's serving plans. target_gpu: a GPU of the table (harness.measure.capacity.gpus), at
+    its memory as the driver reports it; without it the target is a GPU of gpu_memory_gib (compute capability
+    unknown), which target_gpu makes moot."""
+
     model_config = ConfigDict(extra="forbid")
+    target_gpu: str | None = None
     gpu_memory_gib: float = Field(default=80.0, gt=0)
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
-    # Fixed memory the plan holds back besides weights, activations and KV (CUDA context, non-torch memory),
-    # for those who have measured theirs.
-    overhead_gib: float = Field(default=0.0, ge=0)
+    # Measured CUDA context + non-torch memory per GPU (vLLM logs it as non_torch_memory at start-up); replaces the
+    # planners' estimate. None: the estimate (harness.measure.capacity.memory.NON_TORCH_BYTES).
+    overhead_gib: float | None = Field(default=None, ge=0)
+
+    @field_validator("target_gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from harness.measure.capacity.gpus import gpu_by_name
+
+        return gpu_by_name(value).name  # ValueError names the known GPUs
+
+    def target(self):
+        """The capacity.Target of the plans: the named GPU, or without one a GPU of gpu_memory_gib."""
+        from harness.measure.capacity import Target, gpu_by_name, gpu_of_size
+
+        return Target(gpu_by_name(self.target_gpu) if self.target_gpu else gpu_of_size(self.gpu_memory_gib))
 
 
 class RunSpec(BaseModel):

@@ -16,6 +16,9 @@ Short of these the check is INCONCLUSIVE and its reason names the rule and about
 Items that share a context (or a spec's `group` column) are clustered: FormatOutcome.clusters maps each
 item to its cluster, and the interval and MDE come from the cluster bootstrap and cluster-robust t.
 A latency p95 within budget passes only on at least P95_MIN_REQUESTS requests; exceeding it fails at any count.
+Capacity (the policy's [serving] target_gpu set): the vLLM plan at the policy's target must hold min_concurrency
+sequences of max_model_len (FormatOutcome.serving_fit, planned in assemble.py); a format vLLM cannot serve, or one
+that holds fewer, fails. The recommendation, the smallest GO format, is therefore one that fits.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ from harness.stats import PairedComparison, compare_paired, items_needed
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 MINUS = "\u2212"
+
+
+@dataclass(frozen=True)
+class ServingFit:
+    """A format's vLLM plan at the policy's serving target, as the capacity check needs it."""
+
+    gpu: str  # the target GPU's name, e.g. "L4"
+    max_model_len: int
+    max_concurrency: int  # sequences of max_model_len the KV cache holds (0: not one)
+    servable: bool = True  # False: vLLM cannot serve the format there at all (reason says why)
+    reason: str = ""  # why it does not fit or cannot be served; "" when it fits
+    weights_source: str = "measured"  # or "estimated from the config"
 
 
 @dataclass(frozen=True)
@@ -48,12 +63,13 @@ class FormatOutcome:
     clusters: dict[str, dict[str, str]] = field(default_factory=dict)  # evalset -> id -> cluster key (absent: own)
     cluster_by: dict[str, str] = field(default_factory=dict)  # evalset -> what the clusters are ("context", a column)
     calibration_overlap: tuple[str, ...] = ()  # "evalset/id" of evaluated items its calibration texts contained
+    serving_fit: ServingFit | None = None  # the vLLM plan at the policy's serving target; None: not planned
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration"]
+    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity"]
     status: CheckStatus
     detail: str
     reason: str  # the line for `reasons` when the check does not pass
@@ -145,6 +161,7 @@ def _go_reason(checks: list[Check]) -> str:
         *([f"{kinds.count('floor')} floor(s) met"] if "floor" in kinds else []),
         *(["memory within budget"] if "memory" in kinds else []),
         *(["latency within budget"] if "latency" in kinds else []),
+        *(["fits the serving target"] if "capacity" in kinds else []),
     ]
     return "every check passes: " + ", ".join(parts)
 
@@ -333,7 +350,34 @@ def _budget_checks(candidate: FormatOutcome, policy: Policy) -> list[Check]:
             checks.append(
                 _budget_check(name, "latency", label, measured, limit, format_ms, candidate.latency_requests)
             )
+    if policy.serving.checked:
+        checks.append(_capacity_check(candidate.serving_fit, policy))
     return checks
+
+
+def _capacity_check(fit: ServingFit | None, policy: Policy) -> Check:
+    """Whether the vLLM plan at the policy's serving target holds min_concurrency sequences of max_model_len."""
+    serving = policy.serving
+    need, length, gpu = serving.concurrency, serving.length, serving.target_gpu
+    article = "an" if gpu[:1].upper() in "AEFHILMNORSX" else "a"
+    where = f"{length:,} tokens on {article} {gpu}"
+    if fit is None:
+        detail = (f"the capacity at the serving target ({where}) was not planned: the model's config is not one the "
+                  "planners read")
+        return Check("capacity", "capacity", "inconclusive", detail, f"capacity: {detail}")
+    if not fit.servable:
+        detail = (f"vLLM cannot serve it on {article} {gpu}, policy needs {need} {_sequences(need)} of {length:,} "
+                  f"tokens: {fit.reason}")
+        return Check("capacity", "capacity", "fail", detail, f"capacity: {detail}")
+    held = f"holds {fit.max_concurrency:,} {_sequences(fit.max_concurrency)} of {where}, policy needs {need}"
+    if fit.max_concurrency < need:
+        detail = held + (f" ({fit.reason})" if fit.reason else "")
+        return Check("capacity", "capacity", "fail", detail, f"capacity: {detail}")
+    return Check("capacity", "capacity", "pass", held, "")
+
+
+def _sequences(count: int) -> str:
+    return "sequence" if count == 1 else "sequences"
 
 
 def _budget_check(name, kind, label, measured, limit, fmt, requests: int | None = None) -> Check:

@@ -201,7 +201,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
                 "recipe": recipe.as_dict(), "source": inputs.source.fingerprint,
                 "calibration_hash": "sha256:" + stable_hash(calibration), "calibration_texts": len(calibration),
                 "calibration_source": inputs.calibration.source if calibration else None,
-                "device": quantize_device_key(), "quantgate": __version__}
+                "device": quantize_device_key(quantizer, inputs.source.path), "quantgate": __version__}
     key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
     out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
     cached = reusable(inputs.spec, out_dir / SEAL) and is_sealed(out_dir, required=("quantgate_manifest.json",))
@@ -355,11 +355,15 @@ def _recipe_text(recipe: Recipe) -> str:
     return ", ".join(parts)
 
 
-def quantize_device_key() -> dict:
-    """What changes a quantized artifact: the device kind and, on CPU, whether calibration ran in float32."""
-    from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
+def quantize_device_key(quantizer, source_path: Path) -> dict:
+    """What changes a quantized artifact besides the recipe: the device kind and the dtype calibration ran in
+    (on a CPU without bf16 units GPTQ calibrates in float32). Not the CPU model: an artifact made on one CPU
+    serves on another."""
+    from harness.runtime.device import is_cuda
 
-    return {"kind": "cuda"} if is_cuda() else {"kind": "cpu", "bf16_matmul": cpu_has_bf16_matmul()}
+    if is_cuda():
+        return {"kind": "cuda"}
+    return {"kind": "cpu", "calibration_dtype": quantizer.calibration_dtype(source_path)}
 
 
 def measure_device_key(threads: int) -> dict:

@@ -33,6 +33,48 @@ DEFAULT_MARGINS: dict[str, float] = {
 }
 
 
+class ServingTarget(BaseModel):
+    """[serving]: the deployment a candidate must fit. With target_gpu set, each candidate gets a capacity check: the
+    vLLM plan on that GPU must hold min_concurrency sequences of max_model_len tokens, else NO-GO. Unset: no check."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target_gpu: str | None = None  # a GPU of the table: T4, A10G, L4, RTX-4090, A100-40GB, ..., H200, B200
+    max_model_len: int | None = Field(default=None, gt=0)  # tokens per sequence (default 4096)
+    min_concurrency: int | None = Field(default=None, gt=0)  # sequences of max_model_len at once (default 1)
+
+    @field_validator("target_gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from harness.measure.capacity.gpus import gpu_by_name
+
+        return gpu_by_name(value).name
+
+    @model_validator(mode="after")
+    def _needs_a_gpu(self) -> ServingTarget:
+        if self.target_gpu is None and (self.max_model_len is not None or self.min_concurrency is not None):
+            raise ValueError("[serving] sets max_model_len or min_concurrency but no target_gpu: name the GPU "
+                             "(target_gpu = \"L4\"), or the capacity check is not run")
+        return self
+
+    @property
+    def checked(self) -> bool:
+        return self.target_gpu is not None
+
+    @property
+    def length(self) -> int:
+        return self.max_model_len or DEFAULT_SERVING_LEN
+
+    @property
+    def concurrency(self) -> int:
+        return self.min_concurrency or 1
+
+
+DEFAULT_SERVING_LEN = 4096
+
+
 class Policy(BaseModel):
     """What a candidate format must satisfy to be GO. Keys of `margins`, `floors` and `min_items_for` are `metric`
     or `evalset/metric` (the more specific one wins)."""
@@ -52,6 +94,7 @@ class Policy(BaseModel):
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     resamples: int = Field(default=2000, ge=2000)
     seed: int = 0
+    serving: ServingTarget = Field(default_factory=ServingTarget)
 
     @field_validator("margins", mode="before")
     @classmethod
@@ -103,11 +146,12 @@ class Policy(BaseModel):
     def without_budgets(self) -> Policy:
         """This policy with memory and latency budgets removed (for inputs that carry no measurements)."""
         return self.model_copy(
-            update={"max_memory_bytes": None, "max_memory_gib": None, "max_ttft_p95_ms": None, "max_tpot_p95_ms": None}
+            update={"max_memory_bytes": None, "max_memory_gib": None, "max_ttft_p95_ms": None, "max_tpot_p95_ms": None,
+                    "serving": ServingTarget()}
         )
 
     def has_budgets(self) -> bool:
-        return any(
+        return self.serving.checked or any(
             v is not None for v in (self.memory_budget_bytes, self.max_ttft_p95_ms, self.max_tpot_p95_ms)
         )
 
@@ -163,9 +207,11 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
 
 def _describe(err: dict[str, Any]) -> str:
     location = ".".join(str(part) for part in err["loc"])
-    if err["type"] == "extra_forbidden":
+    if err["type"] == "extra_forbidden" and not location.startswith("serving."):
         allowed = ", ".join(Policy.model_fields)
         return f"unknown key '{location}' (allowed: {allowed})"
+    if err["type"] == "extra_forbidden" and location.startswith("serving."):
+        return f"unknown key '{location}' (allowed: {', '.join(ServingTarget.model_fields)})"
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]

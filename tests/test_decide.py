@@ -244,7 +244,7 @@ def test_policy_unknown_key_is_a_user_error(tmp_path):
         load_policy(path)
     message = str(err.value)
     assert message.startswith(f"{path}: unknown key 'marginz' (allowed: margins, floors, max_memory_bytes, ")
-    assert message.endswith("confidence, resamples, seed)")
+    assert message.endswith("confidence, resamples, seed, serving)")
 
 
 @pytest.mark.parametrize(

@@ -61,3 +61,17 @@ def test_forced_no_bf16_path_calibrates_gptq_in_float32(monkeypatch, tmp_path):
     awq = calibration_plan(tmp_path, "awq")
     assert awq.load_dtype == "auto" and not awq.cast_after
     assert GptqModelQuantizer("awq").backend(awq) == BACKEND.AWQ_TORCH
+
+
+def test_the_artifact_key_follows_the_calibration_dtype_not_the_cpu(monkeypatch, tmp_path):
+    """A GPTQ artifact calibrated in float32 is another artifact; AWQ's (always the checkpoint's dtype) is not."""
+    from harness.pipeline import quantize_device_key
+    from harness.quantize import quantizer_for
+
+    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
+    monkeypatch.setenv("QUANTGATE_DEVICE", "cpu")
+    monkeypatch.setenv("QUANTGATE_FORCE_NO_BF16", "1")
+    forced = {f: quantize_device_key(quantizer_for(f), tmp_path) for f in ("int8", "gptq", "awq")}
+    assert forced == {"int8": {"kind": "cpu", "calibration_dtype": "none"},
+                      "gptq": {"kind": "cpu", "calibration_dtype": "float32"},
+                      "awq": {"kind": "cpu", "calibration_dtype": "checkpoint"}}

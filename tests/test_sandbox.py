@@ -71,7 +71,7 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
     jobs = []
     monkeypatch.setattr(pipeline, "run_worker",
                         lambda job, *args, **kwargs: jobs.append(job) or WorkerExit(0, tmp_path / "log"))
-    monkeypatch.setattr(pipeline, "quantize_device_key", lambda: {"kind": "cpu"})
+    monkeypatch.setattr(pipeline, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
     monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: {"kind": "cpu"})
     model = tmp_path / "model"
     model.mkdir()

@@ -238,7 +238,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     inputs = SimpleNamespace(
         spec=spec, evalsets=[evalset], prompts=prompts, policy=Policy(max_memory_gib=100, max_tpot_p95_ms=1000),
         source=ModelSource("demo", "demo", tmp_path, "sha256:abc", "a test model"),
-        model_config={"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 2,
+        model_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+                      "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256,
                       "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64},
         recipes={"int8": Recipe("int8", bits=8, calibration_samples=0, extra={"llm_int8_threshold": 6.0}),
                  "gptq": Recipe("gptq", bits=4, group_size=32, calibration_samples=4)},
@@ -299,10 +300,15 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                          (int8["memory"], schema.Memory), (int8["memory"]["largest_batch"], schema.LargestBatch),
                          (int8["latency"], schema.Latency), (int8["latency"]["batched"], schema.LatencyRun),
                          (int8["latency"]["batch_1"]["ttft_ms"], schema.LatencyStats),
-                         (int8["capacity"], schema.Capacity), (int8["generation"], schema.Generation),
+                         (int8["generation"], schema.Generation),
+                         (int8["serving"]["vllm"], schema.ServingPlan),
+                         (int8["serving"]["sglang"]["memory"], schema.ServingMemory),
                          (int8["scores"]["faq"]["f1"], schema.ScoreEntry), (gptq["calibration"], schema.Calibration),
                          (gptq["calibration"]["overlap"], schema.Overlap), (int8["artifact"], schema.Artifact),
                          (int8["artifact"]["manifest"], schema.Manifest)]:
         assert set(block) == keys(model), f"{model.__name__}: {set(block) ^ keys(model)}"
+    # the capacity block is the vLLM plan in the version-1 shape: the legacy plan's budget and margin are gone
+    assert set(int8["capacity"]) == keys(schema.Capacity) - {"budget_bytes", "safety_margin"}
+    assert set(data["policy"]["serving"]) == keys(schema.PolicyServing)
     assert set(int8["generation"]["batched_latency"][0]) == keys(schema.EvalsetLatency) - {"workload"}
     assert int8["checks"] and all(set(check) == keys(schema.Check) - {"reason"} for check in int8["checks"])

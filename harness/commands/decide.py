@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         for metric in cand_metrics - base_metrics:
             notes.append(f"{_label(group, metric)} is only in {args.candidate}: not compared")
     if policy.has_budgets():
-        notes.append("memory and latency budgets are not checked: score files carry no measurements")
+        notes.append("memory, latency and capacity budgets are not checked: score files carry no measurements")
         policy = policy.without_budgets()
 
     shared = {g: base_m & cand_m for g, (base_m, cand_m) in metric_sets.items()}

@@ -207,6 +207,7 @@ def capacity_view(plan: EnginePlan) -> dict:
             "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
             "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
             "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
+            "servable": plan.servable,
             "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
                                    f"of {plan.max_model_len:,} tokens."}
 

@@ -40,12 +40,17 @@ def add_parser(subparsers) -> None:
                         "needs at least 20)")
     parser.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
                         "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
-    parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan (default 80)")
+    parser.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name: T4, A10G, L4, "
+                        "RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, H100-SXM, H100-NVL, H200, B200 (default: "
+                        "an 80 GiB GPU, or --gpu-memory-gib)")
+    parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
+                        "--target-gpu names one (default 80)")
     parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization (default 0.90)")
     parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
                         "(default: longest prompt + max new tokens seen)")
-    parser.add_argument("--capacity-overhead-gib", type=float, help="fixed GPU memory the capacity plan holds "
-                        "back for the CUDA context and non-torch allocations, if you have measured yours (default 0)")
+    parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
+                        "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
+                        "planners' 0.5 GiB estimate")
     parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -73,7 +78,18 @@ def flag_values(args) -> tuple[dict, dict]:
     """The run settings given on the command line (None: not given), and the capacity ones."""
     from harness.quantize import parse_formats
 
-    capacity = {k: v for k, v in {"gpu_memory_gib": args.gpu_memory_gib,
+    if getattr(args, "target_gpu", None) and args.gpu_memory_gib is not None:
+        raise UserError("--target-gpu and --gpu-memory-gib: give one (--target-gpu plans on that GPU's own memory)")
+    target_gpu = getattr(args, "target_gpu", None)
+    if target_gpu:
+        from harness.measure.capacity import gpu_by_name
+
+        try:
+            target_gpu = gpu_by_name(target_gpu).name
+        except ValueError as exc:
+            raise UserError(f"--target-gpu: {exc}") from None
+    capacity = {k: v for k, v in {"target_gpu": target_gpu,
+                                  "gpu_memory_gib": args.gpu_memory_gib,
                                   "gpu_memory_utilization": args.gpu_memory_utilization,
                                   "max_model_len": args.max_model_len,
                                   "overhead_gib": args.capacity_overhead_gib}.items() if v is not None}

@@ -25,6 +25,10 @@ class Quantizer(Protocol):
 
     def versions(self) -> dict[str, str]: ...
 
+    def calibration_dtype(self, source_path: Path) -> str:
+        """The dtype calibration runs in on this machine ("none" for formats without calibration)."""
+        ...
+
     def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
                  trust_remote_code: bool = False) -> None:
         """Write a checkpoint that transformers can load into out_dir (which exists and is empty).

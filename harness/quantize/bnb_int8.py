@@ -13,6 +13,9 @@ class BnbInt8Quantizer:
     def versions(self) -> dict[str, str]:
         return package_versions("bitsandbytes", "transformers", "torch")
 
+    def calibration_dtype(self, source_path: Path) -> str:
+        return "none"  # LLM.int8 needs no calibration
+
     def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
                  trust_remote_code: bool = False) -> None:
         # LLM.int8 needs no calibration: outlier columns are found at run time.

@@ -22,6 +22,9 @@ class GptqModelQuantizer:
     def versions(self) -> dict[str, str]:
         return package_versions("gptqmodel", "transformers", "torch", "optimum")
 
+    def calibration_dtype(self, source_path: Path) -> str:
+        return calibration_plan(source_path, self.method).calibration_dtype
+
     def quantize(self, source_path: Path, recipe: Recipe, calibration: list[str], out_dir: Path, *,
                  trust_remote_code: bool = False) -> None:
         import torch

@@ -48,6 +48,8 @@ from harness.report.view import (
     memory_rows,
     provenance_items,
     verdict_of,
+    serving_caption,
+    serving_rows,
     vllm_command,
 )
 
@@ -241,7 +243,8 @@ def _format_section(
         shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
-    parts += [_scores(fmt, layout), _memory(fmt), _latency(fmt), _capacity(fmt), _checks(fmt, layout)]
+    parts += [_scores(fmt, layout), _memory(fmt), _latency(fmt), _capacity(fmt), _serving(report, fmt),
+              _checks(fmt, layout)]
     if fmt.get("role") != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
@@ -298,8 +301,21 @@ def _capacity(fmt: dict[str, Any]) -> str:
     text = capacity_text(fmt)
     if not text:
         return ""
-    command = vllm_command(fmt)
+    command = "" if serving_rows(fmt) else vllm_command(fmt)  # with `serving`, its vLLM row prints it
     return f"<h3>Capacity</h3><p>{e(text)}</p>" + (f"<pre><code>{e(command)}</code></pre>" if command else "")
+
+
+def _serving(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+    rows = serving_rows(fmt)
+    if not rows:
+        return ""
+    cells = []
+    for row in rows:
+        command = f"<pre><code>{e(row.command)}</code></pre>" if row.command else ""
+        if row.config_yaml:
+            command += f"<pre><code>{e(row.config_yaml)}</code></pre>"
+        cells.append([e(row.engine), e(row.summary) + command])
+    return f"<h3>{e(serving_caption(report, fmt))}</h3>\n" + _table(["Engine", "Settings"], cells)
 
 
 def _checks(fmt: dict[str, Any], layout: _Layout) -> str:

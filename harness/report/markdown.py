@@ -47,6 +47,8 @@ from harness.report.view import (
     memory_rows,
     provenance_items,
     verdict_of,
+    serving_caption,
+    serving_rows,
     vllm_command,
 )
 
@@ -218,6 +220,7 @@ def _format_section(
         _memory_table(fmt),
         _latency_table(fmt),
         _capacity(fmt),
+        _serving(report, fmt, layout),
     ]
     if fmt.get("role") != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
@@ -293,8 +296,23 @@ def _capacity(fmt: dict[str, Any]) -> str:
     text = capacity_text(fmt)
     if not text:
         return ""
-    command = vllm_command(fmt)
+    command = "" if serving_rows(fmt) else vllm_command(fmt)  # with `serving`, its vLLM row prints it
     return f"**Capacity.** {md_inline(text)}" + (f"\n\n    {command}" if command else "")
+
+
+def _serving(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+    rows = serving_rows(fmt)
+    if not rows:
+        return ""
+    lines = [f"**{md_inline(serving_caption(report, fmt))}**", ""]
+    for row in rows:
+        lines.append(f"- **{md_inline(row.engine)}**: {md_inline(clip(row.summary, 2 * layout.cell_chars))}")
+        if row.command:
+            lines += ["", f"      {row.command}"]
+        if row.config_yaml:
+            lines += ["", "      # --config file:"] + [f"      {line}" for line in row.config_yaml.splitlines()]
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def _regressions(group: RegressionGroup, layout: _Layout) -> str:

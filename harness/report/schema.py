@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m harness schema > docs/report.schema.json"
 
-CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration"]
+CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
@@ -81,7 +81,8 @@ class Check(_Strict):
     """One check behind a candidate's verdict: a gated metric, a floor, a budget, the run itself, calibration."""
 
     name: str = Field(description="'evalset/metric', 'memory', 'latency/ttft_p95', 'latency/tpot_p95', "
-                                  "'run', 'evalset/items' or 'calibration/overlap'")
+                                  "'run', 'evalset/items', 'calibration/overlap' or 'capacity' (the policy's "
+                                  "[serving] target)")
     kind: CheckKind = Field(description="what is checked")
     status: CheckStatus = Field(description="pass, fail or inconclusive; any fail makes the verdict NO-GO, "
                                             "else any inconclusive makes it INCONCLUSIVE")
@@ -181,15 +182,18 @@ class Latency(_Strict):
 
 
 class Capacity(_Strict):
-    """What fits on the target GPU under vLLM with this format's weights and activation peak (16-bit KV cache)."""
+    """What fits on the target GPU under vLLM with this format's weights and activation peak (16-bit KV cache): the
+    vLLM entry of `serving` in the shape of the version-1 capacity block (older reports: the legacy plan)."""
 
     gpu_memory_gib: float = Field(description="target GPU memory, GiB (2^30 bytes)")
     gpu_memory_utilization: float = Field(description="share of it vLLM may use, fraction in (0, 1]")
     max_model_len: int = Field(description="context length planned for, tokens per sequence")
     budget_bytes: int | None = Field(default=None, description="gpu_memory_gib x 2^30 x gpu_memory_utilization, "
-                                                               "bytes (absent in early version-1 reports)")
-    safety_margin: float | None = Field(default=None, description="share of the KV room held back, fraction "
-                                                                  "(absent in early version-1 reports)")
+                                                               "bytes (the legacy plan's; absent in early version-1 "
+                                                               "reports and in reports with `serving`)")
+    safety_margin: float | None = Field(default=None, description="share of the KV room held back, fraction (the "
+                                                                  "legacy plan's; absent in early version-1 reports "
+                                                                  "and in reports with `serving`)")
     kv_room_bytes: int = Field(description="memory left for the KV cache after weights, activations, overhead "
                                            "and the safety margin, bytes")
     kv_tokens: int | None = Field(default=None, description="tokens the KV room holds, in whole 16-token blocks "
@@ -199,7 +203,61 @@ class Capacity(_Strict):
     max_num_batched_tokens: int = Field(description="vLLM --max-num-batched-tokens, tokens")
     vllm_flags: str = Field(description="flags for `vllm serve`; empty when nothing fits")
     fits: bool = Field(description="at least one sequence of max_model_len fits")
-    note: str = Field(description="the KV room in words, or what to change when nothing fits")
+    note: str = Field(description="the KV room in words, or what to change when nothing fits, or why vLLM cannot "
+                                  "serve the format")
+    servable: bool | None = Field(default=None, description="whether vLLM can serve this format on the target at "
+                                  "all (false: int8, which vLLM 0.32+ cannot load; no flags then); absent in "
+                                  "reports without `serving`")
+
+
+class ServingMemory(_Strict):
+    """One GPU's memory under an engine's plan, bytes (harness.measure.capacity.MemoryBreakdown)."""
+
+    gpu_memory_bytes: int = Field(description="the GPU's memory as the driver reports it, bytes")
+    weights_bytes: int = Field(description="weights on one GPU, bytes (16-bit serving size)")
+    activation_bytes: int = Field(description="activation peak at the engine's token budget, bytes")
+    activation_source: str = Field(description="'measured' (the format's measured peak) or 'estimated from the "
+                                               "config'")
+    non_torch_bytes: int = Field(description="CUDA context and non-torch memory, bytes")
+    cuda_graph_bytes: int = Field(description="CUDA-graph pool, bytes (0 with --enforce-eager)")
+    headroom_bytes: int = Field(description="memory the plan leaves unclaimed, bytes")
+    kv_cache_bytes: int = Field(description="what the engine's formula leaves for the KV cache, bytes")
+    kv_bytes_per_token: int = Field(description="KV-cache bytes of one token in every layer, bytes")
+    kv_bytes_per_sequence: int = Field(description="KV-cache bytes of one sequence of max_model_len, bytes")
+    weights_source: str = Field(description="'measured' (the format's measured weights) or 'estimated from the "
+                                            "config'")
+
+
+class ServingPlan(_Strict):
+    """One engine's settings for this format on the run's target GPU and the numbers behind them
+    (harness.measure.capacity.EnginePlan)."""
+
+    engine: Literal["vllm", "sglang", "trtllm"] = Field(description="the serving engine")
+    engine_version: str = Field(description="the engine rules followed, e.g. '0.34' for vLLM; '' where not "
+                                            "versioned")
+    format: str = Field(description="the format planned")
+    servable: bool = Field(description="false: the engine cannot serve this format on this GPU at all (reason)")
+    fits: bool = Field(description="false: not even one sequence of max_model_len fits (reason says what would)")
+    command: str = Field(description="the launch command; empty when it does not fit or cannot serve")
+    args: list[list[str]] = Field(description="[flag, value] pairs of the command in order; value '' for a bare "
+                                              "flag")
+    memory: ServingMemory | None = Field(description="the memory breakdown")
+    kv_tokens: int = Field(description="tokens the KV cache holds (count)")
+    max_concurrency: int = Field(description="sequences of max_model_len the KV cache holds (count)")
+    max_num_seqs: int = Field(description="concurrency the command sets (vLLM --max-num-seqs, SGLang "
+                                          "--max-running-requests, TensorRT-LLM max_batch_size); 0 when no command")
+    token_budget: int = Field(description="tokens per forward step (vLLM --max-num-batched-tokens, SGLang "
+                                          "--chunked-prefill-size, TensorRT-LLM max_num_tokens)")
+    max_model_len: int = Field(description="tokens per sequence planned for")
+    formula: str = Field(description="the engine's KV formula with this plan's numbers")
+    source: str = Field(description="the engine source file the planner follows")
+    notes: list[str] = Field(description="what the command does not say (kernel choice, prefix caching, ...)")
+    reason: str = Field(description="why it does not fit or cannot serve; '' when it fits")
+    config_yaml: str = Field(description="TensorRT-LLM: settings its CLI has no flag for (pass with --config); ''")
+    gpu_memory_utilization: float | None = Field(description="vLLM's --gpu-memory-utilization when the command "
+                                                             "sets it, fraction")
+    extra: dict[str, Any] = Field(description="engine-specific figures (SGLang mem_fraction_static, TensorRT-LLM "
+                                              "free_gpu_memory_fraction)")
 
 
 class Overlap(_Strict):
@@ -299,7 +357,11 @@ class FormatResult(_Strict):
                                             "not calibrate (absent in early version-1 reports)")
     memory: Memory | None = Field(description="memory figures")
     latency: Latency | None = Field(description="latency figures")
-    capacity: Capacity | None = Field(description="vLLM capacity plan; null when weights were not measured")
+    capacity: Capacity | None = Field(description="vLLM capacity plan; null when weights were not measured or the "
+                                                  "planners cannot read the model's config")
+    serving: dict[str, ServingPlan] | None = Field(default=None, description="engine (vllm, sglang, trtllm) -> "
+                                                   "its plan on the run's target GPU; null when capacity is null "
+                                                   "(absent in reports before it was kept)")
     generation: Generation | None = Field(description="generation totals")
 
 
@@ -342,9 +404,11 @@ class Device(_Strict):
 
 
 class CapacityTarget(_Strict):
-    """The target GPU the capacity plans are for (--capacity-* flags)."""
+    """The target GPU the capacity plans are for (--target-gpu, --gpu-memory-gib, ... flags)."""
 
-    gpu_memory_gib: float = Field(description="GPU memory, GiB")
+    target_gpu: str | None = Field(default=None, description="the GPU by name (--target-gpu, e.g. 'L4'); null: a "
+                                                             "GPU of gpu_memory_gib (absent in earlier reports)")
+    gpu_memory_gib: float = Field(description="GPU memory, GiB (moot when target_gpu names the GPU)")
     gpu_memory_utilization: float = Field(description="share vLLM may use, fraction in (0, 1]")
     max_model_len: int | None = Field(description="context length, tokens; null: the longest request of the run")
     overhead_gib: float | None = Field(default=None, description="fixed memory held back besides weights, "
@@ -370,6 +434,15 @@ class Settings(_Strict):
     capacity: CapacityTarget | None = Field(default=None, description="the capacity plans' target GPU")
 
 
+class PolicyServing(_Strict):
+    """[serving]: the deployment every candidate must fit; target_gpu null: no capacity check."""
+
+    target_gpu: str | None = Field(description="GPU by name, e.g. 'L4'; null: not checked")
+    max_model_len: int | None = Field(description="tokens per sequence; null: 4096")
+    min_concurrency: int | None = Field(description="sequences of max_model_len the format must hold at once; "
+                                                    "null: 1")
+
+
 class Policy(_Open):
     """The decision policy the run used (harness/policy.py; policies/default.toml). Open: every key the writing
     version had passes through. Margins and floors are points on 0-100, keyed 'metric' or 'evalset/metric'."""
@@ -388,6 +461,8 @@ class Policy(_Open):
     confidence: float | None = Field(default=None, description="confidence level of the intervals, fraction")
     resamples: int | None = Field(default=None, description="bootstrap resamples (count)")
     seed: int | None = Field(default=None, description="bootstrap seed")
+    serving: PolicyServing | None = Field(default=None, description="the serving target of the capacity check "
+                                                                    "(absent in earlier reports)")
 
 
 class EvalsetInfo(_Strict):

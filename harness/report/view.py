@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import UserError
-from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_ms, fmt_num, is_number
+from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, is_number
 
 SCHEMA_VERSION = 1
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
@@ -274,6 +274,8 @@ def capacity_text(fmt: dict[str, Any]) -> str:
     if is_number(util):
         target += f" at {util:.2f} utilization"
     fits = cap.get("fits")
+    if cap.get("servable") is False:
+        return f"On a {target}: vLLM cannot serve this format." + (f" {cap['note']}" if cap.get("note") else "")
     text = (
         f"On a {target}, max-model-len {fmt_int(cap.get('max_model_len'))}: "
         f"KV room {fmt_bytes(cap.get('kv_room_bytes'))}, "
@@ -282,6 +284,61 @@ def capacity_text(fmt: dict[str, Any]) -> str:
         + ("fits." if fits is True else "does not fit." if fits is False else "fit unknown.")
     )
     return text + (f" {cap['note']}" if cap.get("note") else "")
+
+
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One engine's settings for a format, as every renderer prints them."""
+
+    engine: str  # "vLLM 0.34", "SGLang", "TensorRT-LLM"
+    summary: str  # one line: what it holds, or why it cannot serve / does not fit
+    command: str  # the launch command; "" when none
+    config_yaml: str  # TensorRT-LLM's --config file; "" when none
+
+
+def serving_caption(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+    """'Serving on an L4 (22.49 GiB), weights measured' from the run's target and the plans' memory."""
+    target = dig(report, "settings", "capacity", "target_gpu")
+    plans = [p for p in (fmt.get("serving") or {}).values() if isinstance(p, dict)]
+    memory = next((p["memory"] for p in plans if isinstance(p.get("memory"), dict)), {})
+    size = memory.get("gpu_memory_bytes")
+    where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
+        f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
+    sources = [f"weights {memory[k]}" if k == "weights_source" else f"activations {memory[k]}"
+               for k in ("weights_source", "activation_source") if isinstance(memory.get(k), str)]
+    return f"Serving on {where}" + (f" ({', '.join(sources)})" if sources else "")
+
+
+def serving_rows(fmt: dict[str, Any]) -> list[ServingRow]:
+    """vLLM, SGLang and TensorRT-LLM (in that order, then any other engine) for one format; [] without `serving`
+    (reports written before it was kept)."""
+    serving = fmt.get("serving")
+    if not isinstance(serving, dict):
+        return []
+    order = [e for e in ENGINE_TITLES if e in serving] + [e for e in serving if e not in ENGINE_TITLES]
+    rows = []
+    for engine in order:
+        plan = serving[engine]
+        if not isinstance(plan, dict):
+            continue
+        version = plan.get("engine_version")
+        title = ENGINE_TITLES.get(engine, engine) + (f" {version}" if version else "")
+        reason = str(plan.get("reason") or "")
+        if plan.get("servable") is False:
+            summary = f"cannot serve it: {reason}" if reason else "cannot serve it"
+        elif plan.get("fits") is False:
+            summary = reason or "does not fit"
+        else:
+            memory = plan.get("memory") or {}
+            held, seqs = plan.get("max_concurrency"), plan.get("max_num_seqs")
+            summary = (f"KV cache {fmt_bytes(memory.get('kv_cache_bytes'))} holds {fmt_int(plan.get('kv_tokens'))} "
+                       f"tokens: {fmt_int(held)} sequences of {fmt_int(plan.get('max_model_len'))} tokens; the "
+                       f"command runs {fmt_int(seqs)} at once")
+        rows.append(ServingRow(title, summary, str(plan.get("command") or ""), str(plan.get("config_yaml") or "")))
+    return rows
 
 
 def vllm_command(fmt: dict[str, Any]) -> str:

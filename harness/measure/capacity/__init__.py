@@ -19,7 +19,7 @@ from harness.measure.capacity.legacy import (DEFAULT_BATCHED_TOKENS, VLLM_MAX_NU
                                              default_batched_tokens, plan_capacity, vllm_quantization)
 from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
-                                             weight_format, weights_bytes)
+                                             planned_weights_bytes, weight_format, weights_bytes)
 from harness.measure.capacity.sglang import check_sglang_command, plan_sglang
 from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, model_shape
 from harness.measure.capacity.trtllm import check_trtllm_command, plan_trtllm
@@ -33,7 +33,7 @@ __all__ = [
     "Workload", "activation_peak_bytes", "attention_shape", "check_sglang_command", "check_trtllm_command",
     "check_vllm_command", "default_batched_tokens", "gpu_by_name", "gpu_of_size", "kernel_support",
     "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_capacity", "plan_engine",
-    "plan_engines", "plan_sglang", "plan_trtllm", "plan_vllm", "resolve_version", "vllm_quantization",
+    "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm", "resolve_version", "vllm_quantization",
     "weight_format", "weights_bytes",
 ]
 

@@ -35,6 +35,12 @@ class Workload:
     chunked_prefill: bool = True
     enforce_eager: bool = False  # no CUDA graphs
     activation_bytes: int | None = None  # a measured activation peak per GPU at the engine's token budget
+    # Measured weights of one whole copy (as a run loads them, 16-bit serving size); None: estimated from the config.
+    # Under tensor parallelism it is split as the estimate splits (memory.planned_weights_bytes).
+    weights_bytes: int | None = None
+    # Measured CUDA context + non-torch memory per GPU (what vLLM logs as non_torch_memory); None: the estimate
+    # memory.non_torch_bytes.
+    non_torch_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class MemoryBreakdown:
     kv_cache_bytes: int
     kv_bytes_per_token: int
     kv_bytes_per_sequence: int
+    weights_source: str = "estimated from the config"  # or "measured" (Workload.weights_bytes)
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,21 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
     return int(round(linear_bytes + kept_16bit * FP16_BYTES))
 
 
+def planned_weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1,
+                          measured: int | None = None) -> tuple[int, str]:
+    """(weights on one GPU, where the figure comes from): the estimate of weights_bytes, or a measured figure.
+
+    `measured` is the weights of one whole copy (no tensor parallelism), as a run measures them; on `tp` GPUs it is
+    split as the estimate splits: measured x weights_bytes(tp) / weights_bytes(1).
+    """
+    if measured is None:
+        return weights_bytes(shape, fmt, tp), "estimated from the config"
+    if tp == 1:
+        return int(measured), "measured"
+    whole = weights_bytes(shape, fmt, 1)
+    return int(round(measured * weights_bytes(shape, fmt, tp) / whole)) if whole else int(measured), "measured"
+
+
 def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_dtype_bytes: int = 2,
                           tp: int = 1) -> int:
     """Peak of a forward pass over `tokens` tokens (an engine's profile run at its token budget), estimated from the
@@ -205,6 +220,11 @@ def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_d
     forward = tokens * (4 * shape.hidden + 3 * math.ceil(shape.mlp_width / tp)) * act_dtype_bytes
     sampler = seqs * shape.vocab * 4 * 2
     return int(forward + sampler)
+
+
+def workload_non_torch(workload, tp: int = 1) -> int:
+    """The workload's measured non-torch memory per GPU if it has one (--capacity-overhead-gib), else the estimate."""
+    return workload.non_torch_bytes if workload.non_torch_bytes is not None else non_torch_bytes(tp)
 
 
 def non_torch_bytes(tp: int = 1) -> int:

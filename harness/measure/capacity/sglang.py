@@ -22,8 +22,8 @@ from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, M
 from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
                                              activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, non_torch_bytes,
-                                             weights_bytes)
+                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, workload_non_torch,
+                                             planned_weights_bytes)
 from harness.measure.capacity.shapes import ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
@@ -90,11 +90,11 @@ def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
     tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
-    weights = weights_bytes(shape, fmt, tp)
+    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
     measured = workload.activation_bytes is not None
     activation = (workload.activation_bytes if measured else
                   activation_peak_bytes(shape, prefill_tokens, min(seq_cap, prefill_tokens), tp=tp))
-    context, graphs = non_torch_bytes(tp), cuda_graph_bytes(workload.enforce_eager)
+    context, graphs = workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager)
     fraction = max(floor2((total - activation - graphs - HEADROOM_BYTES) / total), 0.0)
     pool = max(int(fraction * total) - weights - context, 0)
     formula = (f"mem_fraction_static = floor2(({gib(total)} - activations {gib(activation)} - CUDA graphs "
@@ -104,6 +104,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     attention = shape.attention
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source="measured" if measured else "estimated from the config",
+                             weights_source=weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
                              headroom_bytes=total - int(fraction * total) - activation - graphs,
                              kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),

@@ -24,8 +24,8 @@ from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, M
 from harness.measure.capacity.gpus import AWQ_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, TensorParallelError, WeightFormat,
                                              activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, non_torch_bytes,
-                                             weights_bytes)
+                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, workload_non_torch,
+                                             planned_weights_bytes)
 from harness.measure.capacity.shapes import ModelShape
 
 KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
@@ -154,11 +154,11 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
     formula with its numbers."""
     tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
-    weights = weights_bytes(shape, fmt, tp)
+    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
     measured = workload.activation_bytes is not None
     activation = (workload.activation_bytes if measured else
                   activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp))
-    non_torch, graphs = non_torch_bytes(tp), cuda_graph_bytes(workload.enforce_eager)
+    non_torch, graphs = workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager)
     fixed = weights + activation + non_torch + graphs
     terms = (f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)} - "
              f"CUDA graphs {gib(graphs)}")
@@ -177,6 +177,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                                          window_extra=batched - 1)
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source="measured" if measured else "estimated from the config",
+                             weights_source=weights_source,
                              non_torch_bytes=non_torch, cuda_graph_bytes=graphs, headroom_bytes=headroom,
                              kv_cache_bytes=kv_room, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
                              kv_bytes_per_sequence=per_sequence)

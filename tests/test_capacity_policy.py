@@ -1,0 +1,290 @@
+"""Serving plans in the report (format_entry, renderers, schema) and capacity as a checked policy item, with real
+configs: the demo model (SmolLM2-135M) and Llama-3-8B, and measured-like weights."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.assemble import format_entry, serving_fit
+from harness.commands import run as run_command
+from harness.config import CapacitySettings, RunSpec
+from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
+from harness.errors import UserError
+from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
+from harness.measure.kv import DEMO_CONFIG, text_config
+from harness.pipeline import FormatRun
+from harness.policy import Policy, ServingTarget, load_policy
+from harness.quantize.base import Recipe
+from harness.report.html import render_html
+from harness.report.markdown import render_markdown
+from harness.report.schema import RunReport
+from tests.test_model_configs import LLAMA3_8B
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run_example"
+# Measured-like weights (bytes, 16-bit serving size) of the demo model's formats, as the worker reports them.
+DEMO_WEIGHTS = {"baseline": 269_030_016, "int8": 163_483_776, "gptq": 112_622_976, "awq": 112_023_936}
+# Llama-3-8B: what a run measures for each format (within a few MB of the planners' own estimate).
+LLAMA_WEIGHTS = {"baseline": 16_060_522_496, "int8": 9_086_705_664, "gptq": 5_732_835_328, "awq": 5_727_854_592}
+L4_POLICY = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, min_concurrency=8))
+
+
+def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None):
+    return SimpleNamespace(spec=RunSpec(capacity=capacity or CapacitySettings()), model_config=config, policy=policy,
+                           calibration=None, recipes={"gptq": Recipe("gptq", bits=4, group_size=64),
+                                                      "awq": Recipe("awq", bits=4, group_size=64)})
+
+
+def measured(name: str, weights: int | None, *, compute_dtype: str = "bfloat16", activation: int = 50 * 2**20):
+    scale = 2 if compute_dtype == "float32" else 1
+    memory = {} if weights is None else {"weights_bytes": weights * scale, "activation_peak_bytes": activation * scale,
+                                         "peak_bytes": weights * scale + activation * scale,
+                                         "rss_peak_bytes": weights * scale + activation * scale}
+    return FormatRun(name, measurement={"result": {"memory": memory, "latency": {}, "compute_dtype": compute_dtype}})
+
+
+# --- the report's serving block -------------------------------------------------------------------
+
+
+def test_format_entry_plans_three_engines_from_the_measured_weights():
+    inputs = inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4"))
+    entry = format_entry(inputs, measured("gptq", DEMO_WEIGHTS["gptq"]), 600)
+    assert set(entry["serving"]) == {"vllm", "sglang", "trtllm"}
+    vllm = entry["serving"]["vllm"]
+    assert vllm["memory"]["weights_bytes"] == DEMO_WEIGHTS["gptq"] and vllm["memory"]["weights_source"] == "measured"
+    assert vllm["memory"]["activation_bytes"] == 50 * 2**20 and vllm["memory"]["activation_source"] == "measured"
+    assert vllm["memory"]["gpu_memory_bytes"] == gpu_by_name("L4").memory_bytes and vllm["max_model_len"] == 600
+    assert vllm["command"].startswith("vllm serve MODEL ") and "--quantization gptq" in vllm["command"]
+    # the version-1 capacity block is the same vLLM plan
+    cap = entry["capacity"]
+    assert cap["vllm_flags"] == vllm["command"].removeprefix("vllm serve MODEL ") and cap["fits"] and cap["servable"]
+    assert cap["kv_tokens"] == vllm["kv_tokens"] and cap["max_num_seqs"] == vllm["max_num_seqs"]
+    assert entry["serving"]["sglang"]["command"].startswith("python -m sglang.launch_server")
+    assert "trtllm-serve" in entry["serving"]["trtllm"]["command"]
+    json.dumps(entry)  # JSON-ready: lists, not tuples
+    assert isinstance(vllm["args"][0], list)
+
+
+def test_float32_host_plans_the_16_bit_serving_size():
+    inputs = inputs_for(DEMO_CONFIG)
+    entry = format_entry(inputs, measured("baseline", DEMO_WEIGHTS["baseline"], compute_dtype="float32"), 600)
+    memory = entry["serving"]["vllm"]["memory"]
+    assert memory["weights_bytes"] == DEMO_WEIGHTS["baseline"] and memory["activation_bytes"] == 50 * 2**20
+
+
+def test_int8_prints_no_vllm_flags_and_says_vllm_cannot_serve_it():
+    """vLLM 0.32+ has no bitsandbytes: the report no longer prints `--quantization bitsandbytes` (the legacy plan,
+    tests/test_capacity.py, still does for gpu_check.py)."""
+    entry = format_entry(inputs_for(DEMO_CONFIG), measured("int8", DEMO_WEIGHTS["int8"]), 600)
+    cap = entry["capacity"]
+    assert cap["vllm_flags"] == "" and cap["servable"] is False and not cap["fits"]
+    assert "cannot serve the int8" in cap["note"] and "bitsandbytes" not in cap["vllm_flags"]
+    assert entry["serving"]["sglang"]["fits"]  # SGLang still serves bitsandbytes
+
+
+def test_run_target_defaults_to_an_80_gib_gpu():
+    entry = format_entry(inputs_for(DEMO_CONFIG), measured("awq", DEMO_WEIGHTS["awq"]), 600)
+    assert entry["capacity"]["gpu_memory_gib"] == 80.0
+    assert entry["serving"]["vllm"]["gpu_memory_utilization"] == 0.9  # the run's --gpu-memory-utilization
+
+
+def test_unmeasured_or_unreadable_config_has_no_plan():
+    assert format_entry(inputs_for(DEMO_CONFIG), measured("gptq", None), 600)["serving"] is None
+    unreadable = {"architectures": ["X"], "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    entry = format_entry(inputs_for(unreadable), measured("gptq", 10**6), 600)
+    assert entry["capacity"] is None and entry["serving"] is None
+
+
+def _report_with_serving() -> dict:
+    """The committed version-1 example with the demo's serving plans on an L4 put in."""
+    report = json.loads((FIXTURE / "report.json").read_text(encoding="utf-8"))
+    report["settings"]["capacity"] = {"target_gpu": "L4", "gpu_memory_gib": 80.0, "gpu_memory_utilization": 0.9,
+                                      "max_model_len": None, "overhead_gib": 0.0}
+    inputs = inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4"))
+    for name, fmt in report["formats"].items():
+        if fmt.get("capacity"):
+            entry = format_entry(inputs, measured(name, DEMO_WEIGHTS[name]), 600)
+            fmt["capacity"], fmt["serving"] = entry["capacity"], entry["serving"]
+    return report
+
+
+def test_markdown_and_html_print_the_three_engines_beside_each_format():
+    report = _report_with_serving()
+    RunReport.model_validate(json.loads(json.dumps(report)))  # the contract holds the serving block
+    md = render_markdown(report, [])
+    gptq = md[md.index("## gptq"):md.index("## awq")]
+    assert "**Serving on L4 (22.49 GiB) (weights measured, activations measured)**" in gptq
+    for title in ("- **vLLM ", "- **SGLang**: ", "- **TensorRT-LLM**: "):
+        assert title in gptq
+    assert "      vllm serve MODEL --max-model-len 600" in gptq and "      python -m sglang.launch_server" in gptq
+    assert gptq.count("vllm serve MODEL") == 1  # the capacity paragraph leaves the command to the vLLM row
+    int8 = md[md.index("## int8"):md.index("## gptq")]
+    assert "vLLM cannot serve this format" in int8 and "- **vLLM 0.3" in int8 and "cannot serve it: vLLM" in int8
+    assert "bitsandbytes\n" not in int8.split("**Serving")[1].split("SGLang")[0]
+    page = render_html(report, [])
+    assert "<h3>Serving on L4 (22.49 GiB)" in page and "<td>TensorRT-LLM</td>" in page
+    assert "<pre><code>python -m sglang.launch_server" in page
+
+
+def test_reports_without_serving_render_as_before():
+    report = json.loads((FIXTURE / "report.json").read_text(encoding="utf-8"))
+    md = render_markdown(report, [])
+    assert "Serving on" not in md and "vllm serve MODEL --quantization gptq_marlin" in md
+    assert "Serving on" not in render_html(report, [])
+    assert all("serving" not in fmt for fmt in report["formats"].values())
+    RunReport.model_validate(report)
+
+
+# --- flags and policy keys ------------------------------------------------------------------------
+
+
+def run_args(*argv: str):
+    parser = argparse.ArgumentParser()
+    run_command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["run", *argv])
+
+
+def test_target_gpu_flag():
+    _, capacity = run_command.flag_values(run_args("--target-gpu", "l4"))
+    assert capacity == {"target_gpu": "L4"}
+    spec = RunSpec().model_copy(update={"capacity": CapacitySettings().model_copy(update=capacity)})
+    assert spec.capacity.target().gpu.name == "L4"
+    assert RunSpec().capacity.target().gpu.memory_bytes == 80 * 2**30  # default unchanged
+    with pytest.raises(UserError, match="unknown GPU 'Z9'"):
+        run_command.flag_values(run_args("--target-gpu", "Z9"))
+    with pytest.raises(UserError, match="give one"):
+        run_command.flag_values(run_args("--target-gpu", "L4", "--gpu-memory-gib", "20"))
+
+
+def test_policy_serving_keys(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('[serving]\ntarget_gpu = "l4"\nmax_model_len = 4096\nmin_concurrency = 8\n', encoding="utf-8")
+    serving = load_policy(path).serving
+    assert (serving.target_gpu, serving.length, serving.concurrency) == ("L4", 4096, 8)
+    assert load_policy(path).as_dict()["serving"] == {"target_gpu": "L4", "max_model_len": 4096, "min_concurrency": 8}
+    assert not Policy().serving.checked and Policy().serving.length == 4096 and Policy().serving.concurrency == 1
+    for text, message in (('[serving]\nmin_concurrency = 8\n', "no target_gpu"),
+                          ('[serving]\ntarget_gpu = "Z9"\n', "unknown GPU"),
+                          ('[serving]\ntarget_gpus = "L4"\n', "unknown key 'serving.target_gpus' (allowed: target_gpu")):
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(UserError, match=message.replace("(", r"\(")):
+            load_policy(path)
+
+
+# --- the capacity check ---------------------------------------------------------------------------
+
+
+def quality_items(n: int = 60) -> dict:
+    """Scores that vary item to item and are identical for both formats: the metric check passes (GO)."""
+    return {"qa": {f"q{i}": {"f1": float(i % 5 * 25)} for i in range(n)}}
+
+
+def outcome(name: str, fit: ServingFit | None = None, peak: int | None = None) -> FormatOutcome:
+    return FormatOutcome(name, items=quality_items(), gates={"qa": ["f1"]}, serving_fit=fit, peak_bytes=peak)
+
+
+def capacity_check(decision) -> dict:
+    return next(c for c in decision.checks if c["kind"] == "capacity")
+
+
+def test_capacity_check_fails_with_the_numbers():
+    decision = decide_format(outcome("baseline"), outcome("awq", ServingFit("L4", 4096, 5)), L4_POLICY)
+    assert decision.verdict == "NO-GO"
+    check = capacity_check(decision)
+    assert check == {"name": "capacity", "kind": "capacity", "status": "fail",
+                     "detail": "holds 5 sequences of 4,096 tokens on an L4, policy needs 8"}
+    assert decision.reasons == ["capacity: holds 5 sequences of 4,096 tokens on an L4, policy needs 8"]
+    go = decide_format(outcome("baseline"), outcome("awq", ServingFit("L4", 4096, 8)), L4_POLICY)
+    assert go.verdict == "GO" and capacity_check(go)["status"] == "pass" and "fits the serving target" in go.reasons[0]
+
+
+def test_no_serving_target_no_check_and_unplanned_is_inconclusive():
+    plain = decide_format(outcome("baseline"), outcome("awq", ServingFit("L4", 4096, 1)), Policy())
+    assert plain.verdict == "GO" and all(c["kind"] != "capacity" for c in plain.checks)
+    unplanned = decide_format(outcome("baseline"), outcome("awq"), L4_POLICY)
+    assert unplanned.verdict == "INCONCLUSIVE" and capacity_check(unplanned)["status"] == "inconclusive"
+    assert not Policy().without_budgets().serving.checked and L4_POLICY.has_budgets()
+    assert not L4_POLICY.without_budgets().serving.checked
+
+
+def test_llama3_8b_on_an_l4_with_real_numbers():
+    """Llama-3-8B at 4,096 tokens on an L4 (22.49 GiB), vLLM, a measured 50 MiB activation peak: the 16-bit weights
+    leave room for 9 sequences (512 MiB each), the 4-bit ones for 29; int8 vLLM cannot serve. The plan is made at the policy's L4 although the run targets 80 GiB."""
+    shape = model_shape(text_config(LLAMA3_8B))
+    inputs = inputs_for(LLAMA3_8B, policy=L4_POLICY)
+    fits = {name: serving_fit(inputs, measured(name, weights)) for name, weights in LLAMA_WEIGHTS.items()}
+    assert {name: fit.max_concurrency for name, fit in fits.items()} == {"baseline": 9, "int8": 0, "gptq": 29,
+                                                                         "awq": 29}
+    direct = plan_vllm(shape, weight_format("awq", 64), Target(gpu_by_name("L4")),
+                       Workload(max_model_len=4096, weights_bytes=LLAMA_WEIGHTS["awq"], activation_bytes=50 * 2**20))
+    assert fits["awq"].max_concurrency == direct.max_concurrency and fits["awq"].weights_source == "measured"
+    assert not fits["int8"].servable and "bitsandbytes" in fits["int8"].reason
+    # the run's own capacity plan is on its 80 GiB target: far more room than the policy's L4
+    run_plan = format_entry(inputs, measured("awq", LLAMA_WEIGHTS["awq"]), 4096)["serving"]["vllm"]
+    assert run_plan["max_concurrency"] > 100
+
+    baseline = outcome("baseline")
+    decisions = {name: decide_format(baseline, outcome(name, fits[name]), L4_POLICY) for name in ("int8", "gptq", "awq")}
+    assert {n: d.verdict for n, d in decisions.items()} == {"int8": "NO-GO", "gptq": "GO", "awq": "GO"}
+    assert capacity_check(decisions["int8"])["detail"].startswith(
+        "vLLM cannot serve it on an L4, policy needs 8 sequences of 4,096 tokens: vLLM")
+    assert capacity_check(decisions["gptq"])["detail"] == "holds 29 sequences of 4,096 tokens on an L4, policy needs 8"
+
+    # more than the L4 holds: every 4-bit format is NO-GO with its numbers
+    strict = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, min_concurrency=30))
+    fit = serving_fit(inputs_for(LLAMA3_8B, policy=strict), measured("awq", LLAMA_WEIGHTS["awq"]))
+    decision = decide_format(baseline, outcome("awq", fit), strict)
+    assert decision.verdict == "NO-GO"
+    assert capacity_check(decision)["detail"] == "holds 29 sequences of 4,096 tokens on an L4, policy needs 30"
+
+
+def test_recommendation_is_the_smallest_format_that_is_go_and_fits():
+    """On a CPU host int8's measured peak can be the smallest, but vLLM cannot serve it: the capacity check makes it
+    NO-GO and the recommendation the smallest format that is GO and fits."""
+    inputs = inputs_for(LLAMA3_8B, policy=L4_POLICY)
+    peaks = {"int8": 9_500_000_000, "awq": 9_700_000_000, "gptq": 9_900_000_000}
+    baseline = outcome("baseline")
+    decisions = {name: decide_format(baseline, outcome(name, serving_fit(inputs, measured(name, LLAMA_WEIGHTS[name])),
+                                                       peaks[name]), L4_POLICY) for name in peaks}
+    rec = recommend(decisions, peaks)
+    assert rec["format"] == "awq" and rec["runner_up"] == "gptq"
+    without = {name: decide_format(baseline, outcome(name, None, peaks[name]), Policy()) for name in peaks}
+    assert recommend(without, peaks)["format"] == "int8"  # as before, when the policy names no serving target
+
+
+def test_demo_model_fits_an_l4_many_times_over():
+    inputs = inputs_for(DEMO_CONFIG, policy=Policy(serving=ServingTarget(target_gpu="T4", min_concurrency=64)))
+    fit = serving_fit(inputs, measured("gptq", DEMO_WEIGHTS["gptq"]))
+    assert fit.gpu == "T4" and fit.max_model_len == 4096 and fit.max_concurrency >= 64
+    decision = decide_format(outcome("baseline"), outcome("gptq", fit), inputs.policy)
+    assert decision.verdict == "GO"
+    assert capacity_check(decision)["detail"].endswith("tokens on a T4, policy needs 64")
+
+
+def test_unmeasured_weights_are_estimated_for_the_check():
+    fit = serving_fit(inputs_for(LLAMA3_8B, policy=L4_POLICY), FormatRun("awq", status="failed"))
+    assert fit.weights_source == "estimated from the config" and fit.max_concurrency > 8
+
+
+def test_copy_of_policy_is_unchanged():
+    assert copy.deepcopy(L4_POLICY) == L4_POLICY
+
+
+def test_measured_overhead_replaces_the_non_torch_estimate():
+    """--capacity-overhead-gib is the user's measured CUDA context + non-torch memory: every engine plans with it."""
+    from harness.measure.capacity.memory import NON_TORCH_BYTES
+
+    default = format_entry(inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4")),
+                           measured("gptq", DEMO_WEIGHTS["gptq"]), 600)
+    measured_overhead = format_entry(
+        inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4", overhead_gib=2.0)),
+        measured("gptq", DEMO_WEIGHTS["gptq"]), 600)
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert default["serving"][engine]["memory"]["non_torch_bytes"] == NON_TORCH_BYTES
+        assert measured_overhead["serving"][engine]["memory"]["non_torch_bytes"] == 2 * 2**30
+        assert measured_overhead["serving"][engine]["kv_tokens"] < default["serving"][engine]["kv_tokens"]
