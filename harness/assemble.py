@@ -125,6 +125,9 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
                                if memory.get("nvml_peak_used_bytes") is not None else
                                "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
                                else "peak RSS of the format's subprocess (CPU)"))
+        timeline = ((run.measurement or {}).get("result") or {}).get("memory_timeline")
+        if timeline:  # the measured run's series (measurements cached before it was kept have none)
+            memory["timeline"] = timeline
     else:
         memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
     entry["memory"] = memory

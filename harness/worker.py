@@ -97,8 +97,25 @@ def run_quantize(job: dict) -> None:
 
 
 def run_evaluate(job: dict) -> None:
+    """Load, measure (when the job has a measure task) and generate. A measured job runs inside a MemoryTimeline
+    from the load on: the measurement is written as soon as it is taken (it survives a crash in generation) and
+    written again at the end with the whole job's series as `memory_timeline`. A job of generate tasks only
+    (measurement cached) samples nothing: the cached measurement keeps the timeline of the run that measured."""
+    import contextlib
+
     import transformers  # noqa: F401 - imported before the load phase so its RSS is not counted as weights
 
+    from harness.measure.timeline import MemoryTimeline
+
+    measure = job.get("measure")
+    with MemoryTimeline(stage="load") if measure else contextlib.nullcontext() as timeline:
+        result = _evaluate(job, timeline)
+    if measure and result is not None:
+        result["memory_timeline"] = timeline.as_dict()
+        atomic_write_json(Path(measure["result_path"]), result)
+
+
+def _evaluate(job: dict, timeline) -> dict | None:
     from harness.measure.memory import memory_in_use, track_peak, weights_bytes
     from harness.runtime.transformers_backend import LoadedModel
 
@@ -114,27 +131,41 @@ def run_evaluate(job: dict) -> None:
             encoded[prompt] = model.encode(prompt)
         return encoded[prompt]
 
+    result = None
     if job.get("measure"):
         measure = job["measure"]
-        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model), loaded_bytes)
+        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model), loaded_bytes,
+                                timeline=timeline)
         atomic_write_json(Path(measure["result_path"]), result)
     for task in job.get("generate", []):
+        if timeline is not None:
+            timeline.mark(f"generate:{task['evalset']}")
         atomic_write_json(Path(task["result_path"]), generate_evalset(model, task, tokens, int(job["batch_size"])))
+    return result
 
 
-def measure_format(model, measure: dict, tokens, load_peak, weights: int, loaded_bytes: int) -> dict:
+def measure_format(model, measure: dict, tokens, load_peak, weights: int, loaded_bytes: int, *,
+                   timeline=None) -> dict:
+    """Warm-up, batch-1 latency and the largest batch; `timeline` (a MemoryTimeline) gets a marker per stage."""
     from harness.measure.latency import latency_block
     from harness.measure.memory import track_peak
 
+    def mark(stage: str) -> None:
+        if timeline is not None:
+            timeline.mark(stage)
+
     batch1 = [(tokens(p), n) for p, n in measure["batch1"]]
+    mark("warm-up")
     for prompt, _ in batch1[: int(measure.get("warmup", 2))]:
         model.generate([prompt], 4)
+    mark("latency")
     timings_1 = []
     for index, (prompt, max_new) in enumerate(batch1, 1):
         timings_1.append(model.generate([prompt], max_new)[1])
         progress.step("latency at batch 1", index, len(batch1))
     batched = [tokens(p) for p in measure["batched"]]
     max_new = int(measure["batched_max_new_tokens"])
+    mark("measure batch")
     with track_peak() as gen_peak:
         outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
     cached_tokens = timing.batch_size * (timing.prompt_tokens + max(timing.steps - 1, 0))

@@ -494,3 +494,50 @@ def test_cli_registers_report_command(run_dir: Path):
         pytest.skip("harness.commands.COMMANDS does not list 'report' yet")
     assert cli.main(["report", str(run_dir)]) == 1
     assert (run_dir / "report.html").is_file()
+
+
+# --- memory over time ---------------------------------------------------------------------------
+
+
+def _with_timelines(report: dict) -> dict:
+    """The fixture with a CPU timeline on int8 (as the sampler writes it) and a GPU one on the baseline."""
+    from harness.measure.timeline import MemoryTimeline
+
+    timed = copy.deepcopy(report)
+    values = iter(range(10_000))
+    cpu = MemoryTimeline(reader=lambda: (int(1.2 * 2**30) + next(values) * 2**20,), fields=("rss_bytes",),
+                         interval_s=3600, stage="load")
+    with cpu:
+        for stage in ("warm-up", "latency", "measure batch", "generate:en_support_qa"):
+            cpu.mark(stage)
+    timed["formats"]["int8"]["memory"]["timeline"] = cpu.as_dict()
+    gpu = MemoryTimeline(reader=lambda: (9 * 2**30, 7 * 2**30, 8 * 2**30),
+                         fields=("nvml_used_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"), interval_s=3600,
+                         stage="load")
+    with gpu:
+        gpu.mark("latency")
+    timed["formats"]["baseline"]["memory"]["timeline"] = gpu.as_dict()
+    return timed
+
+
+def test_memory_timeline_renders_a_plot_per_format_and_a_peak_line(report, samples):
+    from harness.report.schema import RunReport
+
+    timed = _with_timelines(report)
+    RunReport.model_validate(json.loads(json.dumps(timed)))
+    peak = timed["formats"]["int8"]["memory"]["timeline"]["peaks"]["rss_bytes"]
+    assert peak["stage"] == "generate:en_support_qa"
+    md = render_markdown(timed, samples)
+    line = f"**Memory over time:** peak RSS {fmt_bytes(peak['bytes'])} at {peak['t_s']:.1f} s (generate:en\\_support\\_qa)"
+    assert line in md and md.count("**Memory over time:**") == 2
+    assert "peak NVML used 9.00 GiB at " in md and "; peak allocated 7.00 GiB" in md
+    _assert_tables_well_formed(md)
+    page = render_html(timed, samples)
+    images = dict(re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page))
+    for name in ("baseline", "int8"):
+        assert base64.b64decode(images[f"Memory over time: {name}"]).startswith(b"\x89PNG")
+    assert len(images) == 6 and "peak RSS" in page and "(generate:en_support_qa)" in page
+
+
+def test_reports_without_a_timeline_have_no_timeline_line_or_plot(report, samples, page):
+    assert "Memory over time" not in render_markdown(report, samples) and "Memory over time" not in page

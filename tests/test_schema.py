@@ -190,8 +190,12 @@ class _FakeModel:
 
     dtype = "float32"
 
-    def __init__(self) -> None:
-        self.model = SimpleNamespace(parameters=lambda: [SimpleNamespace(numel=lambda: 1000)] * 3)
+    def __init__(self, *_args, **_kwargs) -> None:
+        weights = [SimpleNamespace(numel=lambda: 1000, element_size=lambda: 1) for _ in range(3)]
+        self.model = SimpleNamespace(parameters=lambda: weights, buffers=lambda: [])
+
+    def encode(self, prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
 
     def generate(self, prompts, max_new):
         from harness.runtime.transformers_backend import BatchTiming, Generation
@@ -207,8 +211,9 @@ class _FakeModel:
 
 
 def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
-    """worker.measure_format / generate_evalset -> assemble_report, for an ok baseline, an ok int8, a gptq whose
-    quantization failed (it calibrates, so it carries the calibration block) and an interrupted awq."""
+    """worker.run_evaluate (a fake model: measure_format, generate_evalset, the memory timeline) ->
+    assemble_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
+    the calibration block) and an interrupted awq."""
     from harness import worker
     from harness.assemble import assemble_report
     from harness.calibration import CalibrationSet, check_overlap
@@ -218,11 +223,13 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
-    from harness.runtime import device
+    from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
 
     monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(memory, "is_cuda", lambda: False)  # no torch import: the trackers read /proc on a CPU
+    monkeypatch.setattr(device, "is_cuda", lambda: False)  # the timeline samples RSS
+    monkeypatch.setattr(transformers_backend, "LoadedModel", _FakeModel)
     monkeypatch.setattr(device, "device_info", lambda threads: {
         "kind": "cpu", "name": "test CPU", "threads": threads, "cores": 2, "total_memory_bytes": 2**33,
         "bf16_matmul": False})
@@ -245,24 +252,19 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                  "gptq": Recipe("gptq", bits=4, group_size=32, calibration_samples=4)},
         calibration=check_overlap(calibration, [evalset], allowed=False))
 
-    model = _FakeModel()
-
-    def tokens(prompt: str) -> list[int]:
-        return list(range(len(prompt.split())))
-
     def measured_run(name: str, artifact: dict) -> FormatRun:
-        with memory.track_peak() as load_peak:
-            pass
         measure = {"batch1": [[p.text, p.max_new_tokens] for p in prompts["faq"][:3]],
-                   "batched": [p.text for p in prompts["faq"][:2]], "batched_max_new_tokens": 8, "warmup": 1}
-        task = {"evalset": "faq", "key": "k", "max_new_tokens": 8,
+                   "batched": [p.text for p in prompts["faq"][:2]], "batched_max_new_tokens": 8, "warmup": 1,
+                   "result_path": str(tmp_path / f"{name}.measure.json")}
+        task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / f"{name}.faq.json"),
                 "items": [{"id": p.item_id, "prompt": p.text} for p in prompts["faq"]]}
+        worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "measure": measure,
+                             "generate": [task]})
+        measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
+        generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
-                         measurement={"path": "m.json", "key": "m",
-                                      "result": worker.measure_format(model, measure, tokens, load_peak, 3000, 2900)},
-                         generations={"faq": {"path": "g.json", "key": "g",
-                                              "result": worker.generate_evalset(model, task, tokens, 2)}})
-
+                         measurement={"path": "m.json", "key": "m", "result": measurement},
+                         generations={"faq": {"path": "g.json", "key": "g", "result": generation}})
     manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",
                 "recipe": inputs.recipes["int8"].as_dict(), "source": "sha256:abc", "calibration_hash": "sha256:0",
                 "calibration_texts": 0, "calibration_source": None, "device": {"kind": "cpu", "bf16_matmul": False},
@@ -285,6 +287,18 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     assert parsed.formats["awq"].status == "interrupted" and parsed.formats["awq"].memory.peak_bytes is None
     assert parsed.formats["gptq"].calibration.overlap.items_total == 4
     assert parsed.formats["baseline"].latency.batch_1.ttft_ms.max is not None
+    timeline = parsed.formats["int8"].memory.timeline  # the whole measured job, load included, stage by stage
+    assert [s.stage for s in timeline.stages] == ["load", "warm-up", "latency", "measure batch", "generate:faq"]
+    assert timeline.fields == ["rss_bytes"] and timeline.error is None and 2 <= len(timeline.points) <= 300
+    assert timeline.peaks.rss_bytes.bytes == max(p.rss_bytes for p in timeline.points) > 0
+    assert timeline.peaks.rss_bytes.stage in {s.stage for s in timeline.stages}
+    assert parsed.formats["awq"].memory.timeline is None
+
+    # a job of generate tasks only (measurement cached) samples nothing and writes no measurement
+    task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / "only.faq.json"),
+            "items": [{"id": "q0", "prompt": "Answer: x"}]}
+    worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "generate": [task]})
+    assert Path(task["result_path"]).is_file() and not list(tmp_path.glob("only*.measure.json"))
 
     # The contract is not merely permissive: the producer writes every field the models name (but the reason
     # it drops, and the Manifest fields only a real quantization writes, which the manifest above mirrors).
@@ -298,6 +312,9 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                          (data["evalsets"]["faq"], schema.EvalsetInfo), (data["recommendation"], schema.Recommendation),
                          (base, schema.FormatResult), (int8, schema.FormatResult), (gptq, schema.FormatResult),
                          (int8["memory"], schema.Memory), (int8["memory"]["largest_batch"], schema.LargestBatch),
+                         (int8["memory"]["timeline"], schema.MemoryTimeline),
+                         (int8["memory"]["timeline"]["stages"][0], schema.TimelineStage),
+                         (int8["memory"]["timeline"]["peaks"]["rss_bytes"], schema.TimelinePeak),
                          (int8["latency"], schema.Latency), (int8["latency"]["batched"], schema.LatencyRun),
                          (int8["latency"]["batch_1"]["ttft_ms"], schema.LatencyStats),
                          (int8["generation"], schema.Generation),
@@ -310,5 +327,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     # the capacity block is the vLLM plan in the version-1 shape: the legacy plan's budget and margin are gone
     assert set(int8["capacity"]) == keys(schema.Capacity) - {"budget_bytes", "safety_margin"}
     assert set(data["policy"]["serving"]) == keys(schema.PolicyServing)
+    # on a CPU only RSS is sampled: the GPU fields of points and peaks are absent
+    assert set(int8["memory"]["timeline"]["points"][0]) == {"t_s", "stage", "rss_bytes"}
+    assert set(int8["memory"]["timeline"]["peaks"]) == {"rss_bytes"}
     assert set(int8["generation"]["batched_latency"][0]) == keys(schema.EvalsetLatency) - {"workload"}
     assert int8["checks"] and all(set(check) == keys(schema.Check) - {"reason"} for check in int8["checks"])

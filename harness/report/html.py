@@ -50,6 +50,7 @@ from harness.report.view import (
     verdict_of,
     serving_caption,
     serving_rows,
+    timeline_peak_text,
     vllm_command,
 )
 
@@ -243,8 +244,8 @@ def _format_section(
         shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
-    parts += [_scores(fmt, layout), _memory(fmt), _latency(fmt), _capacity(fmt), _serving(report, fmt),
-              _checks(fmt, layout)]
+    parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(fmt), _capacity(fmt),
+              _serving(report, fmt), _checks(fmt, layout)]
     if fmt.get("role") != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
@@ -288,6 +289,11 @@ def _memory(fmt: dict[str, Any]) -> str:
         for r in rows
     ]
     return f"<h3>{e(memory_caption(fmt))}</h3>\n" + _table(("Figure", "Bytes"), cells, cls="narrow")
+
+
+def _timeline(fmt: dict[str, Any]) -> str:
+    text = timeline_peak_text(fmt)
+    return f'<p class="timeline"><strong>Memory over time:</strong> {e(text)} (plot under Plots)</p>' if text else ""
 
 
 def _latency(fmt: dict[str, Any]) -> str:

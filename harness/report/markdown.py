@@ -49,6 +49,7 @@ from harness.report.view import (
     verdict_of,
     serving_caption,
     serving_rows,
+    timeline_peak_text,
     vllm_command,
 )
 
@@ -218,6 +219,7 @@ def _format_section(
     parts += [
         _scores_table(fmt, layout),
         _memory_table(fmt),
+        _timeline_line(fmt),
         _latency_table(fmt),
         _capacity(fmt),
         _serving(report, fmt, layout),
@@ -281,6 +283,11 @@ def _memory_table(fmt: dict[str, Any]) -> str:
         return ""
     lines = [f"| **{r.label}** | **{r.value}** |" if r.is_peak else f"| {r.label} | {r.value} |" for r in rows]
     return f"**{md_inline(memory_caption(fmt))}**\n\n| Figure | Bytes |\n|---|---|\n" + "\n".join(lines)
+
+
+def _timeline_line(fmt: dict[str, Any]) -> str:
+    text = timeline_peak_text(fmt)
+    return f"**Memory over time:** {md_inline(text)}" if text else ""
 
 
 def _latency_table(fmt: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The four HTML plots, drawn with matplotlib's Agg canvas and returned as PNG bytes.
+"""The HTML plots (four for the run, one memory timeline per format that has one), drawn with matplotlib's Agg canvas and returned as PNG bytes.
 
 matplotlib is imported inside `render_plots` only (it costs about a second), and
 through `matplotlib.figure.Figure` rather than pyplot, so no global backend or
@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from harness.cache import cache_dir
 from harness.report.units import is_number
-from harness.report.view import (candidates, formats_in_order, gated_scores, largest_batch_kv, latency_run,
-                                  verdict_of)
+from harness.report.view import (TIMELINE_LABELS, candidates, formats_in_order, gated_scores, largest_batch_kv,
+                                  latency_run, memory_timeline, timeline_peak_text, verdict_of)
 
 GIB = 2**30
 VERDICT_COLOURS = {"GO": "#1a7f37", "NO-GO": "#cf222e", "INCONCLUSIVE": "#bf8700", "BASELINE": "#57606a"}
@@ -47,6 +47,10 @@ def render_plots(report: dict[str, Any]) -> list[Plot]:
         ("memory", "Memory breakdown", _memory_breakdown),
         ("forest", "Gated deltas against the margin", _forest),
     ]
+    for name, fmt in formats_in_order(report):
+        if memory_timeline(fmt) is not None:
+            specs.append((f"timeline:{name}", f"Memory over time: {name}",
+                          lambda report, fmt=fmt, name=name: _timeline(name, fmt)))
     plots = []
     for key, title, draw in specs:
         try:
@@ -210,3 +214,48 @@ def _forest(report: dict[str, Any]) -> tuple[Any, str] | None:
     if left_out:
         caption += f" {left_out} more rows are in the tables."
     return figure, caption
+
+
+TIMELINE_COLOURS = {"rss_bytes": "#0969da", "nvml_used_bytes": "#cf222e", "cuda_reserved_bytes": "#8250df",
+                    "cuda_allocated_bytes": "#1a7f37"}
+STAGE_SHADES = ("#f6f8fa", "#eaeef2")
+
+
+def _timeline(name: str, fmt: dict[str, Any]) -> tuple[Any, str] | None:
+    """One format's memory over time: a line per sampled figure, a band per stage, each peak marked."""
+    timeline = memory_timeline(fmt)
+    if timeline is None:
+        return None
+    points = timeline["points"]
+    fields = [f for f in timeline.get("fields") or [] if any(is_number(p.get(f)) for p in points)]
+    if not fields:
+        return None
+    figure = _figure(7.0, 3.4)
+    ax = figure.subplots()
+    top = max(p[f] for p in points for f in fields if is_number(p.get(f))) / GIB
+    for index, stage in enumerate(timeline.get("stages") or []):
+        if not (is_number(stage.get("start_s")) and is_number(stage.get("end_s"))):
+            continue
+        ax.axvspan(stage["start_s"], stage["end_s"], color=STAGE_SHADES[index % 2], zorder=0)
+        ax.text((stage["start_s"] + stage["end_s"]) / 2, top * 1.23, str(stage.get("stage", "")), ha="center",
+                va="top", fontsize=7, rotation=90 if len(timeline["stages"]) > 4 else 0, color="#57606a")
+    for field in fields:
+        series = [(p["t_s"], p[field] / GIB) for p in points if is_number(p.get(field))]
+        colour = TIMELINE_COLOURS.get(field, "#57606a")
+        ax.plot([t for t, _ in series], [v for _, v in series], color=colour, linewidth=1.5,
+                label=TIMELINE_LABELS.get(field, field), zorder=2)
+        peak = (timeline.get("peaks") or {}).get(field) or {}
+        if is_number(peak.get("bytes")) and is_number(peak.get("t_s")):
+            ax.scatter([peak["t_s"]], [peak["bytes"] / GIB], marker="v", s=50, color=colour, zorder=3)
+            ax.annotate(f"peak {peak['bytes'] / GIB:.2f} GiB", (peak["t_s"], peak["bytes"] / GIB),
+                        textcoords="offset points", xytext=(4, 6), fontsize=7, color=colour)
+    ax.set_ylim(bottom=0, top=top * 1.25 if top > 0 else 1)
+    ax.set_xlim(left=0, right=max(timeline.get("duration_s") or 0, points[-1]["t_s"]) or 1)
+    ax.set_xlabel("time since the job began (s)")
+    ax.set_ylabel("GiB")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"{name}: memory over time (bands = stages, ▼ = peak)")
+    interval = timeline.get("interval_s")
+    every = f"every {interval * 1000:.0f} ms" if is_number(interval) else "at a fixed interval"
+    return figure, f"Sampled {every} in {name}'s own process; {timeline_peak_text(fmt)}."

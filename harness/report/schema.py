@@ -101,6 +101,64 @@ class LargestBatch(_Strict):
                                     "new_tokens - 1)")
 
 
+class TimelinePoint(_Strict):
+    """One point of the memory timeline: the maximum of each sampled field over the samples it stands for (so a
+    peak keeps its height), at the time and stage of the first field's maximum. Only the sampled fields are present."""
+
+    t_s: float = Field(description="time since the format's subprocess began the job (before the load), s")
+    stage: str | None = Field(description="stage the point falls in: 'load', 'warm-up', 'latency', 'measure "
+                                          "batch', 'generate:EVALSET'; null before the first marker")
+    rss_bytes: int | None = Field(default=None, description="resident set size of the subprocess, bytes (CPU)")
+    nvml_used_bytes: int | None = Field(default=None, description="NVML device used memory (what nvidia-smi "
+                                        "shows, the whole device), bytes (GPU with NVML)")
+    cuda_allocated_bytes: int | None = Field(default=None, description="torch.cuda.memory_allocated, bytes (GPU)")
+    cuda_reserved_bytes: int | None = Field(default=None, description="torch.cuda.memory_reserved, bytes (GPU)")
+
+
+class TimelineStage(_Strict):
+    """One stage of the job, from its marker to the next one (or the end)."""
+
+    stage: str = Field(description="'load', 'warm-up', 'latency', 'measure batch' or 'generate:EVALSET'")
+    start_s: float = Field(description="when it began, s since the job began")
+    end_s: float = Field(description="when it ended (the next stage began or the job ended), s")
+
+
+class TimelinePeak(_Strict):
+    """The highest sample of one field, from every sample taken (not only the downsampled points)."""
+
+    bytes: int = Field(description="the peak, bytes")
+    t_s: float = Field(description="when it was sampled, s since the job began")
+    stage: str | None = Field(description="the stage it happened in")
+
+
+class TimelinePeaks(_Strict):
+    """Each sampled field's peak; only the sampled fields are present."""
+
+    rss_bytes: TimelinePeak | None = Field(default=None, description="peak RSS (CPU)")
+    nvml_used_bytes: TimelinePeak | None = Field(default=None, description="peak NVML device used memory (GPU)")
+    cuda_allocated_bytes: TimelinePeak | None = Field(default=None, description="peak allocator allocated (GPU)")
+    cuda_reserved_bytes: TimelinePeak | None = Field(default=None, description="peak allocator reserved (GPU)")
+
+
+TimelineField = Literal["rss_bytes", "nvml_used_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes"]
+
+
+class MemoryTimeline(_Strict):
+    """Memory over time in the format's subprocess, sampled every interval_s by a thread from the load on, with
+    the stage markers; kept for the run that measured the format (a cached measurement keeps its own)."""
+
+    interval_s: float = Field(description="sampling interval, s")
+    duration_s: float = Field(description="length of the sampled job, s")
+    samples: int = Field(description="samples taken (count); points holds at most 300 of them, downsampled")
+    fields: list[TimelineField] = Field(description="the figures sampled, the headline one first: rss_bytes on a "
+                                        "CPU; nvml_used_bytes (where NVML reads), cuda_allocated_bytes and "
+                                        "cuda_reserved_bytes on a GPU")
+    points: list[TimelinePoint] = Field(description="the series, oldest first, at most 300 points")
+    stages: list[TimelineStage] = Field(description="the stages in order, with start and end")
+    peaks: TimelinePeaks = Field(description="each field's peak with its time and stage")
+    error: str | None = Field(description="why sampling stopped early (a reader failed); null when it did not")
+
+
 class Memory(_Strict):
     """Memory of one format's own subprocess. Every figure is bytes. A format that never measured carries only
     device, peak_bytes and weights_bytes (null) and the predicted kv_bytes_per_token."""
@@ -130,6 +188,9 @@ class Memory(_Strict):
                                              "nvidia-smi shows), bytes; null on a CPU or without NVML")
     largest_batch: LargestBatch | None = Field(default=None, description="the batch the peak was measured on")
     figures: str | None = Field(default=None, description="which figure peak_bytes is, in words")
+    timeline: MemoryTimeline | None = Field(default=None, description="memory over time during the measured job "
+                                            "(absent in reports before it was kept, and for a measurement cached "
+                                            "from before)")
 
 
 class LatencyStats(_Strict):

@@ -211,6 +211,37 @@ def memory_caption(fmt: dict[str, Any]) -> str:
     return caption + (f"; peak is {memory['figures']}" if memory.get("figures") else "")
 
 
+TIMELINE_LABELS = {"rss_bytes": "RSS", "nvml_used_bytes": "NVML used", "cuda_allocated_bytes": "allocated",
+                   "cuda_reserved_bytes": "reserved"}
+
+
+def memory_timeline(fmt: dict[str, Any]) -> dict[str, Any] | None:
+    """The format's memory.timeline when it has points (reports before it was kept have none)."""
+    timeline = (fmt.get("memory") or {}).get("timeline")
+    return timeline if isinstance(timeline, dict) and timeline.get("points") else None
+
+
+def timeline_peak_text(fmt: dict[str, Any]) -> str:
+    """'peak RSS 1.42 GiB at 12.3 s (generate:en_faq)', each sampled figure's peak '; '-joined on a GPU
+    ('peak NVML used ... ; peak allocated ...'); '' without a timeline."""
+    timeline = memory_timeline(fmt)
+    if timeline is None:
+        return ""
+    peaks = timeline.get("peaks") or {}
+    parts = []
+    for field in timeline.get("fields") or list(peaks):
+        peak = peaks.get(field)
+        if not isinstance(peak, dict) or not is_number(peak.get("bytes")):
+            continue
+        text = f"peak {TIMELINE_LABELS.get(field, field)} {fmt_bytes(peak['bytes'])}"
+        if is_number(peak.get("t_s")):
+            text += f" at {peak['t_s']:.1f} s"
+        if peak.get("stage"):
+            text += f" ({peak['stage']})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def latency_run(fmt: dict[str, Any], which: str) -> dict[str, Any] | None:
     """'batch_1' (falling back to the top-level copies) or 'batched'."""
     latency = fmt.get("latency") or {}
