@@ -100,9 +100,11 @@ def test_memory_breakdown_matches_the_formats(demo_run):
     # 2 x 30 layers x 3 KV heads x 64 head dim x element bytes, predicted and measured from a real prefill
     assert formats["baseline"]["memory"]["kv_bytes_per_token"] == 11520 * element
     assert formats["baseline"]["memory"]["kv_bytes_per_token_measured"] == 11520 * element
-    for name in FORMATS:
+    for name in ("baseline", "gptq", "awq"):
         assert formats[name]["capacity"]["max_num_seqs"] >= 1
         assert "--max-model-len" in formats[name]["capacity"]["vllm_flags"]
+    # bitsandbytes int8 is not a vLLM 0.32+ quantization method: no flags vLLM would reject, and it says so
+    assert formats["int8"]["capacity"]["servable"] is False and formats["int8"]["capacity"]["vllm_flags"] == ""
 
 
 def test_artifacts_carry_a_manifest(demo_run):
@@ -124,3 +126,15 @@ def test_second_identical_run_reuses_every_stage(demo_run, demo_cache, tmp_path)
         assert second["formats"][name]["verdict"] == first["formats"][name]["verdict"]
         assert second["formats"][name]["scores"] == first["formats"][name]["scores"]
     assert "reusing cached artifact" in result.stderr
+
+
+def test_the_report_validates_against_the_published_schema(demo_run, demo_run_no_bf16):
+    from harness.report.schema import RunReport
+
+    for _, report, _ in (demo_run, demo_run_no_bf16):
+        RunReport.model_validate(report)
+        for name in FORMATS:
+            timeline = report["formats"][name]["memory"]["timeline"]
+            assert timeline["peaks"]["rss_bytes"]["bytes"] > 0 and timeline["stages"][0]["stage"] == "load"
+        assert set(report["formats"]["gptq"]["serving"]) == {"vllm", "sglang", "trtllm"}
+        assert report["formats"]["int8"]["capacity"]["vllm_flags"] == ""  # vLLM 0.32+ cannot serve bitsandbytes
