@@ -23,7 +23,7 @@ from harness.evalsets import EvalSet, load_evalsets, render_messages, render_pla
 from harness.launcher import run_worker
 from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
-from harness.quantize import VLLM_QUANTIZATION, quantizer_for, recipe_for
+from harness.quantize import quantizer_for, recipe_for
 from harness.quantize.base import Recipe, package_versions
 from harness.source import ModelSource, check_remote_code, resolve_source
 
@@ -180,7 +180,8 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
             ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
         job = {"kind": "evaluate", "format": fmt, "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
                "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task, "generate": generate_tasks,
+               "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task,
+               "generate": generate_tasks,
                "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
         failure_path = Path(job["failure_path"])
         failure_path.unlink(missing_ok=True)

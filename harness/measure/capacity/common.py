@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 
 from harness.measure.capacity.gpus import (AWQ_MIN_CC, BF16_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu,
                                            has_capability)
-from harness.measure.capacity.memory import GIB, MIB, WeightFormat, kv_heads_per_gpu
+from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
+                                             cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
+                                             planned_weights_bytes, workload_non_torch)
 from harness.measure.capacity.shapes import ModelShape
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
@@ -187,3 +189,51 @@ def four_bit_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, eng
                       f"need {minimum:.1f}")
     why = problem if marlin else f"Marlin needs compute capability {MARLIN_MIN_CC:.1f}"
     return fmt.name, f"{engine}: plain {fmt.name} kernel, not Marlin: {why}"
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """One GPU's memory before the KV cache, where every engine planner starts, bytes: the weights, the activation
+    peak at the engine's token budget (measured, else estimated from the config), the CUDA context and non-torch
+    memory, the CUDA-graph pool."""
+
+    tp: int
+    total: int  # the GPU's memory
+    kv_dtype_bytes: float
+    weights: int
+    weights_source: str
+    activation: int
+    activation_source: str
+    non_torch: int
+    graphs: int
+
+
+def fixed_costs(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, tokens: int,
+                seq_cap: int) -> FixedCosts:
+    tp = target.num_gpus
+    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
+    measured = workload.activation_bytes is not None
+    activation = (workload.activation_bytes if measured else
+                  activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp))
+    return FixedCosts(tp, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype), weights, weights_source,
+                      activation, "measured" if measured else "estimated from the config",
+                      workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager))
+
+
+def device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu, tp: int, *, bf16_message: str,
+                  kv_cache_dtypes: tuple[str, ...]) -> list[str]:
+    """What every engine refuses on a device: KV heads that do not split over `tp`, bf16 on a GPU without it, a KV
+    cache dtype it does not know (`kv_cache_dtypes`, the engine's own list) or cannot run."""
+    errors = []
+    try:
+        kv_heads_per_gpu(shape.attention, tp)
+    except TensorParallelError as exc:
+        errors.append(str(exc))
+    if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):
+        errors.append(bf16_message)
+    kv_dtype = flags.get("--kv-cache-dtype", "auto")
+    if kv_dtype not in kv_cache_dtypes:
+        errors.append(f"--kv-cache-dtype {kv_dtype}: not one of {', '.join(kv_cache_dtypes)}")
+    elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
+        errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
+    return errors

@@ -17,13 +17,12 @@ within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype a
 from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             floor2, four_bit_method, fp8_kv_refusal, gib, half_dtype_note,
-                                             marlin_shape_problem, needs_half_dtype, parse_flags, render_command)
-from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
-                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, workload_non_torch,
-                                             planned_weights_bytes)
+                                             device_errors, fixed_costs, floor2, four_bit_method, fp8_kv_refusal,
+                                             gib, half_dtype_note, marlin_shape_problem, needs_half_dtype,
+                                             parse_flags, render_command)
+from harness.measure.capacity.gpus import Gpu, has_capability
+from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, kv_bytes_per_sequence, kv_bytes_per_token,
+                                             kv_heads_per_gpu)
 from harness.measure.capacity.shapes import ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
@@ -89,12 +88,9 @@ def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
-    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
-    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
-    measured = workload.activation_bytes is not None
-    activation = (workload.activation_bytes if measured else
-                  activation_peak_bytes(shape, prefill_tokens, min(seq_cap, prefill_tokens), tp=tp))
-    context, graphs = workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager)
+    costs = fixed_costs(shape, fmt, target, workload, prefill_tokens, seq_cap)
+    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    context, graphs = costs.non_torch, costs.graphs
     fraction = max(floor2((total - activation - graphs - HEADROOM_BYTES) / total), 0.0)
     pool = max(int(fraction * total) - weights - context, 0)
     formula = (f"mem_fraction_static = floor2(({gib(total)} - activations {gib(activation)} - CUDA graphs "
@@ -103,8 +99,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                f"{gib(int(fraction * total) - weights - context)}")
     attention = shape.attention
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
-                             activation_source="measured" if measured else "estimated from the config",
-                             weights_source=weights_source,
+                             activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
                              headroom_bytes=total - int(fraction * total) - activation - graphs,
                              kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
@@ -184,15 +179,6 @@ def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu
     if method and method.endswith("_marlin") and (marlin_shape_problem(shape, fmt, tp) or
                                                   has_capability(gpu, 8.0) is False):
         errors.append(f"--quantization {method}: Marlin cannot take this model on {gpu.name}")
-    try:
-        kv_heads_per_gpu(shape.attention, tp)
-    except TensorParallelError as exc:
-        errors.append(str(exc))
-    if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):
-        errors.append("bf16 on a GPU without bf16: --dtype half")
-    kv_dtype = flags.get("--kv-cache-dtype", "auto")
-    if kv_dtype not in KV_CACHE_DTYPES:
-        errors.append(f"--kv-cache-dtype {kv_dtype}: not one of {', '.join(KV_CACHE_DTYPES)}")
-    elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
-        errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
+    errors += device_errors(flags, shape, gpu, tp, bf16_message="bf16 on a GPU without bf16: --dtype half",
+                            kv_cache_dtypes=KV_CACHE_DTYPES)
     return errors

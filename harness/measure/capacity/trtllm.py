@@ -15,13 +15,11 @@ max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled 
 from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             floor2, fp8_kv_refusal, gib, half_dtype_note, needs_half_dtype,
-                                             parse_flags, render_command)
+                                             fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
+                                             needs_half_dtype, parse_flags, render_command)
 from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
-                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, workload_non_torch,
-                                             planned_weights_bytes)
+                                             kv_bytes_per_sequence, kv_bytes_per_token, kv_heads_per_gpu)
 from harness.measure.capacity.shapes import ModelShape
 
 PROGRAM = "trtllm-serve MODEL"
@@ -95,12 +93,9 @@ def _token_budget(workload: Workload, notes: list[str]) -> tuple[int, bool]:
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
-    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
-    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
-    measured = workload.activation_bytes is not None
-    activation = (workload.activation_bytes if measured else
-                  activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp))
-    context, graphs = workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager)
+    costs = fixed_costs(shape, fmt, target, workload, tokens, seq_cap)
+    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    context, graphs = costs.non_torch, costs.graphs
     free = total - weights - activation - graphs - context
     fraction = min(MAX_FRACTION, max(floor2((free - HEADROOM_BYTES) / free), 0.0)) if free > 0 else 0.0
     kv = int(fraction * free)
@@ -109,8 +104,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                f"{gib(kv)}")
     attention = shape.attention
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
-                             activation_source="measured" if measured else "estimated from the config",
-                             weights_source=weights_source,
+                             activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs, headroom_bytes=max(free - kv, 0),
                              kv_cache_bytes=kv, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
                              kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,

@@ -19,13 +19,12 @@ import importlib.metadata
 import re
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             four_bit_method, fp8_kv_refusal, gib, half_dtype_note,
-                                             marlin_shape_problem, needs_half_dtype, parse_flags, render_command)
-from harness.measure.capacity.gpus import AWQ_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, TensorParallelError, WeightFormat,
-                                             activation_peak_bytes, cuda_graph_bytes, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_dtype_bytes, kv_heads_per_gpu, workload_non_torch,
-                                             planned_weights_bytes)
+                                             device_errors, fixed_costs, four_bit_method, fp8_kv_refusal, gib,
+                                             half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
+                                             render_command)
+from harness.measure.capacity.gpus import AWQ_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
+from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, kv_bytes_per_sequence,
+                                             kv_bytes_per_token, kv_heads_per_gpu)
 from harness.measure.capacity.shapes import ModelShape
 
 KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
@@ -153,12 +152,9 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
             seq_cap: int) -> tuple[MemoryBreakdown, int | None, float | None, str]:
     """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
     formula with its numbers."""
-    tp, total, kv_bytes = target.num_gpus, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype)
-    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
-    measured = workload.activation_bytes is not None
-    activation = (workload.activation_bytes if measured else
-                  activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp))
-    non_torch, graphs = workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager)
+    costs = fixed_costs(shape, fmt, target, workload, batched, seq_cap)
+    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    non_torch, graphs = costs.non_torch, costs.graphs
     fixed = weights + activation + non_torch + graphs
     terms = (f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)} - "
              f"CUDA graphs {gib(graphs)}")
@@ -176,8 +172,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     per_sequence = kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
                                          window_extra=batched - 1)
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
-                             activation_source="measured" if measured else "estimated from the config",
-                             weights_source=weights_source,
+                             activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=non_torch, cuda_graph_bytes=graphs, headroom_bytes=headroom,
                              kv_cache_bytes=kv_room, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
                              kv_bytes_per_sequence=per_sequence)
@@ -296,16 +291,6 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
 
 
 def _device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu) -> list[str]:
-    errors = []
-    try:
-        kv_heads_per_gpu(shape.attention, int(flags.get("--tensor-parallel-size", 1)))
-    except TensorParallelError as exc:
-        errors.append(str(exc))
-    if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):
-        errors.append("Bfloat16 is only supported on GPUs with compute capability of at least 8.0 (--dtype half)")
-    kv_dtype = flags.get("--kv-cache-dtype", "auto")
-    if kv_dtype not in KV_CACHE_DTYPES:
-        errors.append(f"--kv-cache-dtype {kv_dtype}: not one of {', '.join(KV_CACHE_DTYPES)}")
-    elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
-        errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
-    return errors
+    return device_errors(flags, shape, gpu, int(flags.get("--tensor-parallel-size", 1)),
+                         bf16_message="Bfloat16 is only supported on GPUs with compute capability of at least 8.0 "
+                                      "(--dtype half)", kv_cache_dtypes=KV_CACHE_DTYPES)
