@@ -20,12 +20,13 @@ VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
 LEGEND = (
-    ("GO", "means every gated metric's 95% interval of (candidate − baseline) lies above −margin, "
-     "every floor holds and every memory/latency budget holds."),
+    ("GO", "means every gated metric's 95% interval of (candidate − baseline) lies above −margin on enough "
+     "evidence (at least min_items items, and a set that could detect a drop of the margin), every floor holds "
+     "and every memory/latency budget holds."),
     ("NO-GO", "means an interval lies wholly below −margin, a floor or budget fails, or the format did not run "
      "(its error is shown)."),
-    ("INCONCLUSIVE", "means an interval straddles −margin: the data cannot tell. Add items; MDE is the smallest "
-     "drop this evalset could detect."),
+    ("INCONCLUSIVE", "means the data cannot tell: an interval straddles −margin, the set is too small, or the "
+     "metric cannot tell formats apart. Add items; MDE is the smallest drop this evalset could detect."),
     ("Deltas", "are paired item by item on a 0–100 scale: −1.2 [−3.0, +0.5] is the mean change and its 95% "
      "interval; ✓ pass, ✗ fail, ? inconclusive."),
     ("Memory", "is the peak of each format's own process on the device named in its section; BASELINE is the "
