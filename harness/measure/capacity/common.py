@@ -61,6 +61,17 @@ class MemoryBreakdown:
     kv_bytes_per_sequence: int
     weights_source: str = "estimated from the config"  # or "measured" (Workload.weights_bytes)
 
+    @property
+    def fixed_bytes(self) -> int:
+        """What comes before the KV cache: weights, activations, non-torch memory and CUDA graphs."""
+        return self.weights_bytes + self.activation_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+
+
+def short_of_one_sequence(memory: MemoryBreakdown, kv_tokens: int, length: int, cache: str = "KV cache") -> str:
+    """The reason when the KV cache exists but holds less than one sequence of `length` tokens."""
+    return (f"does not fit: the {cache} gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
+            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+
 
 @dataclass(frozen=True)
 class EnginePlan:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, four_bit_method, fp8_kv_refusal,
                                              gib, half_dtype_note, marlin_shape_problem, needs_half_dtype,
-                                             parse_flags, render_command)
+                                             parse_flags, render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, kv_bytes_per_sequence, kv_bytes_per_token,
                                              kv_heads_per_gpu)
@@ -89,7 +89,8 @@ def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
     costs = fixed_costs(shape, fmt, target, workload, prefill_tokens, seq_cap)
-    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
+    weights, activation = costs.weights, costs.activation
     context, graphs = costs.non_torch, costs.graphs
     fraction = max(floor2((total - activation - graphs - HEADROOM_BYTES) / total), 0.0)
     pool = max(int(fraction * total) - weights - context, 0)
@@ -148,8 +149,7 @@ def _why_not(memory: MemoryBreakdown, fraction: float, kv_tokens: int, length: i
         return (f"does not fit: weights {gib(memory.weights_bytes)} and the CUDA context exceed the static part "
                 f"({fraction:.2f} x {gib(memory.gpu_memory_bytes)}) that --mem-fraction-static may claim "
                 "(SGLang: \"Not enough memory. Please try to increase --mem-fraction-static\")")
-    return (f"does not fit: the KV pool gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
-            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+    return short_of_one_sequence(memory, kv_tokens, length, "KV pool")
 
 
 def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: Gpu) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
-                                             needs_half_dtype, parse_flags, render_command)
+                                             needs_half_dtype, parse_flags, render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
                                              kv_bytes_per_sequence, kv_bytes_per_token, kv_heads_per_gpu)
@@ -94,7 +94,8 @@ def _token_budget(workload: Workload, notes: list[str]) -> tuple[int, bool]:
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
     costs = fixed_costs(shape, fmt, target, workload, tokens, seq_cap)
-    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
+    weights, activation = costs.weights, costs.activation
     context, graphs = costs.non_torch, costs.graphs
     free = total - weights - activation - graphs - context
     fraction = min(MAX_FRACTION, max(floor2((free - HEADROOM_BYTES) / free), 0.0)) if free > 0 else 0.0
@@ -153,13 +154,12 @@ def _general_notes(shape: ModelShape, gpu: Gpu, yaml: str) -> list[str]:
 
 
 def _why_not(memory: MemoryBreakdown, kv_tokens: int, length: int) -> str:
-    fixed = memory.weights_bytes + memory.activation_bytes + memory.cuda_graph_bytes + memory.non_torch_bytes
+    fixed = memory.fixed_bytes
     if memory.kv_cache_bytes <= 0:
         return (f"does not fit: weights {gib(memory.weights_bytes)}, runtime buffers and the CUDA context "
                 f"({gib(fixed)} in all) leave less than the {gib(HEADROOM_BYTES)} headroom of "
                 f"{gib(memory.gpu_memory_bytes)} free")
-    return (f"does not fit: the KV cache gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
-            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+    return short_of_one_sequence(memory, kv_tokens, length)
 
 
 def check_trtllm_command(command: str, config_yaml: str, shape: ModelShape, gpu: Gpu) -> list[str]:

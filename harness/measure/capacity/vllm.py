@@ -21,7 +21,7 @@ import re
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, four_bit_method, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             render_command)
+                                             render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import AWQ_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, kv_bytes_per_sequence,
                                              kv_bytes_per_token, kv_heads_per_gpu)
@@ -153,7 +153,8 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
     formula with its numbers."""
     costs = fixed_costs(shape, fmt, target, workload, batched, seq_cap)
-    tp, total, kv_bytes, weights, activation = costs.tp, costs.total, costs.kv_dtype_bytes, costs.weights, costs.activation
+    tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
+    weights, activation = costs.weights, costs.activation
     non_torch, graphs = costs.non_torch, costs.graphs
     fixed = weights + activation + non_torch + graphs
     terms = (f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)} - "
@@ -234,7 +235,7 @@ def _general_notes(shape: ModelShape, workload: Workload, batched: int, version:
 
 
 def _why_not(memory: MemoryBreakdown, kv_tokens: int, length: int, util: float | None) -> str:
-    fixed = memory.weights_bytes + memory.activation_bytes + memory.non_torch_bytes + memory.cuda_graph_bytes
+    fixed = memory.fixed_bytes
     budget = memory.gpu_memory_bytes - memory.headroom_bytes
     where = f"{gib(memory.gpu_memory_bytes)} x {util:g}" if util is not None else (
         f"{gib(memory.gpu_memory_bytes)} less {gib(memory.headroom_bytes)} headroom")
@@ -242,8 +243,7 @@ def _why_not(memory: MemoryBreakdown, kv_tokens: int, length: int, util: float |
         return (f"does not fit: weights {gib(memory.weights_bytes)}, activations {gib(memory.activation_bytes)}, "
                 f"non-torch and CUDA graphs ({gib(fixed)} in all) leave no KV cache in the {gib(budget)} "
                 f"budget ({where})")
-    return (f"does not fit: the KV cache gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
-            f"sequence of {length:,} tokens ({gib(memory.kv_bytes_per_sequence)})")
+    return short_of_one_sequence(memory, kv_tokens, length)
 
 
 def check_vllm_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: Gpu, version: str) -> list[str]:
