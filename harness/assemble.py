@@ -26,13 +26,17 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
     outcomes = {}
     for name, run in runs.items():
         items = score_format(inputs, run, samples)
+        budget_latency, latency_source = budget_latency_of(run)
+        served = run.served or {}
         outcomes[name] = FormatOutcome(
             name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
             gates={e.name: list(e.gate) for e in inputs.evalsets},
             peak_bytes=_memory(run).get("peak_bytes"),
-            ttft_p95_ms=(_latency(run).get("batch_1") or {}).get("ttft_ms", {}).get("p95"),
-            tpot_p95_ms=(_latency(run).get("batch_1") or {}).get("tpot_ms", {}).get("p95"),
-            latency_requests=(_latency(run).get("batch_1") or {}).get("requests"),
+            ttft_p95_ms=budget_latency.get("ttft_ms", {}).get("p95"),
+            tpot_p95_ms=budget_latency.get("tpot_ms", {}).get("p95"),
+            latency_requests=budget_latency.get("requests"), latency_source=latency_source,
+            served_refusal=served.get("reason") if served.get("status") == "unsupported" else None,
+            saturation=served.get("saturation"),
             clusters={e.name: e.clusters() for e in inputs.evalsets},
             cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
             calibration_overlap=_calibration_overlap(inputs, name),
@@ -68,7 +72,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
                      "max_new_tokens": spec.max_new_tokens, "formats": spec.formats, "dtype": spec.dtype,
                      "threads": spec.threads, "latency_requests": spec.latency_requests,
                      "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
-                     "decoding": "greedy", "capacity": spec.capacity.model_dump()},
+                     "decoding": "greedy", "capacity": spec.capacity.model_dump(), "backend": spec.backend},
         "policy": inputs.policy.as_dict(),
         "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,
                               "spec": str(e.spec_path), "metrics": list(e.metrics), "gate": list(e.gate),
@@ -80,6 +84,16 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
         "samples": "samples.jsonl",
     }
     return report, samples
+
+
+def budget_latency_of(run) -> tuple[dict, str]:
+    """The latency the policy's budgets judge: the vLLM server's at concurrency 1 where the format was served,
+    else transformers' batch-1 figures."""
+    served = run.served or {}
+    at_one = (served.get("latency") or {}).get("concurrency_1") if served.get("status") == "ok" else None
+    if at_one:
+        return at_one, "vLLM server, concurrency 1"
+    return _latency(run).get("batch_1") or {}, "transformers"
 
 
 def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
@@ -148,10 +162,13 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
         if plans is not None:
             entry["capacity"] = capacity_view(plans["vllm"])
             entry["serving"] = {engine: plain(plan.as_dict()) for engine, plan in plans.items()}
+    if run.served is not None:
+        entry["served"] = run.served
     entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
                            "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
                            "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
-                           "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated]}
+                           "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated
+                                               if g.get("latency")]}
     return entry
 
 

@@ -77,6 +77,30 @@ class RunSpec(BaseModel):
     # run redoes only what it had not finished.
     fresh_after: float | None = None
     trust_remote_code: bool = False
+    # The backend that scores and times each format: transformers in-process, or a vLLM server (harness.served).
+    backend: str = "transformers"
+    vllm: str | None = None  # the user's own `vllm` executable
+    vllm_endpoints: dict[str, str] = Field(default_factory=dict)  # format -> URL of a server the user runs
+    vllm_kv_cache_gib: int = Field(default=1, gt=0)  # CPU: VLLM_CPU_KVCACHE_SPACE (vLLM takes whole GiB)
+    max_num_seqs: int | None = Field(default=None, gt=0)  # vLLM --max-num-seqs (default: the plan's; CPU: batch size)
+    concurrency: list[int] | None = None  # served latency at these concurrencies (default: 1 and max-num-seqs)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    pipeline_parallel_size: int = Field(default=1, gt=0)
+    vllm_startup_timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in ("transformers", "vllm"):
+            raise ValueError("backend must be transformers or vllm")
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(v <= 0 for v in value)):
+            raise ValueError("concurrency: positive integers, e.g. [1, 8, 32]")
+        return value
 
     @field_validator("formats")
     @classmethod

@@ -64,6 +64,9 @@ class FormatOutcome:
     cluster_by: dict[str, str] = field(default_factory=dict)  # evalset -> what the clusters are ("context", a column)
     calibration_overlap: tuple[str, ...] = ()  # "evalset/id" of evaluated items its calibration texts contained
     serving_fit: ServingFit | None = None  # the vLLM plan at the policy's serving target; None: not planned
+    latency_source: str = "transformers"  # or "vLLM server": where ttft/tpot p95 were measured
+    served_refusal: str | None = None  # backend vllm: why vLLM cannot serve this format (then it cannot be GO)
+    saturation: dict | None = None  # backend vllm: the saturation check at the planned flags (load.saturation)
 
 
 @dataclass(frozen=True)
@@ -342,9 +345,10 @@ def _budget_checks(candidate: FormatOutcome, policy: Policy) -> list[Check]:
         checks.append(
             _budget_check("memory", "memory", "peak memory", candidate.peak_bytes, budget, format_bytes)
         )
+    where = "" if candidate.latency_source == "transformers" else f" ({candidate.latency_source})"
     for name, label, measured, limit in (
-        ("latency/ttft_p95", "TTFT p95", candidate.ttft_p95_ms, policy.max_ttft_p95_ms),
-        ("latency/tpot_p95", "TPOT p95", candidate.tpot_p95_ms, policy.max_tpot_p95_ms),
+        ("latency/ttft_p95", f"TTFT p95{where}", candidate.ttft_p95_ms, policy.max_ttft_p95_ms),
+        ("latency/tpot_p95", f"TPOT p95{where}", candidate.tpot_p95_ms, policy.max_tpot_p95_ms),
     ):
         if limit is not None:
             checks.append(
@@ -352,6 +356,24 @@ def _budget_checks(candidate: FormatOutcome, policy: Policy) -> list[Check]:
             )
     if policy.serving.checked:
         checks.append(_capacity_check(candidate.serving_fit, policy))
+    checks += _served_checks(candidate)
+    return checks
+
+
+def _served_checks(candidate: FormatOutcome) -> list[Check]:
+    """Backend vllm: a format the user's vLLM cannot serve cannot be GO; nor one whose planned flags do not hold
+    under load (max-num-seqs requests of max-model-len: the server died, failed a request or preempted)."""
+    checks = []
+    if candidate.served_refusal:
+        detail = f"vLLM cannot serve it: {candidate.served_refusal}"
+        checks.append(Check("served", "run", "fail", detail, detail))
+    if candidate.saturation is not None:
+        held = candidate.saturation
+        if held.get("holds"):
+            checks.append(Check("capacity/saturation", "capacity", "pass", "holds under load: " + held["reason"], ""))
+        else:
+            detail = "does not hold under load: " + held["reason"]
+            checks.append(Check("capacity/saturation", "capacity", "fail", detail, f"capacity: {detail}"))
     return checks
 
 

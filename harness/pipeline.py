@@ -39,6 +39,7 @@ class Prompt:
     text: str
     tokens: int
     max_new_tokens: int
+    ids: tuple[int, ...] = ()  # the token ids both backends generate from
 
 
 @dataclass
@@ -52,6 +53,7 @@ class FormatRun:
     measurement: dict | None = None
     generations: dict[str, dict] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
+    served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
 
 
 @dataclass
@@ -65,6 +67,7 @@ class RunInputs:
     recipes: dict[str, Recipe]
     prompts: dict[str, list[Prompt]]
     calibration: CalibrationSet | None  # None when no format calibrates
+    vllm: object | None = None  # backend vllm: the VllmInstall quantgate starts servers from (None: endpoints only)
 
 
 def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
@@ -105,9 +108,28 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     calibration = None
     if any(r.calibration_samples for r in recipes.values()):
         calibration = load_calibration(spec, full_evalsets, tokenizer)
+    vllm = find_vllm_for(spec) if spec.backend == "vllm" else None
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
-    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration)
+    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm)
+
+
+def find_vllm_for(spec: RunSpec):
+    """The vLLM that serves the formats without an endpoint of their own; none at all is an error up front."""
+    from harness.runtime.vllm.locate import find_vllm
+
+    unknown = [f for f in spec.vllm_endpoints if f not in spec.formats]
+    if unknown:
+        raise UserError(f"--vllm-endpoint {unknown[0]}=...: not a format of this run (formats: "
+                        f"{', '.join(spec.formats)})")
+    install = find_vllm(spec.vllm)
+    if install is None and any(f not in spec.vllm_endpoints for f in spec.formats):
+        raise UserError("--backend vllm: no vLLM found; build the project's (nox -s vllm_env), give yours "
+                        "(--vllm PATH/TO/vllm) or a running server per format (--vllm-endpoint FORMAT=URL)")
+    if install is not None:
+        progress.say(f"vLLM: {install.source}, {install.device}"
+                     + (f", CPU kernels {install.cpu_kernel_library}" if install.cpu_kernel_library else ""))
+    return install
 
 
 def prepare_output_dir(out_dir: Path) -> Path:
@@ -139,9 +161,9 @@ def render_prompts(tokenizer, evalsets: list[EvalSet], spec: RunSpec) -> dict[st
         texts = [tokenizer.apply_chat_template(render_messages(evalset, item), add_generation_prompt=True,
                                                tokenize=False) if has_template else render_plain(evalset, item)
                  for item in evalset.items]
-        counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        rendered[evalset.name] = [Prompt(evalset.name, item.id, text, count, max_new)
-                                  for item, text, count in zip(evalset.items, texts, counts)]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # as LoadedModel.encode does
+        rendered[evalset.name] = [Prompt(evalset.name, item.id, text, len(ids), max_new, tuple(ids))
+                                  for item, text, ids in zip(evalset.items, texts, encoded)]
     return rendered
 
 
@@ -173,7 +195,10 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
         if artifact is None:
             return run
         artifact_key, artifact_path = artifact
+    refused = served_refusal_for(inputs, fmt)
     measure_task, generate_tasks = pending_evaluation(inputs, fmt, artifact_key, run)
+    if inputs.spec.backend == "vllm" and not refused:
+        generate_tasks = []  # the server generates (harness.served)
     if measure_task or generate_tasks:
         progress.say(f"{label}: loading the model to " + " and ".join(
             (["measure memory and latency"] if measure_task else []) +
@@ -190,8 +215,37 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
         run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t['evalset']}" for t in generate_tasks]
         if exit_.returncode != 0:
             run.status, run.error = "failed", _failure_reason(failure_path, exit_, "evaluation")
+    if inputs.spec.backend == "vllm" and run.status == "ok":
+        serve_format(inputs, fmt, artifact_key, artifact_path, run, refused)
     collect_results(inputs, fmt, artifact_key, run)
     return run
+
+
+def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
+    if inputs.spec.backend != "vllm":
+        return None
+    from harness.served import served_refusal
+
+    return served_refusal(inputs.vllm, fmt, inputs.spec.vllm_endpoints.get(fmt))
+
+
+def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: Path, run: FormatRun,
+                 refused: str | None) -> None:
+    """Backend vllm: score and time the format through a vLLM server; one vLLM cannot serve is scored in
+    transformers (its report row says why vLLM cannot serve it, and it cannot be GO)."""
+    from harness.served import run_served, served_block, served_format
+
+    if refused:
+        run.served = served_block(inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), status="unsupported",
+                                  reason=refused)
+        progress.say(f"{fmt}: not served by vLLM: {refused}")
+        return
+    served = served_format(inputs, fmt, artifact_key, artifact_path)
+    run.served = run_served(inputs, served, inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), run.generations,
+                            lambda path: reusable(inputs.spec, path))
+    run.stages_run.append("serve")
+    if run.served["status"] != "ok":
+        run.status, run.error = "failed", f"serving with vLLM failed: {run.served['reason']}"
 
 
 def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, Path] | None:
@@ -237,7 +291,7 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
 def evaluation_settings(spec: RunSpec) -> dict:
     """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
     included: an upgraded torch or transformers reruns every format's measure and generate stages."""
-    return {"dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+    return {"backend": "transformers", "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 

@@ -51,6 +51,21 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
                         "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
                         "planners' 0.5 GiB estimate")
+    parser.add_argument("--backend", choices=["transformers", "vllm"], help="what scores and times each format: "
+                        "transformers in this process (default), or a vLLM server started with the planned flags "
+                        "(the verdict is then about the format as vLLM serves it)")
+    parser.add_argument("--vllm", metavar="PATH", help="your own `vllm` executable (default: the project's "
+                        ".venv-vllm, built by nox -s vllm_env)")
+    parser.add_argument("--vllm-endpoint", action="append", metavar="FORMAT=URL", help="a vLLM server you already "
+                        "run for FORMAT, e.g. baseline=http://10.0.0.5:8000 (repeatable; implies --backend vllm)")
+    parser.add_argument("--vllm-kv-cache-gib", type=int, help="CPU: vLLM's KV cache space in GiB "
+                        "(VLLM_CPU_KVCACHE_SPACE, default 1)")
+    parser.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: the plan's; on CPU the "
+                        "batch size)")
+    parser.add_argument("--concurrency", help="served latency at these concurrencies, e.g. 1,8,32 (default: 1 and "
+                        "max-num-seqs)")
+    parser.add_argument("--tensor-parallel-size", type=int, help="vLLM --tensor-parallel-size (default 1)")
+    parser.add_argument("--pipeline-parallel-size", type=int, help="vLLM --pipeline-parallel-size (default 1)")
     parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -103,8 +118,31 @@ def flag_values(args) -> tuple[dict, dict]:
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
         "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
         "trust_remote_code": True if args.trust_remote_code else None,
+        **vllm_values(args),
     }
     return overrides, capacity
+
+
+def vllm_values(args) -> dict:
+    endpoints = None
+    if getattr(args, "vllm_endpoint", None):
+        endpoints = {}
+        for given in args.vllm_endpoint:
+            name, sep, url = given.partition("=")
+            if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
+                raise UserError(f"--vllm-endpoint {given}: expected FORMAT=URL, e.g. baseline=http://localhost:8000")
+            endpoints[name.strip().lower()] = url.strip()
+    concurrency = None
+    if getattr(args, "concurrency", None):
+        try:
+            concurrency = [int(v) for v in args.concurrency.split(",") if v.strip()]
+        except ValueError:
+            raise UserError(f"--concurrency {args.concurrency}: expected integers, e.g. 1,8,32") from None
+    backend = args.backend or ("vllm" if endpoints or args.vllm else None)
+    return {"backend": backend, "vllm": args.vllm, "vllm_endpoints": endpoints,
+            "vllm_kv_cache_gib": args.vllm_kv_cache_gib, "max_num_seqs": args.max_num_seqs,
+            "concurrency": concurrency, "tensor_parallel_size": args.tensor_parallel_size,
+            "pipeline_parallel_size": args.pipeline_parallel_size}
 
 
 def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str | None, saved_path: Path) -> None:

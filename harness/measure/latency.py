@@ -35,6 +35,9 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+percentile = _percentile
+
+
 def latency_block(timings: list[BatchTiming]) -> dict:
     """Every request in a batch shares its batch's TTFT, TPOT and end-to-end time (static batching)."""
     ttft, tpot, e2e = [], [], []

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import UserError
+from harness.formats import FORMATS
 from harness.quantize.base import Quantizer, Recipe
 
-FORMATS = ("baseline", "int8", "gptq", "awq")
 GROUP_SIZE_CHOICES = (128, 64, 32)
-VLLM_QUANTIZATION = {"baseline": None, "int8": "bitsandbytes", "gptq": "gptq", "awq": "awq"}
 
 
 def quantizer_for(name: str) -> Quantizer:

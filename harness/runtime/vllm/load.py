@@ -1,0 +1,79 @@
+"""The served measurements: latency at each concurrency, and whether the planned flags hold under load."""
+
+from __future__ import annotations
+
+import time
+
+from harness.measure.latency import P95_MIN_REQUESTS, percentile, summarize
+from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, ServedCompletion,
+                                         complete_all, get_text, metric_total)
+
+PREEMPTIONS = "vllm:num_preemptions_total"
+SATURATION_NEW_TOKENS = 8
+
+
+def latency_at(endpoint: Endpoint, requests: list[CompletionRequest], sampling: Sampling, concurrency: int,
+               label: str) -> dict:
+    """Streamed requests, `concurrency` in flight; at least P95_MIN_REQUESTS and two rounds of the concurrency."""
+    wanted = max(len(requests), 2 * concurrency if concurrency > 1 else len(requests))
+    batch = [requests[i % len(requests)] for i in range(wanted)]
+    started = time.perf_counter()
+    done = complete_all(endpoint, batch, sampling, concurrency=concurrency, label=label)
+    wall = time.perf_counter() - started
+    return summarize_served(done, concurrency, wall)
+
+
+def summarize_served(done: list[ServedCompletion], concurrency: int, wall_s: float) -> dict:
+    tokens = sum(c.new_tokens for c in done)
+    return {"concurrency": concurrency, "requests": len(done),
+            "ttft_ms": _summary([c.ttft_s * 1000 for c in done]),
+            "itl_ms": _summary([gap * 1000 for c in done for gap in c.chunk_gaps_s]),
+            "tpot_ms": _summary([c.tpot_s * 1000 for c in done if c.tpot_s is not None]),
+            "e2e_ms": _summary([c.e2e_s * 1000 for c in done]),
+            "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s else None, "wall_s": round(wall_s, 2),
+            "p95_trustworthy": len(done) >= P95_MIN_REQUESTS}
+
+
+def _summary(values_ms: list[float]) -> dict:
+    block = summarize(values_ms)
+    block["p99"] = round(percentile(sorted(values_ms), 99), 3) if values_ms else None
+    return block
+
+
+def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *, concurrency: int,
+               max_model_len: int, alive) -> dict:
+    """max_num_seqs requests at once, each prompt filling max_model_len: the server must answer all of them,
+    stay up and preempt nothing (vllm:num_preemptions_total from /metrics, before and after)."""
+    prompt_len = max(1, max_model_len - SATURATION_NEW_TOKENS)
+    prompt = tuple((filler_ids * (prompt_len // max(1, len(filler_ids)) + 1))[:prompt_len])
+    requests = [CompletionRequest(prompt, SATURATION_NEW_TOKENS, ignore_eos=True) for _ in range(concurrency)]
+    before = _preemptions(endpoint)
+    failed, reasons = 0, []
+    try:
+        complete_all(endpoint, requests, sampling, concurrency=concurrency, label="saturation check")
+    except RequestFailed as exc:
+        failed, reasons = 1, [str(exc)]
+    up = alive()
+    after = _preemptions(endpoint) if up else None
+    preempted = None if before is None or after is None else after - before
+    holds = up and not failed and not preempted
+    if holds:
+        reason = (f"{concurrency} concurrent requests of {prompt_len} + {SATURATION_NEW_TOKENS} tokens: all "
+                  "answered, no preemption")
+    elif not up:
+        reason = f"the server died under {concurrency} concurrent requests of {prompt_len} tokens"
+    elif failed:
+        reason = f"a request failed under {concurrency} concurrent requests of {prompt_len} tokens: {reasons[0]}"
+    else:
+        reason = (f"vLLM preempted {preempted:.0f} time(s) under {concurrency} concurrent requests of {prompt_len} "
+                  "tokens: the KV cache does not hold max-num-seqs sequences of max-model-len")
+    return {"holds": bool(holds), "concurrency": concurrency, "prompt_tokens": prompt_len,
+            "new_tokens": SATURATION_NEW_TOKENS, "preemptions": preempted, "failed_requests": failed,
+            "server_alive": up, "reason": reason}
+
+
+def _preemptions(endpoint: Endpoint) -> float | None:
+    try:
+        return metric_total(get_text(endpoint.base_url + "/metrics"), PREEMPTIONS)
+    except OSError:
+        return None

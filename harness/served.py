@@ -1,0 +1,289 @@
+"""The vLLM backend's stage: each format as the user's vLLM server runs it.
+
+For one format: find out whether this vLLM can serve it (before loading anything), start `vllm serve` with the
+planned flags (or talk to the user's own server), send exactly the token ids the transformers backend would see,
+many requests in flight, then time streamed requests at each concurrency, check the plan holds under load, and
+read vLLM's own KV cache figures from its log. Results land in the cache like the transformers backend's: the
+generations in the same shape (scored by the same code), the rest as the format's `served` block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import progress
+from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
+from harness.formats import format_spec
+from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFailed, Sampling, complete_all, get_json
+from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, refusal
+from harness.runtime.vllm.load import latency_at, saturation
+from harness.runtime.vllm.locate import VllmInstall
+from harness.runtime.vllm.server import ServerFailed, ServerLaunch, VllmServer, environment_for_server
+from harness.runtime.vllm.startup_log import StartupFacts, read_startup
+
+
+@dataclass(frozen=True)
+class ServedFormat:
+    """What the stage needs about one format."""
+
+    name: str
+    artifact_key: str
+    artifact_path: Path
+    dtype: str  # vLLM --dtype
+    kv_bytes_per_token: int  # at that dtype
+    sampling: Sampling
+
+
+def served_refusal(install: VllmInstall | None, fmt: str, endpoint: str | None) -> str | None:
+    version = install.version if install else None
+    if install is None and endpoint is None:
+        return ("no vLLM here: build the project's (nox -s vllm_env), give your own (--vllm PATH) or a running "
+                "server (--vllm-endpoint FORMAT=URL)")
+    return refusal(format_spec(fmt), None if endpoint else install, version)
+
+
+def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None) -> LaunchPlan:
+    spec = inputs.spec
+    max_model_len = spec.capacity.max_model_len or longest_request(inputs)
+    seqs = spec.max_num_seqs or spec.batch_size
+    return cpu_launch(format_spec(served.name), dtype=served.dtype, max_model_len=max_model_len,
+                      max_num_seqs=seqs, kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
+                      kv_bytes_per_token=served.kv_bytes_per_token,
+                      parallel=(spec.tensor_parallel_size, spec.pipeline_parallel_size))
+
+
+def longest_request(inputs) -> int:
+    return max((len(p.ids) + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)
+
+
+def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str | None, plan: LaunchPlan,
+               latency_workload: list, concurrencies: tuple[int, ...]) -> dict:
+    """Everything a served figure depends on besides the prompts."""
+    from harness.runtime.device import device_key
+
+    return {"artifact": served.artifact_key, "backend": "vllm", "endpoint": endpoint,
+            "vllm": None if install is None else [install.source, install.version, install.cpu_kernel_library],
+            "args": list(plan.args), "env": plan.env, "sampling": [list(served.sampling.stop_token_ids),
+                                                                   served.sampling.repetition_penalty],
+            "device": device_key(1), "latency": latency_workload, "concurrency": list(concurrencies)}
+
+
+def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoint_url: str | None,
+               generations: dict[str, dict], reusable) -> dict:
+    """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
+    cached). `reusable(path)` says whether a cache entry may be used (--no-cache)."""
+    spec = inputs.spec
+    plan = launch_plan_for(inputs, served, install)
+    concurrencies = tuple(dict.fromkeys(spec.concurrency or [1, plan.max_num_seqs]))
+    latency_workload = [[list(ids), n] for ids, n in latency_requests(inputs)]
+    base = served_key(served, install, endpoint_url, plan, latency_workload, concurrencies)
+    key = stable_hash(base)
+    block_path = cache_dir("results") / f"served-{key}.json"
+    pending = []
+    for evalset in inputs.evalsets:
+        prompts = inputs.prompts[evalset.name]
+        gen_key = stable_hash({"served": key, "evalset": evalset.content_hash,
+                               "prompts": [[p.item_id, list(p.ids), p.max_new_tokens] for p in prompts]})
+        path = cache_dir("results") / f"generate-{gen_key}.json"
+        generations[evalset.name] = {"path": str(path), "key": gen_key}
+        cached = read_json(path)
+        if not (reusable(path) and isinstance(cached, dict) and "outputs" in cached):
+            pending.append((evalset, prompts, gen_key, path))
+    cached_block = read_json(block_path)
+    if not pending and reusable(block_path) and isinstance(cached_block, dict) and "status" in cached_block:
+        progress.say(f"{served.name}: reusing served results (vLLM)")
+        return cached_block
+    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending)
+    if block["status"] == "ok":
+        atomic_write_json(block_path, block)
+    return block
+
+
+def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
+    """The transformers backend's batch-1 workload (pipeline.probe_workload), as token ids."""
+    by_text = {p.text: p for prompts in inputs.prompts.values() for p in prompts}
+    from harness.pipeline import probe_workload
+
+    batch1, _, _ = probe_workload(inputs)
+    return [(by_text[text].ids, max_new) for text, max_new in batch1]
+
+
+def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan: LaunchPlan, concurrencies,
+                      pending) -> dict:
+    log_path = inputs.out_dir / "logs" / f"{served.name}.vllm.log"
+    block = served_block(install, endpoint_url, status="ok", scored=True)
+    if endpoint_url:
+        return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
+                        alive=lambda: _answers(endpoint_url))
+    launch = ServerLaunch(install.launcher, served.artifact_path, served.name, plan.args, plan.env,
+                          model_flag=install.model_flag)
+    block.update(command=launch.shown(), flags=_flags(plan.args), log=str(log_path))
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    env = environment_for_server(_worker_env())
+    try:
+        with VllmServer(launch, log_path, env, startup_timeout_s=inputs.spec.vllm_startup_timeout_s,
+                        label=served.name) as server, RssSampler(server.pid) as rss:
+            facts = read_startup(log_path, offset)
+            block.update(startup_s=server.startup_s, kernels=list(facts.kernels), version=block["version"],
+                         kv_cache=kv_comparison(plan, facts))
+            block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
+                             block, alive=server.alive)
+            if not server.alive():
+                block.update(status="failed", reason=f"the vLLM server died: {server.failure_reason()} "
+                                                     f"(log: {log_path})")
+        block["rss_peak_bytes"] = rss.peak or None
+    except ServerFailed as exc:
+        block.update(status="failed", reason=str(exc))
+    except RequestFailed as exc:
+        block.update(status="failed", reason=f"a request to the vLLM server failed: {exc} (log: {log_path})")
+    return block
+
+
+def served_block(install: VllmInstall | None, endpoint_url: str | None, **values) -> dict:
+    """A format's `served` block with every key present (docs/report.md describes each)."""
+    block = {"status": "ok", "reason": None, "engine": "vllm", "scored": False,
+             "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else install.source if install else None,
+             "version": None if endpoint_url or install is None else install.version, "endpoint": endpoint_url,
+             "command": None, "flags": {}, "kernels": [], "startup_s": None, "log": None, "kv_cache": None,
+             "latency": {}, "saturation": None, "rss_peak_bytes": None}
+    block.update(values)
+    return block
+
+
+def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive) -> dict:
+    for evalset, prompts, gen_key, path in pending:
+        requests = [CompletionRequest(p.ids, p.max_new_tokens) for p in prompts]
+        started = time.time()
+        done = complete_all(endpoint, requests, served.sampling, concurrency=plan.max_num_seqs,
+                            label=f"{served.name}: generating {evalset.name} (vLLM)")
+        outputs = [{"id": p.item_id, "prediction": c.text, "new_tokens": c.new_tokens,
+                    "prompt_tokens": c.prompt_tokens} for p, c in zip(prompts, done)]
+        atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
+                                 "wall_s": round(time.time() - started, 3), "latency": {}, "batches": [],
+                                 "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)})
+    workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
+    for concurrency in concurrencies:
+        block["latency"][f"concurrency_{concurrency}"] = latency_at(
+            endpoint, workload, served.sampling, concurrency, f"{served.name}: served latency at concurrency "
+                                                              f"{concurrency}")
+    filler = list(workload[0].prompt_ids) if workload else [1]
+    block["saturation"] = saturation(endpoint, filler, served.sampling, concurrency=plan.max_num_seqs,
+                                     max_model_len=plan.max_model_len, alive=alive)
+    return block
+
+
+def kv_comparison(plan: LaunchPlan, facts: StartupFacts) -> dict | None:
+    predicted = plan.kv
+    if predicted is None and facts.kv_tokens is None:
+        return None
+    error = None
+    if predicted and facts.kv_tokens:
+        error = round((predicted.tokens - facts.kv_tokens) / facts.kv_tokens, 5)
+    return {"block_size": predicted.block_size if predicted else None, "max_model_len": plan.max_model_len,
+            "predicted_tokens": predicted.tokens if predicted else None, "vllm_tokens": facts.kv_tokens,
+            "relative_error": error,
+            "predicted_max_concurrency": predicted.max_concurrency if predicted else None,
+            "vllm_max_concurrency": facts.max_concurrency, "vllm_kv_memory_gib": facts.kv_memory_gib}
+
+
+def _endpoint_from(url: str, block: dict) -> Endpoint:
+    """The served model's name from /v1/models, its version from /version (recorded in the block)."""
+    base = url.rstrip("/")
+    try:
+        models = get_json(base + "/v1/models")["data"]
+        version = get_json(base + "/version").get("version")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RequestFailed(f"--vllm-endpoint {url} does not answer as a vLLM server ({exc})") from None
+    block.update(version=version, endpoint_models=[{"id": m.get("id"), "root": m.get("root"),
+                                                    "max_model_len": m.get("max_model_len")} for m in models])
+    return Endpoint(base, models[0]["id"])
+
+
+def _answers(url: str) -> bool:
+    try:
+        get_json(url.rstrip("/") + "/v1/models", timeout=5)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _flags(args: tuple[str, ...]) -> dict[str, str]:
+    flags, words = {}, list(args)
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[index + 1] if index + 1 < len(words) else ""
+            flags[word] = "" if following.startswith("--") else following
+    return flags
+
+
+def _worker_env() -> dict[str, str]:
+    from harness.launcher import worker_environment
+
+    return worker_environment()
+
+
+class RssSampler:
+    """Peak RSS of a process and its descendants (the server's API process, engine core and workers)."""
+
+    def __init__(self, pid: int | None, interval_s: float = 0.5) -> None:
+        import threading
+
+        self.pid, self.interval_s, self.peak = pid, interval_s, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "RssSampler":
+        if self.pid:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._done.wait(self.interval_s):
+            try:
+                root = psutil.Process(self.pid)
+                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                continue
+            self.peak = max(self.peak, total)
+
+
+def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path) -> ServedFormat:
+    """The dtype vLLM runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
+    CPU without bf16 units), the KV bytes per token at that dtype, and greedy decoding with the checkpoint's
+    stop tokens and repetition penalty, as LoadedModel decodes."""
+    import json
+
+    from harness.measure.kv import kv_bytes_per_token
+    from harness.runtime.device import compute_dtype
+
+    config = json.loads((artifact_path / "config.json").read_text(encoding="utf-8"))
+    dtype = compute_dtype(inputs.spec.dtype, config)
+    stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
+    return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
+                                                                                     kv_dtype_bytes=element),
+                        greedy_sampling(artifact_path, inputs.spec.seed))
+
+
+def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoTokenizer, GenerationConfig
+
+        from harness.runtime.transformers_backend import stop_ids
+
+        tokenizer = AutoTokenizer.from_pretrained(artifact_path)
+        try:
+            config = GenerationConfig.from_pretrained(artifact_path)
+        except OSError:
+            config = GenerationConfig()
+    penalty = getattr(config, "repetition_penalty", None)
+    return Sampling(tuple(sorted(stop_ids(config, tokenizer))), penalty if penalty not in (None, 1.0) else None, seed)
