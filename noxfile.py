@@ -97,6 +97,7 @@ def _install_chromium(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     _ensure_env(session, "test")
+    _ensure_vllm_env(session)  # the vLLM backend's tests run a real server
     _install_chromium(session)
     session.run(str(PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), env={"PYTHONPATH": str(ROOT)})
 

@@ -34,7 +34,11 @@ from harness.report.view import (
     EVALSET_COLUMNS,
     LATENCY_COLUMNS,
     LEGEND,
+    SERVED_LATENCY_COLUMNS,
+    SERVED_TITLE,
+    ServedView,
     artifact_rows,
+    backend_note,
     calibration_rows,
     capacity_text,
     environment_items,
@@ -43,6 +47,7 @@ from harness.report.view import (
     gated_scores,
     iter_scores,
     latency_caption,
+    latency_origin,
     latency_rows,
     memory_caption,
     memory_rows,
@@ -50,6 +55,7 @@ from harness.report.view import (
     verdict_of,
     serving_caption,
     serving_rows,
+    served_views,
     timeline_peak_text,
     vllm_command,
 )
@@ -100,6 +106,7 @@ def _page(report: dict[str, Any], groups: list[RegressionGroup], plots: list[Plo
         _header(report, model),
         '<section id="verdicts">',
         _verdict_table(report, layout),
+        _note(backend_note(report)),
         _recommendation(report),
         _legend(),
         "</section>",
@@ -107,6 +114,7 @@ def _page(report: dict[str, Any], groups: list[RegressionGroup], plots: list[Plo
     ]
     for index, (name, fmt) in enumerate(formats_in_order(report)):
         body.append(_format_section(report, index, name, fmt, groups, layout))
+    body.append(_served(report))
     body.append(_provenance(report, layout))
     return (
         "<!DOCTYPE html>\n"
@@ -165,6 +173,10 @@ def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
         )
     columns = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]", "vLLM flags")
     return _table(columns, rows, cls="verdicts")
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{e(text)}</p>' if text else ""
 
 
 def _flags(flags: str) -> str:
@@ -244,7 +256,7 @@ def _format_section(
         shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
-    parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(fmt), _capacity(fmt),
+    parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(fmt),
               _serving(report, fmt), _checks(fmt, layout)]
     if fmt.get("role") != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
@@ -296,11 +308,12 @@ def _timeline(fmt: dict[str, Any]) -> str:
     return f'<p class="timeline"><strong>Memory over time:</strong> {e(text)} (plot under Plots)</p>' if text else ""
 
 
-def _latency(fmt: dict[str, Any]) -> str:
+def _latency(report: dict[str, Any], fmt: dict[str, Any]) -> str:
     rows = latency_rows(fmt)
     if not rows:
         return ""
-    return f"<h3>{e(latency_caption(fmt))}</h3>\n" + _table(LATENCY_COLUMNS, [[e(c) for c in row] for row in rows])
+    return (f"<h3>{e(latency_caption(fmt))}</h3>\n" + _note(latency_origin(report, fmt))
+            + _table(LATENCY_COLUMNS, [[e(c) for c in row] for row in rows]))
 
 
 def _capacity(fmt: dict[str, Any]) -> str:
@@ -322,6 +335,27 @@ def _serving(report: dict[str, Any], fmt: dict[str, Any]) -> str:
             command += f"<pre><code>{e(row.config_yaml)}</code></pre>"
         cells.append([e(row.engine), e(row.summary) + command])
     return f"<h3>{e(serving_caption(report, fmt))}</h3>\n" + _table(["Engine", "Settings"], cells)
+
+
+def _served(report: dict[str, Any]) -> str:
+    views = served_views(report)
+    if not views:
+        return ""
+    return "\n".join([f'<section id="served"><h2>{e(SERVED_TITLE)}</h2>', *map(_served_format, views), "</section>"])
+
+
+def _served_format(view: ServedView) -> str:
+    cls = {"ok": "go", "unsupported": "inconclusive"}.get(view.status, "nogo")
+    parts = [f'<h3>{e(view.name)} <span class="s-{cls}">{e(view.status)}</span></h3>']
+    if view.reason:
+        parts.append(f'<p class="served-reason"><strong>Reason:</strong> {e(view.reason)}</p>')
+    parts.append("<ul>" + "".join(f"<li><strong>{e(label)}:</strong> {e(text)}</li>" for label, text in view.lines)
+                 + "</ul>")
+    if view.latency:
+        parts.append(_table(SERVED_LATENCY_COLUMNS, [[e(c) for c in row] for row in view.latency]))
+    if view.command:
+        parts.append(f"<pre><code>{e(view.command)}</code></pre>")
+    return "\n".join(parts)
 
 
 def _checks(fmt: dict[str, Any], layout: _Layout) -> str:
@@ -435,6 +469,9 @@ section.format { border-left: 4px solid var(--line); padding-left: 14px; margin-
 .legend ul { margin: 4px 0; padding-left: 20px; }
 .error { background: #ffebe9; border: 1px solid var(--nogo); padding: 8px 12px; margin: 8px 0; }
 .error-inline { color: var(--nogo); }
+.note { color: var(--base); font-style: italic; margin: 4px 0; }
+.served-reason { background: #fff8c5; border: 1px solid #d4a72c; padding: 6px 10px; }
+#served h3 .s-go, #served h3 .s-nogo, #served h3 .s-inconclusive { font-size: 13px; }
 .plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
 figure { margin: 0; border: 1px solid var(--line); padding: 8px; }
 figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }

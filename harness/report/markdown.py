@@ -1,8 +1,8 @@
 """report.md: the verdicts, paste-ready for a change review.
 
-Order: verdict table, recommendation, how to read a verdict, per format (reasons,
-scores, memory, latency, capacity, worst regressions), provenance. The whole file
-stays under 64 KiB (change-review comments are capped around there): when the input
+Order: verdict table (and where the scores came from), recommendation, how to read a verdict, per format
+(reasons, scores, memory, latency, capacity, worst regressions), served by vLLM (when any format was),
+provenance. The whole file stays under 64 KiB (change-review comments are capped around there): when the input
 is large, excerpts shrink, then regression rows go, then long lists are cut; the
 verdict table is always kept.
 """
@@ -33,7 +33,11 @@ from harness.report.view import (
     EVALSET_COLUMNS,
     LATENCY_COLUMNS,
     LEGEND,
+    SERVED_LATENCY_COLUMNS,
+    SERVED_TITLE,
+    ServedView,
     artifact_rows,
+    backend_note,
     calibration_rows,
     capacity_text,
     environment_items,
@@ -42,6 +46,7 @@ from harness.report.view import (
     gated_scores,
     iter_scores,
     latency_caption,
+    latency_origin,
     latency_rows,
     memory_caption,
     memory_rows,
@@ -49,6 +54,7 @@ from harness.report.view import (
     verdict_of,
     serving_caption,
     serving_rows,
+    served_views,
     timeline_peak_text,
     vllm_command,
 )
@@ -93,6 +99,14 @@ def md_cell(text: Any) -> str:
     return "<br>".join(out.splitlines()) if ("\n" in out or "\r" in out) else out
 
 
+def md_fence(text: str, info: str = "sh") -> str:
+    """Text as a fenced code block, verbatim: the fence is longer than any run of backticks inside."""
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
 def md_code(text: Any) -> str:
     """Our own text (flags, hashes) as inline code; pipes still escaped for tables."""
     body = str(text).replace("`", "'").replace("|", "\\|")
@@ -120,11 +134,13 @@ def _render(report: dict[str, Any], groups: list[RegressionGroup], layout: _Layo
     parts = [
         _title(report),
         _verdict_table(report, layout),
+        _backend_note(report),
         _recommendation(report),
         "**How to read a verdict**\n\n" + "\n".join(f"- **{term}** {text}" for term, text in LEGEND),
     ]
     for name, fmt in formats_in_order(report):
         parts.append(_format_section(report, name, fmt, groups, layout))
+    parts.append(_served(report, layout))
     parts.append(_provenance(report, layout))
     return "\n\n".join(p for p in parts if p) + "\n"
 
@@ -163,6 +179,11 @@ def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _backend_note(report: dict[str, Any]) -> str:
+    note = backend_note(report)
+    return f"_{md_inline(note)}_" if note else ""
 
 
 def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
@@ -220,7 +241,7 @@ def _format_section(
         _scores_table(fmt, layout),
         _memory_table(fmt),
         _timeline_line(fmt),
-        _latency_table(fmt),
+        _latency_table(report, fmt),
         _capacity(fmt),
         _serving(report, fmt, layout),
     ]
@@ -290,13 +311,19 @@ def _timeline_line(fmt: dict[str, Any]) -> str:
     return f"**Memory over time:** {md_inline(text)}" if text else ""
 
 
-def _latency_table(fmt: dict[str, Any]) -> str:
+def _latency_table(report: dict[str, Any], fmt: dict[str, Any]) -> str:
     rows = latency_rows(fmt)
     if not rows:
         return ""
-    lines = ["| " + " | ".join(LATENCY_COLUMNS) + " |", "|" + "---|" * len(LATENCY_COLUMNS)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return f"**{md_inline(latency_caption(fmt))}**\n\n" + "\n".join(lines)
+    origin = latency_origin(report, fmt)
+    head = f"**{md_inline(latency_caption(fmt))}**" + (f"\n\n_{md_inline(origin)}_" if origin else "")
+    return head + "\n\n" + _figure_table(LATENCY_COLUMNS, rows)
+
+
+def _figure_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
+    """A table of our own figures (no escaping needed)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
 def _capacity(fmt: dict[str, Any]) -> str:
@@ -320,6 +347,26 @@ def _serving(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> st
             lines += ["", "      # --config file:"] + [f"      {line}" for line in row.config_yaml.splitlines()]
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _served(report: dict[str, Any], layout: _Layout) -> str:
+    views = served_views(report)
+    if not views:
+        return ""
+    return "\n\n".join([f"## {SERVED_TITLE}"] + [_served_format(view, layout) for view in views])
+
+
+def _served_format(view: ServedView, layout: _Layout) -> str:
+    parts = [f"### {md_inline(view.name)}: {md_inline(view.status)}"]
+    if view.reason:
+        parts.append(f"**Reason:** {md_inline(clip(view.reason, 2 * layout.cell_chars))}")
+    parts.append("\n".join(f"- **{label}:** {md_inline(clip(text, 2 * layout.cell_chars))}"
+                           for label, text in view.lines))
+    if view.latency:
+        parts.append(_figure_table(SERVED_LATENCY_COLUMNS, view.latency))
+    if view.command:
+        parts.append(md_fence(view.command))
+    return "\n\n".join(parts)
 
 
 def _regressions(group: RegressionGroup, layout: _Layout) -> str:

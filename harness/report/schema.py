@@ -5,7 +5,8 @@
 regenerate with `python -m harness schema > docs/report.schema.json`). docs/report.md says what each field means.
 
 The models follow what the producer writes today (harness/assemble.py, decide.py, measure/latency.py,
-measure/capacity.py, calibration.py, the artifact manifest of pipeline.py and worker.py) and what version-1
+measure/capacity.py, calibration.py, the artifact manifest of pipeline.py and worker.py, the `served` block of
+runtime/vllm/) and what version-1
 reports written earlier carry, so both validate:
 - extra="forbid" everywhere a fixed set of keys is written, so that a renamed or misspelled field fails
   validation and names itself; extra="allow" only where the dict is open-ended by nature: the artifact manifest
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 SCHEMA_VERSION = 1
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -33,6 +34,8 @@ CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration"
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
+Backend = Literal["transformers", "vllm"]
+ConcurrencyKey = Annotated[str, StringConstraints(pattern=r"^concurrency_[1-9][0-9]*$")]
 
 
 def _not_bool(value: Any) -> Any:
@@ -242,6 +245,114 @@ class Latency(_Strict):
     e2e_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.e2e_ms (deprecated)")
 
 
+# --- served by vLLM (settings.backend "vllm") -------------------------------------------------------
+
+
+class ServedLatencyStats(LatencyStats):
+    """Per-request times of one kind at one concurrency, from the server's streamed responses, in milliseconds:
+    every field of LatencyStats, and the 99th percentile. Requests in flight together are timed one by one."""
+
+    p99: float | None = Field(default=None, description="99th percentile (linear interpolation), ms; with fewer "
+                                                        "than 20 requests it is about the max")
+
+
+class ServedLatency(_Strict):
+    """One served workload: `concurrency` requests in flight at a time, streamed from the server."""
+
+    concurrency: int = Field(description="requests in flight at once (count); the N of its key concurrency_N")
+    requests: int = Field(description="requests completed (count)")
+    ttft_ms: ServedLatencyStats = Field(description="time to first token: request sent to first streamed token, ms")
+    itl_ms: ServedLatencyStats = Field(description="inter-token latency: gap between consecutive streamed chunks, "
+                                                   "ms (count: gaps, not requests)")
+    tpot_ms: ServedLatencyStats = Field(description="time per output token after the first, per request, ms")
+    e2e_ms: ServedLatencyStats = Field(description="end-to-end time of the request, ms")
+    output_tokens_per_s: float | None = Field(description="tokens generated per second of wall time over the "
+                                                          "workload, tokens/s")
+    wall_s: float = Field(description="wall time of the workload, s")
+
+
+class ServedKvCache(_Strict):
+    """The KV cache quantgate predicted for the server's flags against the one vLLM logged at start-up."""
+
+    block_size: int | None = Field(description="tokens per KV-cache block (vLLM's paging unit), tokens; null "
+                                               "when not predicted")
+    max_model_len: int = Field(description="--max-model-len the server ran with, tokens per sequence")
+    predicted_tokens: int | None = Field(description="tokens quantgate predicted the KV cache holds; null when "
+                                                     "not predicted")
+    vllm_tokens: int | None = Field(description="tokens vLLM's log says the KV cache holds; null when not logged")
+    relative_error: float | None = Field(description="(predicted_tokens - vllm_tokens) / vllm_tokens, fraction "
+                                                     "(0.01 is 1% over)")
+    predicted_max_concurrency: float | None = Field(description="sequences of max_model_len the predicted cache "
+                                                                "holds (count, fractional)")
+    vllm_max_concurrency: float | None = Field(description="vLLM's logged 'Maximum concurrency for N tokens per "
+                                                           "request' (count, fractional)")
+    vllm_kv_memory_gib: float | None = Field(description="KV-cache memory vLLM logged, GiB")
+
+
+class Saturation(_Strict):
+    """Whether the launch flags hold under load: max-num-seqs requests at once, each prompt filling
+    max-model-len, must all be answered with the server up and nothing preempted."""
+
+    holds: bool = Field(description="every request answered, the server alive and no preemption")
+    concurrency: int = Field(description="requests sent at once (the command's --max-num-seqs, count)")
+    prompt_tokens: int = Field(description="prompt length of each request, tokens")
+    new_tokens: int = Field(description="tokens generated per request")
+    preemptions: float | None = Field(description="growth of vllm:num_preemptions_total over the check (count); "
+                                                  "null when /metrics could not be read")
+    failed_requests: int = Field(description="requests that failed (count)")
+    server_alive: bool = Field(description="the server still answered after the check")
+    reason: str = Field(description="the result in words: what held, or what broke")
+
+
+class EndpointModel(_Strict):
+    """One model a --vllm-endpoint server lists at /v1/models."""
+
+    id: str | None = Field(description="the name it serves the model under")
+    root: str | None = Field(description="the checkpoint path or name it loaded")
+    max_model_len: int | None = Field(description="its context length, tokens")
+
+
+class Served(_Strict):
+    """The format served by `vllm serve` (a server quantgate started, or the user's --vllm-endpoint): what it
+    ran, the KV cache it made, its latency at each concurrency and whether its flags hold under load."""
+
+    status: Literal["ok", "unsupported", "failed"] = Field(description="ok: served and measured; unsupported: "
+                                                           "this vLLM cannot serve the format (found before "
+                                                           "loading); failed: the server did not start or broke")
+    reason: str | None = Field(description="why unsupported or failed, one line that names the alternative; null "
+                                           "when ok")
+    engine: Literal["vllm"] = Field(description="the serving engine")
+    source: str = Field(description="where the vLLM came from, e.g. 'project environment .venv-vllm', '--vllm "
+                                    "PATH', '--vllm-endpoint URL'")
+    version: str | None = Field(description="the vLLM version, e.g. '0.32.0'; null when unknown")
+    endpoint: str | None = Field(description="URL of the user's own server (--vllm-endpoint); null when quantgate "
+                                             "started it")
+    command: str | None = Field(description="the exact `vllm serve` command, environment variables first; null "
+                                            "when quantgate did not start the server")
+    flags: dict[str, str] = Field(description="the command's flags, flag -> value ('' for a bare flag)")
+    kernels: list[str] = Field(description="the linear-layer kernels vLLM's log names, e.g. "
+                                           "'CPUWNA16LinearKernel'; empty when it names none")
+    startup_s: float | None = Field(description="from launch to the server answering /health, s")
+    log: str | None = Field(description="path of the server's log")
+    kv_cache: ServedKvCache | None = Field(description="predicted against logged KV cache; null when not read")
+    latency: dict[ConcurrencyKey, ServedLatency] = Field(description="'concurrency_N' -> the workload at N "
+                                                                     "requests in flight; empty when not measured",
+                                                         json_schema_extra={"additionalProperties": False})
+    saturation: Saturation | None = Field(description="the load check of the flags; null when not run")
+    rss_peak_bytes: int | None = Field(description="peak resident set size of the server's process tree, bytes "
+                                                   "(CPU); null on a GPU or when not sampled")
+    scored: bool = Field(description="this format's scores came from the server (else from transformers)")
+    endpoint_models: list[EndpointModel] | None = Field(default=None, description="--vllm-endpoint: what the "
+                                                        "server's /v1/models lists; absent when quantgate started it")
+
+    @model_validator(mode="after")
+    def _keys_name_their_concurrency(self) -> Served:
+        for key, run in self.latency.items():
+            if key != f"concurrency_{run.concurrency}":
+                raise ValueError(f"latency key {key!r} holds concurrency {run.concurrency}")
+        return self
+
+
 class Capacity(_Strict):
     """What fits on the target GPU under vLLM with this format's weights and activation peak (16-bit KV cache): the
     vLLM entry of `serving` in the shape of the version-1 capacity block (older reports: the legacy plan)."""
@@ -424,6 +535,8 @@ class FormatResult(_Strict):
                                                    "its plan on the run's target GPU; null when capacity is null "
                                                    "(absent in reports before it was kept)")
     generation: Generation | None = Field(description="generation totals")
+    served: Served | None = Field(default=None, description="the format served by vLLM (settings.backend 'vllm'); "
+                                  "absent or null with the transformers backend")
 
 
 # --- run-level blocks -------------------------------------------------------------------------------
@@ -493,6 +606,9 @@ class Settings(_Strict):
     warmup_requests: int | None = Field(default=None, description="untimed warm-up requests (count)")
     decoding: Literal["greedy"] | None = Field(default=None, description="decoding strategy")
     capacity: CapacityTarget | None = Field(default=None, description="the capacity plans' target GPU")
+    backend: Backend = Field(default="transformers", description="what generated the scored outputs: "
+                             "'transformers' (in-process) or 'vllm' (a `vllm serve` server; see each format's "
+                             "`served`); absent in reports before it was kept, meaning transformers")
 
 
 class PolicyServing(_Strict):

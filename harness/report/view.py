@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import UserError
-from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, is_number
+from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, fmt_signed, is_number
 
 SCHEMA_VERSION = 1
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
@@ -276,14 +276,19 @@ def latency_rows(fmt: dict[str, Any]) -> list[list[str]]:
 
 def p95_text(stats: dict[str, Any]) -> str:
     """The p95, or 'max of N: X' when N requests are too few for a 95th percentile."""
+    return tail_text(stats, "p95")
+
+
+def tail_text(stats: dict[str, Any], key: str) -> str:
+    """A tail percentile (`key`: 'p95', 'p99'), or 'max of N: X' when N requests are too few for it."""
     from harness.measure.latency import P95_MIN_REQUESTS
 
     count = stats.get("count")
     if is_number(count) and 0 < count < P95_MIN_REQUESTS:
         if is_number(stats.get("max")):
             return f"max of {fmt_int(count)}: {fmt_ms(stats['max'])}"
-        return f"p95 of only {fmt_int(count)}: {fmt_ms(stats.get('p95'))}"  # a report from before "max" was kept
-    return fmt_ms(stats.get("p95"))
+        return f"{key} of only {fmt_int(count)}: {fmt_ms(stats.get(key))}"  # a report from before "max" was kept
+    return fmt_ms(stats.get(key))
 
 
 def latency_caption(fmt: dict[str, Any]) -> str:
@@ -294,6 +299,130 @@ def latency_caption(fmt: dict[str, Any]) -> str:
     if is_number(latency.get("warmup_requests")):
         extra.append(f"{latency['warmup_requests']} warm-up requests")
     return f"Latency on {latency.get('device') or 'unknown device'}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+# --- served by vLLM (report["formats"][NAME]["served"]; settings.backend "vllm") ---------------------
+
+SERVED_TITLE = "Served by vLLM"
+SERVED_LATENCY_COLUMNS = ("Concurrency", "Requests", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
+                          "TPOT p50", "TPOT p95", "E2E p50", "E2E p95", "Output tok/s")
+_IN_TRANSFORMERS = "Latency below is measured in transformers (eager, in-process)"
+
+
+@dataclass(frozen=True)
+class ServedView:
+    """One format's served block as every renderer prints it (plain text; the renderer escapes it)."""
+
+    name: str
+    status: str  # ok, unsupported, failed
+    reason: str  # why not ok; "" when ok or not given
+    lines: list[tuple[str, str]]  # (label, text): vLLM, kernels, KV cache, saturation, scores
+    latency: list[list[str]]  # SERVED_LATENCY_COLUMNS rows, lowest concurrency first
+    command: str  # the exact `vllm serve` command; "" when quantgate did not start the server
+
+
+def backend_of(report: dict[str, Any]) -> str:
+    """settings.backend; reports before it was kept ran transformers."""
+    return str(dig(report, "settings", "backend") or "transformers")
+
+
+def served_of(fmt: dict[str, Any]) -> dict[str, Any] | None:
+    served = fmt.get("served")
+    return served if isinstance(served, dict) else None
+
+
+def served_views(report: dict[str, Any]) -> list[ServedView]:
+    """Every format with a `served` block, in report order; [] when none has one (no section then)."""
+    return [served_view(name, served) for name, fmt in formats_in_order(report)
+            if (served := served_of(fmt)) is not None]
+
+
+def served_view(name: str, served: dict[str, Any]) -> ServedView:
+    lines = [("vLLM", served_engine_text(served))]
+    kernels = [str(k) for k in served.get("kernels") or []]
+    if kernels or served.get("status") == "ok":
+        lines.append(("Kernels", ", ".join(kernels) or "none named in vLLM's log"))
+    if isinstance(served.get("kv_cache"), dict):
+        lines.append(("KV cache", served_kv_text(served["kv_cache"])))
+    if isinstance(served.get("saturation"), dict):
+        lines.append(("Saturation", saturation_text(served["saturation"])))
+    lines.append(("Scores", "from this server" if served.get("scored") is True else "from transformers"))
+    return ServedView(name, str(served.get("status") or "?"), str(served.get("reason") or ""), lines,
+                      served_latency_rows(served), str(served.get("command") or ""))
+
+
+def served_engine_text(served: dict[str, Any]) -> str:
+    """'vLLM 0.32.0 from project environment .venv-vllm; started in 41.2 s; peak RSS 1.20 GiB; log PATH'."""
+    version, source, endpoint = served.get("version"), str(served.get("source") or DASH), served.get("endpoint")
+    parts = [f"{ENGINE_TITLES.get(str(served.get('engine')), 'vLLM')} {version or '(version unknown)'} from {source}"
+             + (f" at {endpoint}" if endpoint and str(endpoint) not in source else "")]
+    if is_number(served.get("startup_s")):
+        parts.append(f"started in {fmt_num(served['startup_s'])} s")
+    if is_number(served.get("rss_peak_bytes")):
+        parts.append(f"peak RSS {fmt_bytes(served['rss_peak_bytes'])}")
+    if served.get("log"):
+        parts.append(f"log {served['log']}")
+    return "; ".join(parts)
+
+
+def served_kv_text(kv: dict[str, Any]) -> str:
+    """'predicted 46,592 tokens vs vLLM's 46,592 tokens (error +0.0%), max concurrency 45.50 predicted vs 45.50
+    vLLM at 1,024 tokens'; then the block size and vLLM's KV memory."""
+    error = kv.get("relative_error")
+    text = (f"predicted {fmt_int(kv.get('predicted_tokens'))} tokens vs vLLM's {fmt_int(kv.get('vllm_tokens'))} "
+            f"tokens (error {fmt_signed(100 * error) + '%' if is_number(error) else DASH}), max concurrency "
+            f"{fmt_num(kv.get('predicted_max_concurrency'), 2)} predicted vs "
+            f"{fmt_num(kv.get('vllm_max_concurrency'), 2)} vLLM at {fmt_int(kv.get('max_model_len'))} tokens")
+    extra = [f"{fmt_int(kv['block_size'])}-token blocks"] if is_number(kv.get("block_size")) else []
+    if is_number(kv.get("vllm_kv_memory_gib")):
+        extra.append(f"vLLM's KV memory {fmt_num(kv['vllm_kv_memory_gib'], 2)} GiB")
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def saturation_text(saturation: dict[str, Any]) -> str:
+    """'holds under load (REASON)' or 'does not hold under load: REASON'."""
+    reason = str(saturation.get("reason") or "")
+    if saturation.get("holds") is True:
+        return "holds under load" + (f" ({reason})" if reason else "")
+    return f"does not hold under load: {reason or 'no reason recorded'}"
+
+
+def served_latency_rows(served: dict[str, Any]) -> list[list[str]]:
+    runs = [run for run in (served.get("latency") or {}).values() if isinstance(run, dict)]
+    runs.sort(key=lambda run: run["concurrency"] if is_number(run.get("concurrency")) else 0)
+    rows = []
+    for run in runs:
+        cells = [fmt_int(run.get("concurrency")), fmt_int(run.get("requests"))]
+        for key, tails in (("ttft_ms", ("p95", "p99")), ("itl_ms", ("p95",)), ("tpot_ms", ("p95",)),
+                           ("e2e_ms", ("p95",))):
+            stats = run.get(key) if isinstance(run.get(key), dict) else {}
+            cells += [fmt_ms(stats.get("p50"))] + [tail_text(stats, tail) for tail in tails]
+        tput = run.get("output_tokens_per_s")
+        cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
+        rows.append(cells)
+    return rows
+
+
+def backend_note(report: dict[str, Any]) -> str:
+    """The line under the verdict table when the scores came from vLLM; '' with the transformers backend."""
+    if backend_of(report) != "vllm":
+        return ""
+    local = [name for name, fmt in formats_in_order(report)
+             if fmt.get("scores") and (served_of(fmt) or {}).get("scored") is not True]
+    note = "Scores come from the vLLM server (backend vllm)"
+    return note + (f"; {', '.join(local)}: from transformers (not served)." if local else ".")
+
+
+def latency_origin(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+    """Where the latency table's figures come from, once any format was served; '' otherwise."""
+    if not any(served_of(f) is not None for _, f in formats_in_order(report)):
+        return ""
+    served = served_of(fmt)
+    if served is None:
+        return f"{_IN_TRANSFORMERS}; this format was not served by vLLM."
+    if served.get("latency"):
+        return f"{_IN_TRANSFORMERS}; served figures are in '{SERVED_TITLE}'."
+    return f"{_IN_TRANSFORMERS}; vLLM has no figures for this format (see '{SERVED_TITLE}')."
 
 
 def capacity_text(fmt: dict[str, Any]) -> str:

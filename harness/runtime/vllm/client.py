@@ -117,11 +117,17 @@ def complete_all(endpoint: Endpoint, requests: list[CompletionRequest], sampling
     """Every request, `concurrency` in flight (the server batches them), in the order given."""
     results: list[ServedCompletion | None] = [None] * len(requests)
     progress.step(label, 0, len(requests))
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
         futures = {pool.submit(complete, endpoint, r, sampling): i for i, r in enumerate(requests)}
         for done, future in enumerate(as_completed(futures), 1):
             results[futures[future]] = future.result()
             progress.step(label, done, len(requests))
+    except BaseException:
+        # Ctrl-C or a failed request: do not wait for the rest; stopping the server ends those in flight.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return results
 
 

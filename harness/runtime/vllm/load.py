@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from harness.measure.latency import P95_MIN_REQUESTS, percentile, summarize
+from harness.measure.latency import percentile, summarize
 from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, ServedCompletion,
                                          complete_all, get_text, metric_total)
 
@@ -30,8 +30,7 @@ def summarize_served(done: list[ServedCompletion], concurrency: int, wall_s: flo
             "itl_ms": _summary([gap * 1000 for c in done for gap in c.chunk_gaps_s]),
             "tpot_ms": _summary([c.tpot_s * 1000 for c in done if c.tpot_s is not None]),
             "e2e_ms": _summary([c.e2e_s * 1000 for c in done]),
-            "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s else None, "wall_s": round(wall_s, 2),
-            "p95_trustworthy": len(done) >= P95_MIN_REQUESTS}
+            "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s else None, "wall_s": round(wall_s, 2)}
 
 
 def _summary(values_ms: list[float]) -> dict:

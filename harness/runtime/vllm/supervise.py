@@ -40,10 +40,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _term_when_parent_dies() -> None:
+    """Linux: the server gets SIGTERM should this supervisor itself be killed (e.g. `kill -9 -PGID`)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     grace_s = float(argv[0])
     command = argv[argv.index("--") + 1:]
-    child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL,
+                             preexec_fn=_term_when_parent_dies)
     stop_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
     signal.signal(signal.SIGINT, lambda *_: stop_requested.set())

