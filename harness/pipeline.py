@@ -242,7 +242,7 @@ def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: 
         return
     served = served_format(inputs, fmt, artifact_key, artifact_path)
     run.served = run_served(inputs, served, inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), run.generations,
-                            lambda path: reusable(inputs.spec, path))
+                            lambda path: reusable(inputs.spec, path), run)
     run.stages_run.append("serve")
     if run.served["status"] != "ok":
         run.status, run.error = "failed", f"serving with vLLM failed: {run.served['reason']}"

@@ -17,7 +17,7 @@ from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.formats import format_spec
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFailed, Sampling, complete_all, get_json
-from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, refusal
+from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
 from harness.runtime.vllm.locate import VllmInstall
 from harness.runtime.vllm.server import ServerFailed, ServerLaunch, VllmServer, environment_for_server
@@ -44,14 +44,34 @@ def served_refusal(install: VllmInstall | None, fmt: str, endpoint: str | None) 
     return refusal(format_spec(fmt), None if endpoint else install, version)
 
 
-def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None) -> LaunchPlan:
+def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, run=None) -> LaunchPlan:
     spec = inputs.spec
     max_model_len = spec.capacity.max_model_len or longest_request(inputs)
+    parallel = (spec.tensor_parallel_size, spec.pipeline_parallel_size)
+    if install is not None and install.device == "cuda" and run is not None:
+        plan = local_gpu_plan(inputs, run, max_model_len)
+        if plan is not None and plan.servable and plan.fits:
+            return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel,
+                              max_num_seqs=spec.max_num_seqs)
     seqs = spec.max_num_seqs or spec.batch_size
     return cpu_launch(format_spec(served.name), dtype=served.dtype, max_model_len=max_model_len,
                       max_num_seqs=seqs, kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
                       kv_bytes_per_token=served.kv_bytes_per_token,
-                      parallel=(spec.tensor_parallel_size, spec.pipeline_parallel_size))
+                      parallel=parallel)
+
+
+def local_gpu_plan(inputs, run, max_model_len: int):
+    """The capacity plan for the GPU(s) this server runs on: the report's vLLM plan, on this device."""
+    from harness.assemble import serving_plans
+    from harness.measure.capacity import Target, gpu_of_size
+    from harness.runtime.device import device_info
+
+    info = device_info(inputs.spec.threads)
+    target = Target(gpu_of_size(info["total_memory_bytes"] / 2**30),
+                    num_gpus=inputs.spec.tensor_parallel_size)  # the plan splits by tensor parallelism
+    plans = serving_plans(inputs, run, target, max_model_len, engines=("vllm",),
+                          gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
+    return None if plans is None else plans["vllm"]
 
 
 def longest_request(inputs) -> int:
@@ -71,11 +91,11 @@ def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str 
 
 
 def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoint_url: str | None,
-               generations: dict[str, dict], reusable) -> dict:
+               generations: dict[str, dict], reusable, run=None) -> dict:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
     cached). `reusable(path)` says whether a cache entry may be used (--no-cache)."""
     spec = inputs.spec
-    plan = launch_plan_for(inputs, served, install)
+    plan = launch_plan_for(inputs, served, install, run)
     concurrencies = tuple(dict.fromkeys(spec.concurrency or [1, plan.max_num_seqs]))
     latency_workload = [[list(ids), n] for ids, n in latency_requests(inputs)]
     base = served_key(served, install, endpoint_url, plan, latency_workload, concurrencies)

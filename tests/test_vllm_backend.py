@@ -163,8 +163,8 @@ def test_no_server_outlives_quantgate(how, vllm_install, demo_cache, tmp_path):
     """kill -9 of quantgate (its supervisor sees the pipe close) and Ctrl-C (SIGINT to the foreground group):
     the server's whole process group is gone within the grace period."""
     assert not _servers_left()
-    args = ("--model", "demo", "--formats", "baseline", "--max-items", "2", "--max-new-tokens", "64",
-            "--latency-requests", "40", "--backend", "vllm", "--no-cache")
+    args = ("--model", "demo", "--formats", "baseline", "--max-items", "2", "--max-new-tokens", "16",
+            "--latency-requests", "2", "--backend", "vllm")
     run = _start_and_wait_for_server(args, demo_cache, tmp_path)
     if how == "SIGKILL":
         os.kill(run.pid, signal.SIGKILL)  # quantgate alone: its supervisor must notice
@@ -200,3 +200,26 @@ def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_p
     assert served["endpoint_models"][0]["id"] == "team-baseline"
     assert served["saturation"]["holds"] is True
     assert not _wait_gone(30)
+
+
+def test_parallel_flags_and_the_gpu_plan_reach_the_command():
+    """--tensor-parallel-size/--pipeline-parallel-size pass through; on a GPU the capacity plan's flags are used."""
+    from harness.formats import format_spec
+    from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
+    from harness.runtime.vllm.launch_plan import cpu_launch, gpu_launch
+
+    cpu = cpu_launch(format_spec("gptq"), dtype="float32", max_model_len=600, max_num_seqs=4, kv_space_gib=2,
+                     threads=1, seed=7, kv_bytes_per_token=46080, parallel=(2, 2))
+    words = " ".join(cpu.args)
+    assert "--tensor-parallel-size 2" in words and "--pipeline-parallel-size 2" in words
+    assert "--quantization gptq" in words and "--dtype float32" in words and "--seed 7" in words
+    assert cpu.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu.kv.tokens == predict_cpu_kv(2, 46080, 600).tokens
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    plan = plan_vllm(model_shape(config), weight_format("awq", 128), Target(gpu_by_name("H100-SXM"), num_gpus=2),
+                     Workload(max_model_len=8192), version="0.32")
+    gpu = gpu_launch(plan, dtype="bfloat16", seed=0, parallel=(2, 1), max_num_seqs=None)
+    words = " ".join(gpu.args)
+    assert "--tensor-parallel-size 2" in words and words.count("--tensor-parallel-size") == 1
+    assert f"--max-num-seqs {plan.max_num_seqs}" in words and "--gpu-memory-utilization" in words
+    assert plan.arg("--quantization") in words and gpu.kv.tokens == plan.kv_tokens
