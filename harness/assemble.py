@@ -27,7 +27,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
     for name, run in runs.items():
         items = score_format(inputs, run, samples)
         budget_latency, latency_source = budget_latency_of(run)
-        served = run.served or {}
+        served = getattr(run, "served", None) or {}
         outcomes[name] = FormatOutcome(
             name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
             gates={e.name: list(e.gate) for e in inputs.evalsets},
@@ -89,7 +89,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
 def budget_latency_of(run) -> tuple[dict, str]:
     """The latency the policy's budgets judge: the vLLM server's at concurrency 1 where the format was served,
     else transformers' batch-1 figures."""
-    served = run.served or {}
+    served = getattr(run, "served", None) or {}
     at_one = (served.get("latency") or {}).get("concurrency_1") if served.get("status") == "ok" else None
     if at_one:
         return at_one, "vLLM server, concurrency 1"
@@ -162,7 +162,7 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
         if plans is not None:
             entry["capacity"] = capacity_view(plans["vllm"])
             entry["serving"] = {engine: plain(plan.as_dict()) for engine, plan in plans.items()}
-    if run.served is not None:
+    if getattr(run, "served", None) is not None:
         entry["served"] = run.served
     entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
                            "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
