@@ -9,8 +9,8 @@ from harness.commands.plan import capacity_view
 from harness.decide import FormatOutcome, ServingFit, baseline_scores, decide_format, exit_code, recommend
 from harness.evalsets import score_item
 from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
-                                      Workload, gpu_by_name, model_shape, plan_engine, plan_engines, resolve_version,
-                                      weight_format)
+                                      WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
+                                      resolve_version, weight_format)
 from harness.measure.kv import kv_bytes_per_token, text_config
 from harness.measure.latency import latency_block
 from harness.runtime.transformers_backend import BatchTiming
@@ -55,7 +55,8 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
                          checks=[], scores=baseline_scores(baseline))
         else:
             decision = decisions[name]
-            entry.update(role="candidate", verdict=decision.verdict, reasons=decision.reasons,
+            entry.update(role="candidate", verdict=decision.verdict,
+                         reasons=[*decision.reasons, *comparison_notes(inputs, name)],
                          checks=decision.checks, scores=decision.scores)
         formats[name] = entry
     report = {
@@ -69,7 +70,8 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
         "device": device_info(spec.threads),
         "environment": environment(),
         "settings": {"seed": spec.seed, "batch_size": spec.batch_size, "max_items": spec.max_items,
-                     "max_new_tokens": spec.max_new_tokens, "formats": spec.formats, "dtype": spec.dtype,
+                     "max_new_tokens": spec.max_new_tokens, "formats": spec.formats,
+                     "candidates": spec.candidates, "dtype": spec.dtype,
                      "threads": spec.threads, "latency_requests": spec.latency_requests,
                      "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
                      "decoding": "greedy", "capacity": spec.capacity.model_dump(), "backend": spec.backend},
@@ -84,6 +86,18 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
         "samples": "samples.jsonl",
     }
     return report, samples
+
+
+def comparison_notes(inputs, name: str) -> list[str]:
+    """What a verdict was compared with when that is not a full-precision baseline of the same tokenizer."""
+    notes = list(getattr(inputs, "candidate_notes", {}).get(name, []))
+    quant = inputs.model_config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        bits = quant.get("bits") if isinstance(quant, dict) else None
+        notes.append(f"compared with a quantized baseline ({method}{f' {bits}-bit' if bits else ''}, "
+                     "--baseline-is-quantized), not the full-precision model")
+    return notes
 
 
 def budget_latency_of(run) -> tuple[dict, str]:
@@ -192,7 +206,16 @@ def serving_sizes(run) -> tuple[int | None, int | None]:
 
 
 def _weight_format(inputs, name: str):
+    """The storage the planners size: a built-in format's, or a candidate's from its quantization_config (its
+    real bits and group size; a method the memory model has no layout for counts as its bits per weight)."""
     recipe = inputs.recipes.get(name)
+    if recipe is not None and recipe.extra.get("external"):
+        kind = recipe.extra.get("kind")
+        if kind in ("gptq", "awq") and recipe.bits == 4:
+            return weight_format(kind, recipe.group_size)
+        if kind == "int8":
+            return weight_format("int8")
+        return WeightFormat(name, recipe.bits or 16, recipe.group_size)
     return weight_format(name, recipe.group_size if recipe is not None and name in ("gptq", "awq") else None)
 
 

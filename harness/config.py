@@ -77,6 +77,10 @@ class RunSpec(BaseModel):
     # run redoes only what it had not finished.
     fresh_after: float | None = None
     trust_remote_code: bool = False
+    # Checkpoints quantized elsewhere, judged like the built-in formats (harness.external): name -> directory.
+    candidates: dict[str, str] = Field(default_factory=dict)
+    baseline_is_quantized: bool = False  # allow a --model that carries a quantization_config
+    allow_tokenizer_mismatch: bool = False
     # The backend that scores and times each format: transformers in-process, or a vLLM server (harness.served).
     backend: str = "transformers"
     vllm: str | None = None  # the user's own `vllm` executable
@@ -117,6 +121,18 @@ class RunSpec(BaseModel):
             raise ValueError("dtype must be auto, bfloat16, float16 or float32")
         return value
 
+    @field_validator("candidates")
+    @classmethod
+    def _candidate_names(cls, value: dict[str, str]) -> dict[str, str]:
+        clash = [name for name in value if name.lower() in FORMATS]
+        if clash:
+            raise ValueError(f"candidate '{clash[0]}' has a built-in format's name; call it something else")
+        return value
+
+    def all_formats(self) -> list[str]:
+        """The built-in formats (baseline first) and then the candidates, in the order given."""
+        return [*self.formats, *self.candidates]
+
     def group_size_for(self, fmt: str) -> int | None:
         settings = self.format_settings.get(fmt)
         return settings.group_size if settings and settings.group_size else self.group_size
@@ -147,6 +163,8 @@ def build_spec(config_path: str | None, overrides: dict, source_name: str = "com
             values["formats"] = list(values["formats"])
         source_name = str(path)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("candidates") and "formats" not in values:
+        values["formats"] = ["baseline"]  # judging checkpoints made elsewhere: quantize nothing unless asked
     try:
         return RunSpec(**values)
     except ValidationError as exc:

@@ -24,6 +24,7 @@ from harness.launcher import run_worker
 from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
+from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe, package_versions
 from harness.source import ModelSource, check_remote_code, resolve_source
 
@@ -68,6 +69,8 @@ class RunInputs:
     prompts: dict[str, list[Prompt]]
     calibration: CalibrationSet | None  # None when no format calibrates
     vllm: object | None = None  # backend vllm: the VllmInstall quantgate starts servers from (None: endpoints only)
+    candidates: dict = field(default_factory=dict)  # name -> harness.external.ExternalCheckpoint
+    candidate_notes: dict = field(default_factory=dict)  # name -> notes the report carries (tokenizer mismatch)
 
 
 def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
@@ -76,13 +79,13 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
     runs: dict[str, FormatRun] = {}
     interrupted = False
     try:
-        for fmt in spec.formats:
+        for fmt in spec.all_formats():
             runs[fmt] = run_format(inputs, fmt)
     except KeyboardInterrupt:
         interrupted = True
         progress.say("interrupted: writing a partial report; `quantgate run --resume --out "
                      f"{inputs.out_dir}` continues from what finished")
-        for fmt in spec.formats:
+        for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
     from harness.assemble import assemble_report
 
@@ -101,8 +104,12 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     check_remote_code(source.path, spec.trust_remote_code)
     config_path = source.path / "config.json"
     model_config = json.loads(config_path.read_text(encoding="utf-8"))
+    check_baseline_is_full_precision(model_config, config_path, spec.baseline_is_quantized)
     recipes = {fmt: recipe_for(fmt, model_config, spec.group_size_for(fmt), spec.calibration_samples_for(fmt),
                                spec.seed, config_path=config_path) for fmt in spec.formats if fmt != "baseline"}
+    candidates, candidate_notes = read_candidates(spec, model_config, source.path)
+    recipes.update({name: Recipe(name, bits=c.bits, group_size=c.group_size, calibration_samples=0, seed=spec.seed,
+                                 extra=c.recipe_extra()) for name, c in candidates.items()})
     tokenizer = load_tokenizer(source.path, spec.trust_remote_code)
     prompts = render_prompts(tokenizer, evalsets, spec)
     calibration = None
@@ -111,19 +118,38 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     vllm = find_vllm_for(spec) if spec.backend == "vllm" else None
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
-    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm)
+    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm,
+                     candidates, candidate_notes)
+
+
+def read_candidates(spec: RunSpec, model_config: dict, baseline_path: Path):
+    """Each --candidate read and checked against the baseline before anything expensive runs."""
+    from harness.external import check_against_baseline, read_candidate
+
+    candidates, notes = {}, {}
+    for name, path in spec.candidates.items():
+        candidate = read_candidate(name, path)
+        check_remote_code(candidate.path, spec.trust_remote_code)
+        notes[name] = check_against_baseline(candidate, model_config, baseline_path,
+                                             allow_tokenizer_mismatch=spec.allow_tokenizer_mismatch)
+        candidates[name] = candidate
+        progress.say(f"{name}: external {candidate.method} checkpoint"
+                     + (f", {candidate.bits}-bit" if candidate.bits else "")
+                     + (f", group {candidate.group_size}" if candidate.group_size else "")
+                     + (f", {candidate.layout} layout" if candidate.layout else "") + f" ({candidate.path})")
+    return candidates, notes
 
 
 def find_vllm_for(spec: RunSpec):
     """The vLLM that serves the formats without an endpoint of their own; none at all is an error up front."""
     from harness.runtime.vllm.locate import find_vllm
 
-    unknown = [f for f in spec.vllm_endpoints if f not in spec.formats]
+    unknown = [f for f in spec.vllm_endpoints if f not in spec.all_formats()]
     if unknown:
         raise UserError(f"--vllm-endpoint {unknown[0]}=...: not a format of this run (formats: "
-                        f"{', '.join(spec.formats)})")
+                        f"{', '.join(spec.all_formats())})")
     install = find_vllm(spec.vllm)
-    if install is None and any(f not in spec.vllm_endpoints for f in spec.formats):
+    if install is None and any(f not in spec.vllm_endpoints for f in spec.all_formats()):
         raise UserError("--backend vllm: no vLLM found; build the project's (nox -s vllm_env), give yours "
                         "(--vllm PATH/TO/vllm) or a running server per format (--vllm-endpoint FORMAT=URL)")
     if install is not None:
@@ -190,6 +216,19 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
         artifact_key, artifact_path = inputs.source.fingerprint, inputs.source.path
         run.artifact = {"path": str(artifact_path), "size_bytes": _weights_size(artifact_path), "cached": True,
                         "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}}
+    elif fmt in inputs.candidates:
+        candidate = inputs.candidates[fmt]
+        artifact_key, artifact_path = candidate.fingerprint, candidate.path
+        run.artifact = {"path": str(artifact_path), "size_bytes": _weights_size(artifact_path), "cached": True,
+                        "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
+        from harness.external import not_runnable_here
+        from harness.runtime.device import is_cuda
+
+        blocked = None if inputs.spec.backend == "vllm" else not_runnable_here(candidate, cuda=is_cuda())
+        if blocked:
+            run.status, run.error = "failed", f"not runnable on this device: {blocked}"
+            progress.say(f"{fmt}: {run.error}")
+            return run
     else:
         artifact = ensure_artifact(inputs, fmt, run)
         if artifact is None:
@@ -226,7 +265,14 @@ def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
         return None
     from harness.served import served_refusal
 
-    return served_refusal(inputs.vllm, fmt, inputs.spec.vllm_endpoints.get(fmt))
+    return served_refusal(inputs.vllm, format_spec_of(inputs, fmt), inputs.spec.vllm_endpoints.get(fmt))
+
+
+def format_spec_of(inputs: RunInputs, fmt: str):
+    """The FormatSpec of a built-in format, or the one a candidate's quantization_config describes."""
+    from harness.formats import format_spec
+
+    return inputs.candidates[fmt].format_spec() if fmt in inputs.candidates else format_spec(fmt)
 
 
 def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: Path, run: FormatRun,
@@ -240,7 +286,7 @@ def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: 
                                   reason=refused)
         progress.say(f"{fmt}: not served by vLLM: {refused}")
         return
-    served = served_format(inputs, fmt, artifact_key, artifact_path)
+    served = served_format(inputs, fmt, artifact_key, artifact_path, format_spec_of(inputs, fmt))
     run.served = run_served(inputs, served, inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), run.generations,
                             lambda path: reusable(inputs.spec, path), run)
     run.stages_run.append("serve")

@@ -9,13 +9,14 @@ generations in the same shape (scored by the same code), the rest as the format'
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
-from harness.formats import format_spec
+from harness.formats import FormatSpec
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFailed, Sampling, complete_all, get_json
 from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
@@ -34,14 +35,15 @@ class ServedFormat:
     dtype: str  # vLLM --dtype
     kv_bytes_per_token: int  # at that dtype
     sampling: Sampling
+    spec: FormatSpec  # its --quantization and what vLLM cannot serve
 
 
-def served_refusal(install: VllmInstall | None, fmt: str, endpoint: str | None) -> str | None:
+def served_refusal(install: VllmInstall | None, spec: FormatSpec, endpoint: str | None) -> str | None:
     version = install.version if install else None
     if install is None and endpoint is None:
         return ("no vLLM here: build the project's (nox -s vllm_env), give your own (--vllm PATH) or a running "
                 "server (--vllm-endpoint FORMAT=URL)")
-    return refusal(format_spec(fmt), None if endpoint else install, version)
+    return refusal(spec, None if endpoint else install, version)
 
 
 def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, run=None) -> LaunchPlan:
@@ -54,7 +56,7 @@ def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, r
             return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel,
                               max_num_seqs=spec.max_num_seqs)
     seqs = spec.max_num_seqs or spec.batch_size
-    return cpu_launch(format_spec(served.name), dtype=served.dtype, max_model_len=max_model_len,
+    return cpu_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
                       max_num_seqs=seqs, kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
                       kv_bytes_per_token=served.kv_bytes_per_token,
                       parallel=parallel)
@@ -241,7 +243,7 @@ def _flags(args: tuple[str, ...]) -> dict[str, str]:
 def _worker_env() -> dict[str, str]:
     from harness.launcher import worker_environment
 
-    return worker_environment()
+    return worker_environment(os.environ)
 
 
 class RssSampler:
@@ -274,7 +276,7 @@ class RssSampler:
             self.peak = max(self.peak, total)
 
 
-def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path) -> ServedFormat:
+def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec) -> ServedFormat:
     """The dtype vLLM runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
     CPU without bf16 units), the KV bytes per token at that dtype, and greedy decoding with the checkpoint's
     stop tokens and repetition penalty, as LoadedModel decodes."""
@@ -289,7 +291,7 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path) -> S
     element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
     return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
                                                                                      kv_dtype_bytes=element),
-                        greedy_sampling(artifact_path, inputs.spec.seed))
+                        greedy_sampling(artifact_path, inputs.spec.seed), spec)
 
 
 def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:

@@ -95,6 +95,11 @@ def weight_files(path: Path) -> list[Path]:
 
 def fingerprint(path: Path) -> str:
     """sha256 over config.json and every weight file's content hash (memoized by size+mtime: 7B models are big)."""
+    return "sha256:" + stable_hash(file_hashes(path))
+
+
+def file_hashes(path: Path) -> dict[str, str]:
+    """config.json's and each weight file's sha256, memoized by size and mtime."""
     memo_path = cache_dir("fingerprints") / f"{stable_hash(str(path.resolve()))[:24]}.json"
     memo = read_json(memo_path) or {}
     parts, changed = {}, False
@@ -107,7 +112,7 @@ def fingerprint(path: Path) -> str:
         parts[file.name] = memo[file.name]["sha256"]
     if changed:
         atomic_write_json(memo_path, memo)
-    return "sha256:" + stable_hash(parts)
+    return parts
 
 
 def _demo_checkpoint() -> Path:

@@ -51,6 +51,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
                         "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
                         "planners' 0.5 GiB estimate")
+    parser.add_argument("--candidate", action="append", metavar="NAME=PATH", help="a checkpoint already quantized "
+                        "elsewhere (AutoAWQ, AutoGPTQ, GPTQModel, llm-compressor, bitsandbytes, compressed-tensors), "
+                        "judged against --model like the built-in formats, without re-quantizing (repeatable)")
+    parser.add_argument("--baseline-is-quantized", action="store_true", help="accept a --model that is itself "
+                        "quantized as the baseline (every verdict then says what it was compared with)")
+    parser.add_argument("--allow-tokenizer-mismatch", action="store_true", help="judge a candidate whose tokenizer "
+                        "differs from the baseline's (the report says so)")
     parser.add_argument("--backend", choices=["transformers", "vllm"], help="what scores and times each format: "
                         "transformers in this process (default), or a vLLM server started with the planned flags "
                         "(the verdict is then about the format as vLLM serves it)")
@@ -118,9 +125,19 @@ def flag_values(args) -> tuple[dict, dict]:
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
         "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
         "trust_remote_code": True if args.trust_remote_code else None,
-        **vllm_values(args),
+        **vllm_values(args), **candidate_values(args),
     }
     return overrides, capacity
+
+
+def candidate_values(args) -> dict:
+    from harness.external import parse_candidates
+    from harness.formats import FORMATS
+
+    given = getattr(args, "candidate", None)
+    return {"candidates": parse_candidates(given, FORMATS) if given else None,
+            "baseline_is_quantized": True if getattr(args, "baseline_is_quantized", False) else None,
+            "allow_tokenizer_mismatch": True if getattr(args, "allow_tokenizer_mismatch", False) else None}
 
 
 def vllm_values(args) -> dict:

@@ -596,7 +596,9 @@ class Settings(_Strict):
     seed: int = Field(description="seed of every worker and of the bootstrap")
     batch_size: int = Field(description="evaluation batch size, sequences")
     max_items: int | None = Field(description="items scored per evalset; null: all")
-    formats: list[str] = Field(description="formats run, baseline first")
+    formats: list[str] = Field(description="built-in formats run, baseline first")
+    candidates: dict[str, str] = Field(default_factory=dict, description="checkpoints quantized elsewhere "
+                                       "(--candidate NAME=PATH): name -> directory; judged like the formats")
     resamples: int = Field(description="bootstrap resamples (count)")
     max_new_tokens: int | None = Field(default=None, description="cap on generated tokens per item; null: each "
                                                                  "evalset's own")
