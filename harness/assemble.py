@@ -26,7 +26,7 @@ def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]
     outcomes = {}
     for name, run in runs.items():
         items = score_format(inputs, run, samples)
-        budget_latency, latency_source = budget_latency_of(run)
+        budget_latency, latency_source = budget_latency_of(run, inputs.policy.latency_budgets_judge)
         served = getattr(run, "served", None) or {}
         outcomes[name] = FormatOutcome(
             name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
@@ -100,11 +100,13 @@ def comparison_notes(inputs, name: str) -> list[str]:
     return notes
 
 
-def budget_latency_of(run) -> tuple[dict, str]:
-    """The latency the policy's budgets judge: the vLLM server's at concurrency 1 where the format was served,
-    else transformers' batch-1 figures."""
+def budget_latency_of(run, judge: str = "served") -> tuple[dict, str]:
+    """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
+    format was served; else (and for formats not served) transformers' batch-1 figures."""
     served = getattr(run, "served", None) or {}
-    at_one = (served.get("latency") or {}).get("concurrency_1") if served.get("status") == "ok" else None
+    at_one = None
+    if judge == "served" and served.get("status") == "ok":
+        at_one = (served.get("latency") or {}).get("concurrency_1")
     if at_one:
         return at_one, "vLLM server, concurrency 1"
     return _latency(run).get("batch_1") or {}, "transformers"

@@ -87,6 +87,7 @@ class Policy(BaseModel):
     max_memory_gib: float | None = Field(default=None, gt=0)
     max_ttft_p95_ms: float | None = Field(default=None, gt=0)
     max_tpot_p95_ms: float | None = Field(default=None, gt=0)
+    latency_budgets_judge: Literal["served", "transformers"] = "served"
     inconclusive_is: Literal["fail", "pass"] = "fail"
     min_items: int = Field(default=30, ge=2)
     min_items_for: dict[str, int] = Field(default_factory=dict)

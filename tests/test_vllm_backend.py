@@ -239,3 +239,18 @@ def test_parallel_flags_and_the_gpu_plan_reach_the_command():
     assert "--tensor-parallel-size 2" in words and words.count("--tensor-parallel-size") == 1
     assert f"--max-num-seqs {plan.max_num_seqs}" in words and "--gpu-memory-utilization" in words
     assert plan.arg("--quantization") in words and gpu.kv.tokens == plan.kv_tokens
+
+
+def test_latency_budgets_judge_the_figures_the_policy_names():
+    from types import SimpleNamespace
+
+    from harness.assemble import budget_latency_of
+
+    transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
+    served = {"ttft_ms": {"p95": 80.0}, "requests": 20}
+    run = SimpleNamespace(measurement={"result": {"latency": {"batch_1": transformers}}},
+                          served={"status": "ok", "latency": {"concurrency_1": served}})
+    assert budget_latency_of(run, "served") == (served, "vLLM server, concurrency 1")
+    assert budget_latency_of(run, "transformers") == (transformers, "transformers")
+    run.served = {"status": "unsupported", "latency": {}}
+    assert budget_latency_of(run, "served") == (transformers, "transformers")

@@ -632,6 +632,9 @@ class Policy(_Open):
     max_memory_gib: float | None = Field(default=None, description="peak memory budget, GiB")
     max_ttft_p95_ms: float | None = Field(default=None, description="batch-1 TTFT p95 budget, ms")
     max_tpot_p95_ms: float | None = Field(default=None, description="batch-1 TPOT p95 budget, ms")
+    latency_budgets_judge: Literal["served", "transformers"] = Field(
+        default="served", description="which latency the budgets judge: the vLLM server's at concurrency 1 where "
+                                      "a format was served ('served'), or always transformers' batch-1 figures")
     inconclusive_is: Literal["fail", "pass"] | None = Field(default=None, description="the exit code an "
                                                             "INCONCLUSIVE verdict gets")
     min_items: int | None = Field(default=None, description="paired items a GO needs (count)")
