@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import UserError
-from harness.quantize import FORMATS
+from harness.formats import FORMATS, check_format_names, default_formats
 
 BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
 
@@ -53,7 +53,7 @@ class CapacitySettings(BaseModel):
 class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = "demo"
-    formats: list[str] = Field(default_factory=lambda: list(FORMATS))
+    formats: list[str] = Field(default_factory=default_formats)
     evalsets: list[str] = Field(default_factory=lambda: [str(BUNDLED_EVALSETS)])
     out: str = "quantgate-report"
     policy: str | None = None
@@ -109,10 +109,10 @@ class RunSpec(BaseModel):
     @field_validator("formats")
     @classmethod
     def _known_formats(cls, value: list[str]) -> list[str]:
-        unknown = [f for f in value if f not in FORMATS]
-        if unknown:
-            raise ValueError(f"unknown format {unknown} (known: {', '.join(FORMATS)})")
-        return ["baseline"] + [f for f in dict.fromkeys(value) if f != "baseline"]
+        try:
+            return check_format_names(value, "formats")
+        except UserError as exc:
+            raise ValueError(str(exc).removeprefix("formats: ")) from None
 
     @field_validator("dtype")
     @classmethod

@@ -9,7 +9,6 @@ import pytest
 
 from harness.commands import plan as plan_command
 from harness.errors import UserError
-from harness.measure.capacity import VLLM_MAX_NUM_SEQS, plan_capacity, vllm_quantization
 from harness.measure.kv import (DEMO_CONFIG, estimate_activation_peak_bytes, estimate_weights_bytes,
                                 kv_bytes_per_token, parameter_count)
 
@@ -111,70 +110,6 @@ def test_activation_estimate_scales_with_tokens():
 
 
 # --- capacity plan
-
-def test_capacity_worked_example_fits():
-    # 80 GiB x 0.90 = 72 GiB budget; minus 16 GiB weights and 2 GiB activations = 54 GiB; 8% held back:
-    # 54 x 0.92 = 49.68 GiB = 53,343,493,816 bytes. A 16-token block of 128 KiB/token is 2 MiB:
-    # 53,343,493,816 / 2,097,152 = 25,436.16 -> 25,436 blocks = 406,976 tokens; / 4096 = 99.36 -> 99 sequences.
-    plan = plan_capacity(16 * GIB, 2 * GIB, 131_072, gpu_memory_gib=80, gpu_memory_utilization=0.90,
-                         max_model_len=4096, quantization="gptq")
-    assert plan.budget_bytes == 72 * GIB
-    assert plan.kv_room_bytes == 53_343_493_816
-    assert plan.kv_tokens == 406_976
-    assert plan.max_num_seqs == 99
-    assert plan.fits is True
-    assert plan.max_num_batched_tokens == 8192
-    assert plan.vllm_flags == ("--gpu-memory-utilization 0.90 --max-model-len 4096 --max-num-seqs 99 "
-                               "--max-num-batched-tokens 8192 --quantization gptq")
-    assert "406,976 tokens" in plan.note and "99 sequences" in plan.note
-    as_dict = plan.as_dict()
-    for key in ("gpu_memory_gib", "gpu_memory_utilization", "max_model_len", "kv_room_bytes", "kv_tokens",
-                "max_num_seqs", "max_num_batched_tokens", "vllm_flags", "fits", "note"):
-        assert key in as_dict
-    assert json.loads(json.dumps(as_dict)) == as_dict
-
-
-def test_capacity_does_not_fit_names_the_levers():
-    # 24 GiB x 0.90 = 23,193,223,987 budget; minus 18 GiB = 3,865,871,155; x 0.92 = 3,556,601,462;
-    # / 2 MiB = 1,695.9 -> 1,695 blocks = 27,120 tokens < 32,768: not one sequence.
-    # One sequence needs 18 GiB + 4 GiB / 0.92 = 22.348 GiB: utilization 22.348 / 24 = 0.9312 -> 0.94,
-    # or a GPU of 22.348 / 0.90 = 24.8 GiB.
-    plan = plan_capacity(16 * GIB, 2 * GIB, 131_072, gpu_memory_gib=24, gpu_memory_utilization=0.90,
-                         max_model_len=32768, quantization=None)
-    assert plan.kv_tokens == 27_120
-    assert plan.fits is False and plan.max_num_seqs == 0 and plan.vllm_flags == ""
-    assert "--max-model-len 27120" in plan.note
-    assert "--gpu-memory-utilization to 0.94" in plan.note
-    assert "24.8 GiB" in plan.note and "smaller format" in plan.note
-
-
-def test_capacity_weights_over_budget():
-    plan = plan_capacity(16 * GIB, 1 * GIB, 131_072, gpu_memory_gib=16, max_model_len=4096)
-    assert plan.fits is False and plan.kv_room_bytes == 0 and plan.kv_tokens == 0
-    assert "exceed the 14.40 GiB budget" in plan.note
-    assert "--max-model-len" not in plan.note  # no length would fit
-
-
-def test_capacity_caps_at_vllm_default_and_rounds_to_blocks():
-    weights = estimate_weights_bytes(DEMO_CONFIG, 16)
-    plan = plan_capacity(weights, 200 * 2**20, 23_040, max_model_len=2048, quantization="int8")
-    assert plan.max_num_seqs == VLLM_MAX_NUM_SEQS
-    assert plan.kv_tokens % 16 == 0
-    assert plan.vllm_flags.endswith("--quantization bitsandbytes")
-    assert "raise it to use the room" in plan.note
-
-
-def test_capacity_overhead_and_quantization_names():
-    base = plan_capacity(10 * GIB, 0, 131_072, max_model_len=4096)
-    less = plan_capacity(10 * GIB, 0, 131_072, max_model_len=4096, overhead_bytes=GIB)
-    assert less.kv_room_bytes < base.kv_room_bytes
-    assert "--quantization" not in base.vllm_flags
-    assert vllm_quantization("baseline") is None and vllm_quantization("awq") == "awq"
-    with pytest.raises(ValueError):
-        plan_capacity(GIB, 0, 131_072, max_model_len=4096, gpu_memory_utilization=1.5)
-
-
-# --- quantgate plan
 
 def _run_plan(argv: list[str], capsys) -> tuple[int, str]:
     parser = argparse.ArgumentParser(prog="quantgate")

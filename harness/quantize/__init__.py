@@ -5,33 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.formats import FORMATS
+from harness.formats import FORMATS, check_format_names, format_spec  # noqa: F401 - FORMATS re-exported
 from harness.quantize.base import Quantizer, Recipe
 
 GROUP_SIZE_CHOICES = (128, 64, 32)
 
 
 def quantizer_for(name: str) -> Quantizer:
-    if name == "int8":
-        from harness.quantize.bnb_int8 import BnbInt8Quantizer
-
-        return BnbInt8Quantizer()
-    if name in ("gptq", "awq"):
-        from harness.quantize.gptqmodel_engine import GptqModelQuantizer
-
-        return GptqModelQuantizer(name)
-    raise UserError(f"unknown format '{name}' (known: {', '.join(FORMATS)})")
+    return format_spec(name).make_quantizer()
 
 
 def parse_formats(text: str) -> list[str]:
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FORMATS]
-    if unknown:
-        raise UserError(f"--formats: unknown format {', '.join(repr(u) for u in unknown)} (known: {', '.join(FORMATS)})")
-    if not names:
-        raise UserError("--formats: name at least one format (e.g. --formats int8,gptq,awq)")
-    ordered = ["baseline"] + [n for n in dict.fromkeys(names) if n != "baseline"]
-    return ordered
+    return check_format_names(text.split(","), "--formats")
 
 
 def linear_input_widths(config: dict, config_path: str = "config.json") -> dict[str, int]:
@@ -73,13 +58,14 @@ def choose_group_size(config: dict, requested: int | None, fmt: str, config_path
 
 def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int, *,
                config_path: str | Path = "config.json") -> Recipe:
-    if fmt == "int8":
-        return Recipe("int8", bits=8, calibration_samples=0, seed=seed, extra={"llm_int8_threshold": 6.0})
-    extra = {}
+    spec = format_spec(fmt)
+    extra = dict(spec.recipe_extra)
     if fmt == "awq":
         from harness.runtime.device import is_cuda
 
         # AWQ's clip search costs about a minute per layer on a CPU; on a GPU it is cheap and stays on.
         extra["apply_clip"] = is_cuda()
-    return Recipe(fmt, bits=4, group_size=choose_group_size(config, group_size, fmt, str(config_path)),
+    if not spec.grouped:
+        return Recipe(fmt, bits=spec.bits, calibration_samples=0, seed=seed, extra=extra)
+    return Recipe(fmt, bits=spec.bits, group_size=choose_group_size(config, group_size, fmt, str(config_path)),
                   calibration_samples=calibration_samples, seed=seed, extra=extra)

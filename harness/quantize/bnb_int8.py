@@ -10,6 +10,9 @@ from harness.quantize.base import Recipe, package_versions
 class BnbInt8Quantizer:
     engine = "bitsandbytes"
 
+    def __init__(self, name: str = "int8") -> None:
+        self.name = name
+
     def versions(self) -> dict[str, str]:
         return package_versions("bitsandbytes", "transformers", "torch")
 

@@ -5,7 +5,6 @@
     target = Target(gpu_by_name("L4"), num_gpus=1)
     plans = plan_engines(shape, fmt, target, Workload(max_model_len=4096))   # {"vllm": EnginePlan, ...}
 
-plan_capacity (legacy.py) is the older version-agnostic vLLM plan that assemble.py and gpu_check.py still call.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from dataclasses import replace
 from harness.measure.capacity.advice import what_would_fit
 from harness.measure.capacity.common import EnginePlan, MemoryBreakdown, Target, Workload
 from harness.measure.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, kernel_support
-from harness.measure.capacity.legacy import (DEFAULT_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS, CapacityPlan,
-                                             default_batched_tokens, plan_capacity, vllm_quantization)
 from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
@@ -28,12 +25,12 @@ from harness.measure.capacity.vllm import NEWEST_VERSION, check_vllm_command, pl
 ENGINES = ("vllm", "sglang", "trtllm")
 
 __all__ = [
-    "CapacityPlan", "ConfigFieldError", "DEFAULT_BATCHED_TOKENS", "ENGINES", "EnginePlan", "GPUS", "Gpu",
-    "MemoryBreakdown", "ModelShape", "Target", "TensorParallelError", "VLLM_MAX_NUM_SEQS", "WeightFormat",
+    "ConfigFieldError", "ENGINES", "EnginePlan", "GPUS", "Gpu",
+    "MemoryBreakdown", "ModelShape", "Target", "TensorParallelError", "WeightFormat",
     "Workload", "activation_peak_bytes", "attention_shape", "check_sglang_command", "check_trtllm_command",
-    "check_vllm_command", "default_batched_tokens", "gpu_by_name", "gpu_of_size", "kernel_support",
-    "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_capacity", "plan_engine",
-    "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm", "resolve_version", "vllm_quantization",
+    "check_vllm_command", "gpu_by_name", "gpu_of_size", "kernel_support",
+    "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_engine",
+    "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm", "resolve_version",
     "weight_format", "weights_bytes",
 ]
 

@@ -50,14 +50,13 @@ class WeightFormat:
 
 
 def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
-    """The storage of a quantgate format: baseline 16-bit, int8 (LLM.int8, bitsandbytes), gptq and awq 4-bit."""
-    if name in ("baseline", "none"):
-        return WeightFormat("baseline", 16)
-    if name == "int8":
-        return WeightFormat("int8", 8)
-    if name in ("gptq", "awq"):
-        return WeightFormat(name, 4, group_size, g_idx=name == "gptq")
-    raise ValueError(f"unknown format {name!r} (known: baseline, int8, gptq, awq)")
+    """The storage of a quantgate format, from its FormatSpec (harness.formats): bits, group size, g_idx."""
+    from harness.formats import FORMAT_SPECS
+
+    spec = FORMAT_SPECS.get("baseline" if name == "none" else name)
+    if spec is None:
+        raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMAT_SPECS)})")
+    return WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx)
 
 
 def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:
