@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
 from harness.formats import FORMATS, check_format_names, default_formats
@@ -91,6 +91,23 @@ class RunSpec(BaseModel):
     tensor_parallel_size: int = Field(default=1, gt=0)
     pipeline_parallel_size: int = Field(default=1, gt=0)
     vllm_startup_timeout_s: float = Field(default=900.0, gt=0)
+    devices: list[int] | None = None  # CUDA devices to spread formats over, in groups of TP x PP devices
+
+    @model_validator(mode="after")
+    def _devices_split_into_groups(self) -> "RunSpec":
+        if self.devices:
+            size = self.tensor_parallel_size * self.pipeline_parallel_size
+            if len(set(self.devices)) != len(self.devices) or len(self.devices) % size:
+                raise ValueError(f"devices {self.devices}: give distinct device numbers, a multiple of "
+                                 f"tensor x pipeline parallel size ({size}) of them")
+        return self
+
+    def device_groups(self) -> list[str]:
+        """--devices 0,1,2,3 with tensor parallel 2 -> ["0,1", "2,3"]; [] without --devices."""
+        if not self.devices:
+            return []
+        size = self.tensor_parallel_size * self.pipeline_parallel_size
+        return [",".join(str(d) for d in self.devices[i:i + size]) for i in range(0, len(self.devices), size)]
 
     @field_validator("backend")
     @classmethod

@@ -55,6 +55,7 @@ class FormatRun:
     generations: dict[str, dict] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
     served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
+    devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")
 
 
 @dataclass
@@ -79,8 +80,7 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
     runs: dict[str, FormatRun] = {}
     interrupted = False
     try:
-        for fmt in spec.all_formats():
-            runs[fmt] = run_format(inputs, fmt)
+        run_all_formats(inputs, runs)
     except KeyboardInterrupt:
         interrupted = True
         progress.say("interrupted: writing a partial report; `quantgate run --resume --out "
@@ -89,9 +89,44 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
     from harness.assemble import assemble_report
 
+    runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
     report, samples = assemble_report(inputs, runs, wall_s=time.time() - started)
     write_run_outputs(inputs.out_dir, report, samples)
     return report, 130 if interrupted else report["exit_code"]
+
+
+def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
+    """Each format's stages, one format after another; with --devices split into several device groups, one lane
+    per group runs the next format not yet started (its workers and server see only that group's GPUs)."""
+    formats = inputs.spec.all_formats()
+    groups = inputs.spec.device_groups()
+    if len(groups) <= 1:
+        for fmt in formats:
+            runs[fmt] = run_format(inputs, fmt, groups[0] if groups else None)
+        return
+    import threading
+
+    waiting = list(formats)
+    lock = threading.Lock()
+
+    def lane(devices: str) -> None:
+        while True:
+            with lock:
+                if not waiting:
+                    return
+                fmt = waiting.pop(0)
+            try:
+                runs[fmt] = run_format(inputs, fmt, devices)
+            except Exception as exc:  # noqa: BLE001 - one lane's failure must not lose the other formats
+                runs[fmt] = FormatRun(fmt, status="failed", error=f"internal error on devices {devices}: {exc}")
+
+    progress.say(f"running formats in parallel on device groups {' | '.join(groups)}")
+    lanes = [threading.Thread(target=lane, args=(group,), daemon=True) for group in groups]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        while thread.is_alive():
+            thread.join(0.5)  # a short join keeps Ctrl-C deliverable to this thread
 
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:
@@ -209,8 +244,8 @@ def load_calibration(spec: RunSpec, evalsets: list[EvalSet], tokenizer) -> Calib
 # ---------------------------------------------------------------- one format's stages
 
 
-def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
-    run = FormatRun(fmt)
+def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> FormatRun:
+    run = FormatRun(fmt, devices=devices)
     label = fmt
     if fmt == "baseline":
         artifact_key, artifact_path = inputs.source.fingerprint, inputs.source.path
@@ -242,7 +277,8 @@ def run_format(inputs: RunInputs, fmt: str) -> FormatRun:
         progress.say(f"{label}: loading the model to " + " and ".join(
             (["measure memory and latency"] if measure_task else []) +
             ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
-        job = {"kind": "evaluate", "format": fmt, "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
+        job = {"kind": "evaluate", "format": fmt, "devices": run.devices,
+               "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
                "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
                "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task,
                "generate": generate_tasks,
@@ -286,7 +322,7 @@ def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: 
                                   reason=refused)
         progress.say(f"{fmt}: not served by vLLM: {refused}")
         return
-    served = served_format(inputs, fmt, artifact_key, artifact_path, format_spec_of(inputs, fmt))
+    served = served_format(inputs, fmt, artifact_key, artifact_path, format_spec_of(inputs, fmt), run.devices)
     run.served = run_served(inputs, served, inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), run.generations,
                             lambda path: reusable(inputs.spec, path), run)
     run.stages_run.append("serve")
@@ -314,7 +350,8 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
         atomic_write_json(calibration_path, calibration)
         failure_path = _stage_dir(inputs, fmt) / "quantize.failed.json"
         failure_path.unlink(missing_ok=True)
-        job = {"kind": "quantize", "format": fmt, "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
+        job = {"kind": "quantize", "format": fmt, "devices": run.devices,
+               "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
                "calibration_path": str(calibration_path), "out_dir": str(out_dir), "manifest": manifest,
                "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
                "failure_path": str(failure_path)}

@@ -36,6 +36,7 @@ class ServedFormat:
     kv_bytes_per_token: int  # at that dtype
     sampling: Sampling
     spec: FormatSpec  # its --quantization and what vLLM cannot serve
+    devices: str | None = None  # --devices: CUDA_VISIBLE_DEVICES of its server
 
 
 def served_refusal(install: VllmInstall | None, spec: FormatSpec, endpoint: str | None) -> str | None:
@@ -139,7 +140,8 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
     if endpoint_url:
         return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
                         alive=lambda: _answers(endpoint_url))
-    launch = ServerLaunch(install.launcher, served.artifact_path, served.name, plan.args, plan.env,
+    env = dict(plan.env, **({"CUDA_VISIBLE_DEVICES": served.devices} if served.devices else {}))
+    launch = ServerLaunch(install.launcher, served.artifact_path, served.name, plan.args, env,
                           model_flag=install.model_flag)
     block.update(command=launch.shown(), flags=_flags(plan.args), log=str(log_path))
     offset = log_path.stat().st_size if log_path.exists() else 0
@@ -276,7 +278,8 @@ class RssSampler:
             self.peak = max(self.peak, total)
 
 
-def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec) -> ServedFormat:
+def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec,
+                  devices: str | None = None) -> ServedFormat:
     """The dtype vLLM runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
     CPU without bf16 units), the KV bytes per token at that dtype, and greedy decoding with the checkpoint's
     stop tokens and repetition penalty, as LoadedModel decodes."""
@@ -291,7 +294,7 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec
     element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
     return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
                                                                                      kv_dtype_bytes=element),
-                        greedy_sampling(artifact_path, inputs.spec.seed), spec)
+                        greedy_sampling(artifact_path, inputs.spec.seed), spec, devices)
 
 
 def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:

@@ -25,6 +25,8 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)  # library prints land in the log, not in the protocol pipe
     sys.stdout = sys.stderr
     progress.configure(protocol_stream=protocol)
+    if job.get("devices"):  # --devices: this format's lane; set before torch initializes CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = job["devices"]
     from harness.runtime.device import configure_threads
 
     configure_threads(int(job.get("threads", 1)))

@@ -254,3 +254,25 @@ def test_latency_budgets_judge_the_figures_the_policy_names():
     assert budget_latency_of(run, "transformers") == (transformers, "transformers")
     run.served = {"status": "unsupported", "latency": {}}
     assert budget_latency_of(run, "served") == (transformers, "transformers")
+
+
+def test_devices_split_into_lanes_of_the_parallel_size():
+    from pydantic import ValidationError
+
+    from harness.config import RunSpec
+
+    assert RunSpec(devices=[0, 1, 2, 3], tensor_parallel_size=2).device_groups() == ["0,1", "2,3"]
+    assert RunSpec(devices=[4, 5]).device_groups() == ["4", "5"]
+    assert RunSpec().device_groups() == []
+    with pytest.raises(ValidationError, match="multiple of"):
+        RunSpec(devices=[0, 1, 2], tensor_parallel_size=2)
+
+
+def test_devices_needs_a_gpu(demo_cache, tmp_path):
+    from harness.runtime.device import is_cuda
+
+    if is_cuda():
+        pytest.skip("this machine has a GPU")
+    result = quantgate("run", "--model", "demo", "--devices", "0,1", "--out", str(tmp_path), cache=demo_cache,
+                       check_codes=(2,))
+    assert "no CUDA device here" in result.stderr

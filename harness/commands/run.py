@@ -73,6 +73,8 @@ def add_parser(subparsers) -> None:
                         "max-num-seqs)")
     parser.add_argument("--tensor-parallel-size", type=int, help="vLLM --tensor-parallel-size (default 1)")
     parser.add_argument("--pipeline-parallel-size", type=int, help="vLLM --pipeline-parallel-size (default 1)")
+    parser.add_argument("--devices", help="CUDA devices to run formats on in parallel, e.g. 0,1,2,3: one lane (and "
+                        "one vLLM server) per group of tensor x pipeline parallel size devices")
     parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -156,10 +158,20 @@ def vllm_values(args) -> dict:
         except ValueError:
             raise UserError(f"--concurrency {args.concurrency}: expected integers, e.g. 1,8,32") from None
     backend = args.backend or ("vllm" if endpoints or args.vllm else None)
+    devices = None
+    if getattr(args, "devices", None):
+        try:
+            devices = [int(v) for v in args.devices.split(",") if v.strip()]
+        except ValueError:
+            raise UserError(f"--devices {args.devices}: expected device numbers, e.g. 0,1,2,3") from None
+        from harness.runtime.device import is_cuda
+
+        if not is_cuda():
+            raise UserError(f"--devices {args.devices}: no CUDA device here; --devices spreads formats over GPUs")
     return {"backend": backend, "vllm": args.vllm, "vllm_endpoints": endpoints,
             "vllm_kv_cache_gib": args.vllm_kv_cache_gib, "max_num_seqs": args.max_num_seqs,
             "concurrency": concurrency, "tensor_parallel_size": args.tensor_parallel_size,
-            "pipeline_parallel_size": args.pipeline_parallel_size}
+            "pipeline_parallel_size": args.pipeline_parallel_size, "devices": devices}
 
 
 def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str | None, saved_path: Path) -> None:
