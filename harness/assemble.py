@@ -7,7 +7,7 @@ import time
 from harness import __version__
 from harness.commands.plan import capacity_view
 from harness.decide import FormatOutcome, ServingFit, baseline_scores, decide_format, exit_code, recommend
-from harness.evalsets import score_item
+from harness.metrics import score_item
 from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
                                       WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
                                       resolve_version, weight_format)

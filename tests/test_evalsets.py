@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,10 +61,6 @@ data = "faq.jsonl"
 
 
 # ---------------------------------------------------------------- reading data files
-
-
-def test_datasets_offline_is_set():
-    assert os.environ["HF_DATASETS_OFFLINE"] == "1"
 
 
 def test_malformed_json_line_is_reported_with_its_line(tmp_path):
@@ -521,3 +520,106 @@ def test_shared_benchmark_specs_load_with_manifest_counts():
     assert all(not item.answers for item in evalsets["squad_unanswerable_50"].items)
     assert evalsets["cmrc_200"].language == "zh" and evalsets["cnndm_summeval_100"].task == "generation"
     assert all(len(item.references) >= 1 for item in evalsets["cnndm_summeval_100"].items)
+
+
+# ---------------------------------------------------------------- rendering pinned to the fixture
+
+RENDERING_FIXTURE = REPO / "tests" / "fixtures" / "evalset_rendering.json"
+
+
+def _sha256(value) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def bundled_rendering() -> dict:
+    """Every bundled set as its spec loads it and as a bare data file (default template, "auto" language): its
+    settings, content hash and items, with digests of each item's text fields and of its plain and chat prompts
+    (the first item's prompts in full, to read). The fixture holds what harness/evalsets.py (one module, before
+    the package) produced; the package must produce the same, byte for byte."""
+    loads = [("spec", spec) for spec in sorted((REPO / "evalsets").glob("*.toml"))]
+    loads += [("bare", data) for data in sorted((REPO / "evalsets").glob("*.jsonl"))]
+    rendered = {}
+    for how, path in loads:
+        [evalset] = load_evalsets([path])
+        first = evalset.items[0]
+        rendered[f"{how}:{path.name}"] = {
+            "name": evalset.name, "task": evalset.task, "language": evalset.language,
+            "content_hash": evalset.content_hash, "prompt_template": evalset.prompt_template,
+            "system_prompt": evalset.system_prompt, "few_shot": [vars(ex) for ex in evalset.few_shot],
+            "max_new_tokens": evalset.max_new_tokens, "metrics": list(evalset.metrics),
+            "gate": list(evalset.gate), "abstain_phrases": list(evalset.abstain_phrases),
+            "group": evalset.group, "tokenizer": evalset.tokenizer, "clusters_sha256": _sha256(evalset.clusters()),
+            "first_plain": render_plain(evalset, first), "first_messages": render_messages(evalset, first),
+            "items": [{"id": item.id, "line": item.line, "group": item.group, "answers": list(item.answers),
+                       "references": list(item.references),
+                       "text_sha256": _sha256([item.question, item.context, item.instruction]),
+                       "plain_sha256": _sha256(render_plain(evalset, item)),
+                       "messages_sha256": _sha256(render_messages(evalset, item))} for item in evalset.items],
+        }
+    return rendered
+
+
+def test_bundled_rendering_matches_the_fixture():
+    expected = json.loads(RENDERING_FIXTURE.read_text(encoding="utf-8"))
+    actual = bundled_rendering()
+    assert list(actual) == list(expected)
+    for key in expected:  # one set at a time: a failure names the set, and pytest's diff stays readable
+        assert actual[key] == expected[key], key
+
+
+# ---------------------------------------------------------------- the spec model, the package's imports
+
+
+def test_spec_keys_are_the_models_fields():
+    from harness.evalsets.spec import SPEC_KEYS, SpecTable
+
+    assert sorted(SPEC_KEYS) == sorted(SpecTable.model_fields)
+
+
+def test_wrong_keys_are_reported_unknown_first_then_in_check_order(tmp_path):
+    write_jsonl(tmp_path / "faq.jsonl", QA_ROWS)
+    write_spec(tmp_path / "faq.toml", 'few_shot = 7\ncolumns = {x = "y", question = 1, context = 2}\n'
+                                      'max_new_tokens = true\nmetrics = ["f1", 3]\nlanguage = 1\nname = "a b"\n'
+                                      'task = "qa"\nmodle = 1\n')
+    known = ("name, task, language, data, description, max_new_tokens, metrics, gate, system_prompt, "
+             "prompt_template, abstain_phrases, columns, few_shot, group, calibration")
+    assert problems_of(["faq.toml"]) == [
+        f"faq.toml:8: key 'modle' unknown; known keys: {known}",
+        "faq.toml:6: name 'a b' may only use letters, digits, '_', '-' and '.' (it names checks and files)",
+        'faq.toml:5: key \'language\' must be a string ("en", "zh" or "auto"), got int',
+        "faq.toml:3: key 'max_new_tokens' must be a positive integer, got bool",
+        "faq.toml:4: key 'metrics' must be a list of metric names, got list",
+        "faq.toml:2: columns.x: 'x' is not a row field; use one of id, question, context, instruction, answers, "
+        "reference, references",
+        "faq.toml:2: columns.question must be a column name (a string)",
+        "faq.toml:2: columns.context must be a column name (a string)",
+        "faq.toml:1: few_shot must be an array of tables ([[few_shot]] blocks)",
+    ]
+
+
+def test_a_wrong_key_counts_as_not_given_and_loading_goes_on(tmp_path):
+    # max_new_tokens = 0 and the unknown column field are reported; the valid mapping context -> doc still applies
+    write_jsonl(tmp_path / "faq.jsonl", [{"id": "q1", "question": "Where?", "doc": "In France.", "answers": [7]}])
+    write_spec(tmp_path / "faq.toml", 'task = "qa"\nmax_new_tokens = 0\n[columns]\nbar = "x"\ncontext = "doc"\n')
+    assert problems_of(["faq.toml"]) == [
+        "faq.toml:2: key 'max_new_tokens' must be a positive integer, got 0",
+        "faq.toml:3: columns.bar: 'bar' is not a row field; use one of id, question, context, instruction, answers, "
+        "reference, references",
+        "faq.jsonl:1: field 'answers' item 1 is int, not a string",
+    ]
+
+
+def test_importing_the_package_leaves_the_environment_alone():
+    code = ("import os, sys; before = dict(os.environ); import harness.evalsets, harness.metrics; "
+            "assert dict(os.environ) == before; assert 'datasets' not in sys.modules; print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_OFFLINE"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(env, PYTHONPATH=str(REPO)),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_loading_data_puts_datasets_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    write_jsonl(tmp_path / "faq.jsonl", QA_ROWS)
+    load_evalsets(["faq.jsonl"])
+    assert os.environ["HF_DATASETS_OFFLINE"] == "1"

@@ -285,7 +285,7 @@ def test_assemble_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     outputs = [{"id": r["id"], "prediction": "x", "new_tokens": 1} for r in rows]
     run = SimpleNamespace(name="baseline", status="ok", error=None, measurement=measurement,
                           generations={"faq": {"result": {"outputs": outputs}}})
-    inputs = SimpleNamespace(spec=None, evalsets=[evalset], recipes={}, calibration=None,
+    inputs = SimpleNamespace(spec=None, evalsets=[evalset], recipes={}, calibration=None, policy=Policy(),
                              prompts={"faq": [SimpleNamespace(item_id=r["id"], text="p") for r in rows]})
     seen = {}
 

@@ -162,3 +162,33 @@ def test_score_prediction_dispatches_by_task():
 def test_detect_language_uses_the_30_percent_share():
     assert detect_language("使用GPU") == "zh"  # 2 CJK of 5 letters
     assert detect_language("the GPU named 北京") == "en"  # 2 CJK of 15
+
+
+def test_score_item_lives_in_metrics_and_harness_evalsets_reexports_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness import evalsets, metrics
+    from harness.metrics.score import score_item
+
+    assert metrics.score_item is score_item and evalsets.score_item is score_item
+    # harness.metrics does not import harness.evalsets (which imports it): importing it first works on its own
+    code = "import sys, harness.metrics; assert 'harness.evalsets' not in sys.modules; print('ok')"
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_score_item_by_hand():
+    from types import SimpleNamespace
+
+    from harness.metrics import score_item
+
+    item = SimpleNamespace(answers=("Denver Broncos",), references=("Denver Broncos",))
+    qa = SimpleNamespace(task="qa", metrics=("em", "f1"), abstain_phrases=(), item_language=lambda item: "en")
+    assert score_item(qa, item, "The Denver Broncos!") == {"em": 100.0, "f1": 100.0}
+    summary = SimpleNamespace(task="generation", language="zh", metrics=("rouge1",))
+    assert score_item(summary, SimpleNamespace(references=("今天天气不错",)), "今天天气很好") == {
+        "rouge1": pytest.approx(200 / 3)}

@@ -1,12 +1,11 @@
-"""Per-item metrics, 0-100. QA: em, f1, contains (metrics.qa); generation: rouge1/2/L F-measure (metrics.rouge)."""
+"""Per-item metrics, 0-100. QA: em, f1, contains (metrics.qa); generation: rouge1/2/L F-measure (metrics.rouge);
+scoring a prediction or an evalset item (metrics.score)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Sequence
-
-from harness.metrics.qa import QA_METRICS, qa_scores
-from harness.metrics.rouge import ROUGE_TYPES, RougeScorer
+from harness.metrics.qa import QA_METRICS
+from harness.metrics.rouge import ROUGE_TYPES
+from harness.metrics.score import rouge_scorer_for, score_item, score_prediction
 from harness.metrics.tokenizers import MixedTokenizer, RougeDefaultTokenizer
 
 GENERATION_METRICS = ROUGE_TYPES
@@ -29,28 +28,6 @@ def tokenizer_name(language: str, task: str = "generation") -> str:
     return RougeDefaultTokenizer.name if language == "en" else MixedTokenizer.name
 
 
-@lru_cache(maxsize=None)
-def rouge_scorer_for(language: str) -> RougeScorer:
-    return RougeScorer(language)
-
-
-def score_prediction(
-    task: str,
-    language: str,
-    prediction: str,
-    golds: Sequence[str],
-    metrics: Sequence[str],
-    abstain_phrases: Sequence[str] = (),
-) -> dict[str, float]:
-    """QA: golds are the answers (empty = unanswerable); generation: golds are the references."""
-    if task == "qa":
-        return qa_scores(prediction, golds, metrics, language, abstain_phrases)
-    if task == "generation":
-        scores = rouge_scorer_for(language).score(prediction, golds)
-        return {m: scores[m] for m in metrics}
-    raise ValueError(f"unknown task {task!r}; use qa or generation")
-
-
 __all__ = [
     "ALL_METRICS",
     "BINARY_METRICS",
@@ -58,6 +35,8 @@ __all__ = [
     "GENERATION_METRICS",
     "METRICS_BY_TASK",
     "QA_METRICS",
+    "rouge_scorer_for",
+    "score_item",
     "score_prediction",
     "tokenizer_name",
 ]
