@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from benchmarks.common import read_job, write_result
 

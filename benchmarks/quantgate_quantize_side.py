@@ -7,6 +7,7 @@ timed around ensure_artifact: wall time, and the CPU time of this process and th
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,6 +16,7 @@ from benchmarks.common import children_cpu_s, own_cpu_s, read_job, write_result
 
 def main(argv: list[str]) -> int:
     job = read_job(argv)
+    started_env = dict(os.environ)
     from harness import progress
     from harness.config import RunSpec
     from harness.pipeline import FormatRun, ensure_artifact, prepare_inputs
@@ -32,9 +34,20 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"quantgate's {fmt} stage failed: {run.error}")
     manifest = run.artifact["manifest"]
     write_result(job, {"stage_s": stage_s, "stage_cpu_s": stage_cpu_s, "quantize_s": manifest["quantize_seconds"],
-                       "recipe": manifest["recipe"], "calibration_texts": manifest["calibration_texts"], "source_path": str(inputs.source.path),
-                       "calibration_path": str(inputs.out_dir / "stages" / fmt / "calibration.json")})
+                       "recipe": manifest["recipe"], "calibration_texts": manifest["calibration_texts"],
+                       "source_path": str(inputs.source.path),
+                       "calibration_path": str(inputs.out_dir / "stages" / fmt / "calibration.json"),
+                       "worker_env": worker_env_changes(started_env)})
     return 0
+
+
+def worker_env_changes(started_env: dict[str, str]) -> dict[str, str]:
+    """The variables harness.launcher set for the quantize worker this process started, over the environment this
+    process started with (cache locations, offline flags, PYTHONPATH; no secrets). Computed here, where
+    QUANTGATE_CACHE is the run's cache, so that the direct side gets exactly the worker's environment."""
+    from harness.launcher import worker_environment
+
+    return {name: value for name, value in worker_environment(os.environ).items() if started_env.get(name) != value}
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ stages/<fmt>/calibration.json, and exactly the environment quantgate gives its q
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,21 +40,7 @@ def run_quantize_bench(fmt: str, cache: Path, max_items: int, calibration_sample
         "source_path": ours.result["source_path"], "recipe": ours.result["recipe"],
         "calibration_path": ours.result["calibration_path"], "out_dir": str(work / f"direct-{fmt}"),
         "threads": threads}, work / fmt,
-        base_env=_worker_environment(env))
+        base_env={**env, **ours.result["worker_env"]})  # what the quantgate side's worker got
     say(f"quantize: {fmt} direct {direct.wall_s:.1f}s wall, {direct.cpu_s:.1f}s CPU")
     return QuantizeBench(fmt, texts, ours.result["stage_s"], ours.result["stage_cpu_s"], float(ours.result["quantize_s"]),
                          direct.wall_s, direct.cpu_s, direct.result["quantize_s"])
-
-
-def _worker_environment(parent_env: dict[str, str]) -> dict[str, str]:
-    """What harness.launcher gives a worker started from a process with `parent_env`."""
-    from harness.launcher import worker_environment
-
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(parent_env)
-        return worker_environment()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

@@ -26,13 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
+from harness import units
 from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy
 from harness.stats import PairedComparison, compare_paired, items_needed
 
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
-MINUS = "\u2212"
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,6 @@ class FormatDecision:
 
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reasons": self.reasons, "checks": self.checks, "scores": self.scores}
-
-
-def decide_formats(baseline: FormatOutcome, candidates: Iterable[FormatOutcome], policy: Policy) -> dict[str, FormatDecision]:
-    return {candidate.name: decide_format(baseline, candidate, policy) for candidate in candidates}
 
 
 def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy) -> FormatDecision:
@@ -478,29 +474,22 @@ def exit_code(decisions: dict[str, FormatDecision], policy: Policy) -> int:
 
 def num(x: float | None, digits: int = 1) -> str:
     """A number for a reason line, with a real minus sign; `n/a` for None."""
-    if x is None:
-        return "n/a"
-    text = f"{x:.{digits}f}"
-    if float(text) == 0:
-        text = text.lstrip("-")
-    return text.replace("-", MINUS)
+    return units.format_number(x, digits, missing="n/a")
 
 
 def signed(x: float | None, digits: int = 1) -> str:
-    text = num(x, digits)
-    return text if text.startswith(MINUS) or text == "n/a" else "+" + text
+    """+1.2 / −1.2 / +0.0 for a reason line; `n/a` for None."""
+    return units.format_signed(x, digits, missing="n/a", plus_zero=True)
 
 
 def format_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
+    """'1.50 GiB' from a GiB up, else '512.0 MiB'; `n/a` for None."""
+    return units.format_bytes(n, missing="n/a", smallest="MiB")
 
 
 def format_ms(ms: float | None) -> str:
-    return "n/a" if ms is None else f"{ms:.1f} ms"
+    """'12.3 ms' (never seconds: budgets are in ms); `n/a` for None."""
+    return units.format_ms(ms, missing="n/a", seconds=False)
 
 
 def _peak(peak_bytes: dict[str, int | None], name: str) -> str:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,17 +37,27 @@ class WorkerExit:
         return None
 
 
-def worker_environment() -> dict[str, str]:
-    """The parent's environment, offline and with every library cache and temp dir inside our cache (sandbox)."""
-    env = dict(os.environ)
+def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` (the caller passes os.environ, or the environment of the process it stands in for) made a worker's:
+    offline and with every library cache and temp dir inside our cache (sandbox). `base` is not changed.
+
+    The cache itself is this process's (harness.cache.cache_root reads os.environ's QUANTGATE_CACHE), whatever
+    QUANTGATE_CACHE `base` holds."""
+    env = dict(base)
     env.update(cache_locations(env))
     apply_offline(env)
     env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore",
                TQDM_DISABLE="1")
-    env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
+    set_gptqmodel_cpu_workers(env)
     package_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     return env
+
+
+def set_gptqmodel_cpu_workers(env: MutableMapping[str, str]) -> None:
+    """GPTQModel asks for more CPU workers than small machines have unless told: one per core, unless `env` says.
+    The one place that sets GPTQMODEL_CPU_WORKERS (quantgate's workers; scripts/gpu_check.py's, in-process)."""
+    env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
 
 
 class _MemoryWatch(threading.Thread):
@@ -87,7 +98,7 @@ def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
         child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment(os.environ),
                                  text=True, encoding="utf-8", errors="replace", bufsize=1,
                                  cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
         relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)

@@ -33,11 +33,3 @@ def quiet_imports():
             os.close(saved[0])
             os.close(saved[1])
 
-
-def silence_library_logging() -> None:
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import logging
-
-    for name in ("transformers", "gptqmodel", "bitsandbytes", "torchao", "datasets", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)

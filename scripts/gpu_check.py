@@ -47,8 +47,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.measure.capacity import plan_capacity  # noqa: E402
+from harness.commands.plan import capacity_view  # noqa: E402
+from harness.measure.capacity import Target, Workload, gpu_of_size, model_shape, plan_vllm, weight_format  # noqa: E402
 from harness.measure.kv import estimate_weights_bytes, kv_bytes_per_token  # noqa: E402
+from harness.units import format_bytes  # noqa: E402
 
 EXIT_NO_GPU = 3
 TINYLLAMA_SHAPE = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -61,7 +63,6 @@ KV_TOLERANCE = 0.01       # cache tensors vs config arithmetic: should be exact
 ALLOC_TOLERANCE = 0.05    # allocator delta vs prediction: block rounding and the next-token tensor
 WEIGHTS_TOLERANCE = 0.05  # allocator after load vs estimate_weights_bytes
 BITS = {"baseline": 16, "int8": 8, "gptq": 4}
-_GIB, _MIB = 2**30, 2**20
 REPO = Path(__file__).resolve().parents[1]
 # The quantgate step: a tiny QA set through the real pipeline. The direct formats stop starting early enough to
 # leave it this much of the budget.
@@ -288,8 +289,10 @@ def _save_tokenizer(model_dir: str, vocab_size: int) -> None:
 
 
 def _gptqmodel_env() -> None:
-    # GPTQModel asks for more CPU workers than small machines have unless told (as harness/quantize does).
-    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
+    # GPTQModel asks for more CPU workers than small machines have unless told (as quantgate's workers are).
+    from harness.launcher import set_gptqmodel_cpu_workers
+
+    set_gptqmodel_cpu_workers(os.environ)
 
 
 def quantize_gptq(job: dict) -> dict:
@@ -381,10 +384,11 @@ def measure_format(job: dict) -> dict:
     kv_per_token = kv_bytes_per_token(config)
     prefill_tokens, final_tokens = batch * prompt_len, batch * (prompt_len + new_tokens)
     activation = max(gen_peak[0] - before_prefill - kv_final, 0)
-    capacity = plan_capacity(weights_allocated or weights_tensors, activation,
-                             round(run["kv_prefill_bytes"] / prefill_tokens), gpu_memory_gib=80.0,
-                             gpu_memory_utilization=0.90, max_model_len=config.max_position_embeddings,
-                             quantization=fmt)
+    # The report's vLLM planner on the measured weights and activation peak, for an 80 GiB GPU at 0.90.
+    capacity = capacity_view(plan_vllm(
+        model_shape(config.to_dict()), weight_format(fmt, group), Target(gpu_of_size(80.0)),
+        Workload(max_model_len=config.max_position_embeddings, activation_bytes=activation,
+                 weights_bytes=weights_allocated or weights_tensors), version="0.32", gpu_memory_utilization=0.90))
     result = {
         "format": fmt, "load_s": load_s,
         "weights_predicted_bytes": weights_predicted, "weights_allocated_bytes": weights_allocated,
@@ -401,7 +405,7 @@ def measure_format(job: dict) -> dict:
         "cuda_max_reserved_bytes": max(load_peak[1], gen_peak[1]) if cuda else None,
         "nvml_start_used_bytes": nvml.start_used if nvml else None, "nvml_peak_used_bytes": nvml_peak,
         "activation_peak_bytes": activation, "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
-        "capacity_80gib": capacity.as_dict(),
+        "capacity_80gib": capacity,
     }
     result["checks"] = _checks(result, cuda)
     return result
@@ -706,9 +710,7 @@ def render_summary(results: dict) -> str:
 
 
 def _b(size) -> str:
-    if size is None:
-        return "-"
-    return f"{size / _GIB:.2f} GiB" if abs(size) >= _GIB else f"{size / _MIB:.1f} MiB"
+    return format_bytes(size, missing="-", smallest="MiB")
 
 
 def _params(count: int) -> str:

@@ -47,7 +47,7 @@ def test_cpu_smoke_runs_quantgate_and_prints_the_memory_figures():
     assert len(re.findall(r"memory\.device +cpu\n", out)) == 2
     assert re.search(r"memory\.kv_bytes_per_token_measured +\d", out)
     assert "latency batch 1: TTFT p50" in out
-    assert "vllm serve MODEL --gpu-memory-utilization 0.90" in out  # the script's own legacy plan
+    assert re.search(r"vllm serve MODEL --max-model-len \d+ .*--gpu-memory-utilization 0\.9", out)  # the planner's
     # the report's plan is the version-aware one: vLLM 0.32+ cannot serve int8, so no bitsandbytes flag
     assert "capacity.vllm_flags: --max-model-len" in out and "--quantization bitsandbytes" not in out
     assert "[ok] int8: capacity plan says vLLM cannot serve it (no flags)" in out
@@ -94,3 +94,16 @@ def test_quantgate_checks_catch_what_the_gpu_check_is_for():
     assert _failed({}, formats=("int8",)) == ["in report.json"]
     failed = dict(_entry(), status="failed", error="evaluation failed: out of memory")
     assert _failed({"baseline": failed}) == ["ran"]
+
+
+def test_sizes_and_gptqmodel_workers_come_from_harness(monkeypatch):
+    module = _script_module()
+    assert [module._b(v) for v in (None, 512 * 2**10, 1.5 * 2**30, -3 * 2**20)] == [
+        "-", "0.5 MiB", "1.50 GiB", "-3.0 MiB"]
+    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "")  # so that monkeypatch removes what _gptqmodel_env sets
+    monkeypatch.delenv("GPTQMODEL_CPU_WORKERS")
+    module._gptqmodel_env()
+    assert os.environ["GPTQMODEL_CPU_WORKERS"] == str(max(1, os.cpu_count() or 1))
+    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "3")
+    module._gptqmodel_env()
+    assert os.environ["GPTQMODEL_CPU_WORKERS"] == "3"  # the user's setting stands

@@ -28,7 +28,7 @@ def env(monkeypatch, tmp_path):
 
 
 def test_worker_environment_is_offline_and_inside_the_cache(env):
-    worker = worker_environment()
+    worker = worker_environment(os.environ)
     assert all(worker[name] == "1" for name in OFFLINE)
     for name in LOCATIONS:
         assert worker[name].startswith(str(env)), name
@@ -39,9 +39,28 @@ def test_worker_environment_is_offline_and_inside_the_cache(env):
 def test_worker_environment_honours_quantgate_hf_home_and_allow_network(env, monkeypatch, tmp_path):
     monkeypatch.setenv("QUANTGATE_HF_HOME", str(tmp_path / "chosen"))
     monkeypatch.setenv("QUANTGATE_ALLOW_NETWORK", "1")
-    worker = worker_environment()
+    worker = worker_environment(os.environ)
     assert worker["HF_HOME"] == str(tmp_path / "chosen")
     assert not any(name in worker for name in OFFLINE)
+
+
+def test_worker_environment_is_made_from_the_environment_it_is_given(env):
+    base = {"QUANTGATE_ALLOW_NETWORK": "1", "GPTQMODEL_CPU_WORKERS": "3", "PYTHONPATH": "/elsewhere", "MINE": "x",
+            "HF_HOME": "/users/hf"}
+    given = dict(base)
+    worker = worker_environment(base)
+    assert base == given  # not changed
+    assert worker["MINE"] == "x" and "QUANTGATE_CACHE" not in worker  # nothing from os.environ
+    assert not any(name in worker for name in OFFLINE)  # base allowed the network
+    assert worker["GPTQMODEL_CPU_WORKERS"] == "3"  # the user's setting stands
+    assert worker["PYTHONPATH"].split(os.pathsep)[1:] == ["/elsewhere"]
+    assert worker["HF_HOME"] == str(env / "hf_home")
+    for name in LOCATIONS:  # the cache is this process's
+        assert worker[name].startswith(str(env)), name
+    bare = worker_environment({})
+    assert all(bare[name] == "1" for name in OFFLINE)
+    assert bare["GPTQMODEL_CPU_WORKERS"] == str(max(1, os.cpu_count() or 1))
+    assert "MINE" not in bare and "HOME" not in bare
 
 
 def test_cli_process_is_confined_before_a_command_runs(env, capsys):

@@ -15,6 +15,7 @@ from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu
 from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import FORMATS, choose_group_size
+from harness.units import format_bytes
 
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_GPU_GIB = 80.0
@@ -226,16 +227,17 @@ def _header(result: dict) -> list[str]:
         f"model: {model['source']}, {model['architecture']} ({model['model_type']}), "
         f"{model['num_parameters'] / 1e6:,.1f}M parameters, {kind}; {model['attention']}, {model['layers']} layers"
         f"{sliding}",
-        f"KV cache: {_size(result['kv_bytes_per_token'])} per token ({'fp8' if work['kv_cache_dtype'] == 'fp8' else '16-bit'}"
-        f", {target['kv_placement']}), {_size(result['kv_bytes_per_sequence'])} per sequence of "
+        f"KV cache: {format_bytes(result['kv_bytes_per_token'])} per token "
+        f"({'fp8' if work['kv_cache_dtype'] == 'fp8' else '16-bit'}"
+        f", {target['kv_placement']}), {format_bytes(result['kv_bytes_per_sequence'])} per sequence of "
         f"{work['max_model_len']:,} tokens (per GPU)",
         f"target: {target['num_gpus']} x {gpu}{f' ({nominal})' if nominal else ''}, "
         f"{target['memory_bytes'] / GIB:.2f} GiB "
         + (f"as the driver reports it, compute capability {cc:.1f}" if cc is not None else
            "(by size: compute capability unknown; --target-gpu names the GPU)"),
         f"activation peak {'estimated from the config' if result['activation_estimated'] else 'given (measured)'}: "
-        f"{_size(result['activation_peak_bytes'])} at {result['max_num_batched_tokens']:,} batched tokens, the first "
-        "engine's budget (each engine's below)"
+        f"{format_bytes(result['activation_peak_bytes'])} at {result['max_num_batched_tokens']:,} batched tokens, "
+        "the first engine's budget (each engine's below)"
         + ("; --activation-gib gives a measured figure" if result["activation_estimated"] else ""),
     ]
     if result["vllm_version_note"]:
@@ -251,7 +253,7 @@ def _table(result: dict) -> list[str]:
     for entry in result["formats"].values():
         cells = [_cell(entry["engines"][e]) for e in engines]
         capped = capped or any("(of" in cell for cell in cells)
-        lines.append(f"{entry['label']:<10} {_size(entry['weights_bytes']):>11}  "
+        lines.append(f"{entry['label']:<10} {format_bytes(entry['weights_bytes']):>11}  "
                      + "".join(f"{c:<19}" for c in cells).rstrip())
     if capped:
         lines.append("N seqs (of M): the KV cache holds M sequences of max-model-len; the commands cap concurrency at "
@@ -288,10 +290,3 @@ def _details(result: dict) -> list[str]:
                     lines.append(f"    {plan['formula']}")
             notes += [n for n in plan["notes"] if n not in notes]
     return lines + ([""] + ["notes:"] + [f"  - {n}" for n in notes] if notes else [])
-
-
-def _size(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(size) >= scale:
-            return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
-    return f"{size} B"

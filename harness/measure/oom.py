@@ -15,6 +15,8 @@ import re
 import signal
 from dataclasses import dataclass
 
+from harness.units import format_bytes
+
 _SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|[KMGT]iB|[KMGT]B|B))"
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -157,9 +159,5 @@ def _signal_name(number: int) -> str:
 
 
 def _fmt(size: int | None) -> str:
-    if size is None:
-        return "?"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.2f} {unit}"
-    return f"{size} bytes"
+    """PyTorch's own style, so our figures read like those quoted from its message: '1.06 GiB', '512 bytes'."""
+    return format_bytes(size, missing="?", digits=2, byte_unit="bytes")

@@ -6,12 +6,13 @@ formats leave fields they could not measure null) and returns display text.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
-DASH = "—"
-MINUS = "−"  # U+2212: a real minus sign, so "−1.2" does not read as a hyphen
+from harness.units import DASH, MINUS, format_bytes, format_ms, format_number, format_signed, is_number
+
+__all__ = ["DASH", "MINUS", "clip", "dig", "excerpt", "fmt_bytes", "fmt_delta_interval", "fmt_int", "fmt_ms", "fmt_num",
+           "fmt_signed", "is_number", "prompt_excerpt"]
 
 
 def dig(data: Any, *keys: str) -> Any:
@@ -23,40 +24,12 @@ def dig(data: Any, *keys: str) -> Any:
     return data
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def fmt_bytes(value: Any) -> str:
-    """1536 -> '1.5 KiB'; 14.2e9 -> '13.2 GiB'. Binary units, as GPU memory is sold and reported."""
-    if not is_number(value):
-        return DASH
-    size = float(value)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(size) >= scale:
-            return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
-    return f"{int(size)} B"
-
-
-def fmt_ms(value: Any) -> str:
-    if not is_number(value):
-        return DASH
-    return f"{value:.1f} ms" if value < 1000 else f"{value / 1000:.2f} s"
-
-
-def fmt_num(value: Any, digits: int = 1) -> str:
-    if not is_number(value):
-        return DASH
-    return f"{value:.{digits}f}".replace("-", MINUS)
-
-
-def fmt_signed(value: Any, digits: int = 1) -> str:
-    """+0.5 / −1.2 / 0.0: a delta always shows its sign."""
-    if not is_number(value):
-        return DASH
-    if round(value, digits) == 0:
-        return f"{0:.{digits}f}"
-    return (f"{value:+.{digits}f}").replace("-", MINUS)
+# The report's names for the shared formatters, at their defaults: "—" for a missing value, 1536 -> "1.5 KiB",
+# 14.2e9 -> "13.22 GiB", 1500 ms -> "1.50 s", a delta "+0.5" / "−1.2" / "0.0".
+fmt_bytes = format_bytes
+fmt_ms = format_ms
+fmt_num = format_number
+fmt_signed = format_signed
 
 
 def fmt_delta_interval(score: dict[str, Any]) -> str:

@@ -1,0 +1,66 @@
+"""Human-readable bytes, durations and numbers: the one formatter every layer uses.
+
+The report (harness/report/units.py), the verdict reasons (harness/decide.py), the OOM reasons, `quantgate plan`
+and scripts/gpu_check.py all format through here, each with its own defaults for what a missing value reads as
+and how many decimals a size gets. Imports nothing from harness, so any module can import it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+DASH = "—"
+MINUS = "\u2212"  # a real minus sign, so "−1.2" does not read as a hyphen
+
+_BINARY_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what can be shown as a figure."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_bytes(value: Any, *, missing: str = DASH, digits: int | None = None, smallest: str = "B",
+                 byte_unit: str = "B") -> str:
+    """Binary units, as GPU memory is sold and reported: 1536 -> '1.5 KiB', 14.2e9 -> '13.22 GiB', 100 -> '100 B'.
+
+    `digits`: decimals for every unit (default: 2 for GiB, 1 below). `smallest`: the smallest unit used, "B",
+    "KiB" or "MiB" (with "MiB", 500 bytes read '0.0 MiB'). `byte_unit`: the word for plain bytes ("bytes" to
+    match PyTorch's OOM messages). `missing`: the text for None or anything that is not a finite number.
+    """
+    if not is_number(value):
+        return missing
+    size = float(value)
+    for unit, scale in _BINARY_UNITS:
+        if abs(size) >= scale or unit == smallest:
+            places = digits if digits is not None else (2 if unit == "GiB" else 1)
+            return f"{size / scale:.{places}f} {unit}"
+    return f"{int(size)} {byte_unit}"
+
+
+def format_ms(value: Any, *, missing: str = DASH, seconds: bool = True) -> str:
+    """12.34 -> '12.3 ms'; 1500 -> '1.50 s' (with seconds=False, '1500.0 ms')."""
+    if not is_number(value):
+        return missing
+    if seconds and value >= 1000:
+        return f"{value / 1000:.2f} s"
+    return f"{value:.1f} ms"
+
+
+def format_number(value: Any, digits: int = 1, *, missing: str = DASH) -> str:
+    """`digits` decimals with a real minus sign; a value that rounds to zero has none ('0.0', not '−0.0')."""
+    if not is_number(value):
+        return missing
+    text = f"{value:.{digits}f}"
+    if float(text) == 0:
+        text = text.lstrip("-")
+    return text.replace("-", MINUS)
+
+
+def format_signed(value: Any, digits: int = 1, *, missing: str = DASH, plus_zero: bool = False) -> str:
+    """+0.5 / −1.2: a delta shows its sign. One that rounds to zero reads '0.0', or '+0.0' with plus_zero."""
+    text = format_number(value, digits, missing=missing)
+    if not is_number(value) or text.startswith(MINUS) or (float(text) == 0 and not plus_zero):
+        return text
+    return "+" + text
