@@ -14,6 +14,7 @@ import sys
 
 from harness import __version__, sandbox
 from harness.commands import COMMANDS
+from harness.plugins import load_plugins
 from harness.errors import UserError
 
 EXIT_PIPE_CLOSED = 128 + 13  # 128 + SIGPIPE
@@ -72,6 +73,7 @@ def _run(argv: list[str]) -> int:
         return 2
     try:
         sandbox.confine_process()
+        load_plugins()
         return int(args.func(args))
     except UserError as exc:
         print(f"quantgate: error: {exc}", file=sys.stderr)

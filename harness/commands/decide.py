@@ -23,7 +23,7 @@ from typing import Any
 from harness import __version__
 from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, num, signed
 from harness.errors import UserError
-from harness.metrics import ALL_METRICS
+from harness.metrics import metric_names
 from harness.policy import load_policy
 
 DEFAULT_GROUP = "scores"
@@ -55,8 +55,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     base_rows, base_order, base_groups = read_scores(args.baseline)
     cand_rows, cand_order, cand_groups = read_scores(args.candidate)
-    known = list(ALL_METRICS) + sorted({m for rows in (base_rows, cand_rows) for items in rows.values()
-                                        for m in _metrics_in(items)} - set(ALL_METRICS))
+    known = list(metric_names()) + sorted({m for rows in (base_rows, cand_rows) for items in rows.values()
+                                           for m in _metrics_in(items)} - set(metric_names()))
     policy = load_policy(args.policy, known_metrics=known)
     _require_same_ids(args.baseline, base_rows, args.candidate, cand_rows)
     clusters = _merge_groups(args.baseline, base_groups, args.candidate, cand_groups)

@@ -18,7 +18,7 @@ from harness.evalsets.data import Row, read_rows
 from harness.evalsets.paths import display_path
 from harness.evalsets.prompts import TEMPLATE_FIELDS, check_template, default_template_for
 from harness.evalsets.spec import ROW_FIELDS, Spec, check_metrics
-from harness.metrics import DEFAULT_GATE, METRICS_BY_TASK, tokenizer_name
+from harness.metrics import METRIC_SPECS, default_gate, metric_names, tokenizer_name
 from harness.metrics.tokenizers import ZH_SHARE_THRESHOLD, cjk_share, detect_language
 
 FEW_SHOT_KEYS = ("question", "context", "instruction", "answer", "output")
@@ -130,7 +130,7 @@ def build_set(spec: Spec, problems: list[str]) -> EvalSet | None:
     _check_language(spec, items, problems)
     if problems:
         return None
-    metrics = tuple(spec.metrics or METRICS_BY_TASK[spec.task])
+    metrics = tuple(spec.metrics or [m for m in metric_names(spec.task) if METRIC_SPECS[m].built_in])
     digest = hashlib.sha256()
     digest.update(spec.spec_bytes)
     digest.update(b"\0")
@@ -140,7 +140,7 @@ def build_set(spec: Spec, problems: list[str]) -> EvalSet | None:
         data_path=spec.data_path, description=spec.description, prompt_template=template,
         system_prompt=spec.system_prompt, few_shot=few_shot,
         max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS[spec.task], metrics=metrics,
-        gate=tuple(spec.gate or [m for m in DEFAULT_GATE[spec.task] if m in metrics] or metrics[:1]),
+        gate=tuple(spec.gate or [m for m in default_gate(spec.task) if m in metrics] or metrics[:1]),
         abstain_phrases=tuple(spec.abstain_phrases if spec.abstain_phrases is not None else DEFAULT_ABSTAIN_PHRASES),
         items=tuple(items), content_hash="sha256:" + digest.hexdigest(), group=spec.group,
         calibration_path=spec.calibration_path,

@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from harness.evalsets.data import DATA_FORMATS
 from harness.evalsets.paths import display_path
-from harness.metrics import ALL_METRICS, METRICS_BY_TASK
+from harness.metrics import METRIC_SPECS, metric_names
 
 TASKS = ("qa", "generation")
 LANGUAGES = ("en", "zh", "auto")
@@ -232,17 +232,17 @@ def check_metrics(spec: Spec, problems: list[str]) -> None:
     """`metrics` and `gate` against the set's task (known once the data is read when the spec names none)."""
     task = spec.task
     assert task is not None
-    valid = METRICS_BY_TASK[task]
+    valid, known = metric_names(task), metric_names()
     for key in ("metrics", "gate"):
         for metric in getattr(spec, key) or []:
-            if metric not in ALL_METRICS:
-                problems.append(f"{spec.at(key)}: metric '{metric}' unknown; known metrics: {', '.join(ALL_METRICS)}")
+            if metric not in known:
+                problems.append(f"{spec.at(key)}: metric '{metric}' unknown; known metrics: {', '.join(known)}")
             elif metric not in valid:
                 problems.append(f"{spec.at(key)}: metric '{metric}' is not a {task} metric; "
                                 f"{task} metrics: {', '.join(valid)}")
     if spec.metrics is not None and not spec.metrics:
         problems.append(f"{spec.at('metrics')}: metrics is empty; name at least one of {', '.join(valid)}")
-    metrics = spec.metrics or list(valid)
+    metrics = spec.metrics or [m for m in valid if METRIC_SPECS[m].built_in]
     for metric in spec.gate or []:
         if metric in valid and metric not in metrics:
             problems.append(f"{spec.at('gate')}: gate metric '{metric}' is not in metrics; add it to metrics")

@@ -4,15 +4,14 @@ scoring a prediction or an evalset item (metrics.score)."""
 from __future__ import annotations
 
 from harness.metrics.qa import QA_METRICS
+from harness.metrics.registry import METRIC_SPECS, MetricSpec, default_gate, metric_names, register_metric
 from harness.metrics.rouge import ROUGE_TYPES
 from harness.metrics.score import rouge_scorer_for, score_item, score_prediction
 from harness.metrics.tokenizers import MixedTokenizer, RougeDefaultTokenizer
 
 GENERATION_METRICS = ROUGE_TYPES
-METRICS_BY_TASK: dict[str, tuple[str, ...]] = {"qa": QA_METRICS, "generation": GENERATION_METRICS}
+# The built-in metrics; metric_names() also has the registered ones.
 ALL_METRICS: tuple[str, ...] = QA_METRICS + GENERATION_METRICS
-DEFAULT_GATE: dict[str, tuple[str, ...]] = {"qa": ("f1",), "generation": ("rougeL",)}
-BINARY_METRICS = frozenset({"em", "contains"})  # every value is 0 or 100
 
 _QA_TOKENIZER_NAMES = {
     "en": "SQuAD normalization (words)",
@@ -30,11 +29,13 @@ def tokenizer_name(language: str, task: str = "generation") -> str:
 
 __all__ = [
     "ALL_METRICS",
-    "BINARY_METRICS",
-    "DEFAULT_GATE",
     "GENERATION_METRICS",
-    "METRICS_BY_TASK",
+    "METRIC_SPECS",
+    "MetricSpec",
     "QA_METRICS",
+    "default_gate",
+    "metric_names",
+    "register_metric",
     "rouge_scorer_for",
     "score_item",
     "score_prediction",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
-from harness.metrics.qa import qa_scores
+from harness.metrics.qa import abstains, qa_scores
+from harness.metrics.registry import METRIC_SPECS
 from harness.metrics.rouge import RougeScorer
 
 if TYPE_CHECKING:  # harness.evalsets imports harness.metrics: at run time sets and items are duck-typed
@@ -25,13 +26,26 @@ def score_prediction(
     metrics: Sequence[str],
     abstain_phrases: Sequence[str] = (),
 ) -> dict[str, float]:
-    """QA: golds are the answers (empty = unanswerable); generation: golds are the references."""
+    """QA: golds are the answers (empty = unanswerable); generation: golds are the references. Built-in metrics
+    come from their task's scorer; registered ones (harness.metrics.registry) from their own item_score."""
+    if task not in ("qa", "generation"):
+        raise ValueError(f"unknown task {task!r}; use qa or generation")
+    built_in = [m for m in metrics if m not in METRIC_SPECS or METRIC_SPECS[m].built_in]
     if task == "qa":
-        return qa_scores(prediction, golds, metrics, language, abstain_phrases)
-    if task == "generation":
-        scores = rouge_scorer_for(language).score(prediction, golds)
-        return {m: scores[m] for m in metrics}
-    raise ValueError(f"unknown task {task!r}; use qa or generation")
+        scores = qa_scores(prediction, golds, built_in, language, abstain_phrases) if built_in else {}
+    else:
+        scores = rouge_scorer_for(language).score(prediction, golds) if built_in else {}
+    for name in metrics:
+        if name not in scores:
+            scores[name] = _registered_score(METRIC_SPECS[name], prediction, golds, language, abstain_phrases)
+    return {m: scores[m] for m in metrics}
+
+
+def _registered_score(spec, prediction: str, golds: Sequence[str], language: str,
+                      abstain_phrases: Sequence[str]) -> float:
+    if spec.task == "qa" and not golds:  # unanswerable: the QA rule for every metric
+        return 100.0 if abstains(prediction, abstain_phrases) else 0.0
+    return float(spec.item_score(prediction, golds, language))
 
 
 def score_item(evalset: EvalSet, item: EvalItem, prediction: str) -> dict[str, float]:

@@ -1,0 +1,67 @@
+"""docs/extending.md's worked example: a toy format and a toy metric (tests/plugins/quantgate_toy.py) added
+through the seams alone (harness.formats.register, harness.metrics.register_metric, QUANTGATE_PLUGINS), then
+run through the real pipeline on the demo model."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, quantgate
+
+PLUGIN_DIR = Path(__file__).parent / "plugins"
+
+
+def _plugin_env() -> dict:
+    return {"QUANTGATE_PLUGINS": "quantgate_toy",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(PLUGIN_DIR)])}
+
+
+def test_the_toy_plugin_registers_a_format_and_a_metric(monkeypatch):
+    from harness.formats import FORMAT_SPECS, check_format_names, default_formats
+    from harness.measure.capacity import weight_format
+    from harness.metrics import METRIC_SPECS, metric_names, score_prediction
+    from harness.plugins import load_plugins
+
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    try:
+        assert load_plugins({"QUANTGATE_PLUGINS": "quantgate_toy"}) == ["quantgate_toy"]
+        assert check_format_names(["toy8"], "--formats") == ["baseline", "toy8"]
+        assert "toy8" not in default_formats()  # default=False: only when asked for
+        assert weight_format("toy8").bits == 8
+        assert "length_ratio" in metric_names("generation")
+        scores = score_prediction("generation", "en", "one two three", ["one two three four"], ["rougeL",
+                                                                                             "length_ratio"])
+        assert scores["length_ratio"] == 75.0 and 0 < scores["rougeL"] <= 100
+    finally:
+        FORMAT_SPECS.pop("toy8", None)
+        METRIC_SPECS.pop("length_ratio", None)
+
+
+def test_a_missing_plugin_is_one_line(demo_cache, tmp_path):
+    result = quantgate("run", "--out", str(tmp_path), cache=demo_cache, check_codes=(2,),
+                       env={"QUANTGATE_PLUGINS": "no_such_plugin"})
+    assert "cannot import plugin module 'no_such_plugin'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_toy_format_and_metric_run_through_the_pipeline(demo_cache, tmp_path):
+    spec = (ROOT / "evalsets" / "en_incident_summaries.toml").read_text()
+    spec = spec.replace('metrics = ["rouge1", "rouge2", "rougeL"]', 'metrics = ["rougeL", "length_ratio"]')
+    spec = spec.replace('gate = ["rougeL"]', 'gate = ["rougeL", "length_ratio"]')
+    spec = spec.replace('data = "en_incident_summaries.jsonl"',
+                        f'data = "{ROOT / "evalsets" / "en_incident_summaries.jsonl"}"')
+    (tmp_path / "summaries.toml").write_text(spec)
+    (tmp_path / "policy.toml").write_text("[margins]\nlength_ratio = 5.0\n")
+    out = tmp_path / "out"
+    quantgate("run", "--model", "demo", "--formats", "baseline,toy8", "--evalsets", str(tmp_path / "summaries.toml"),
+              "--policy", str(tmp_path / "policy.toml"), "--max-items", "4", "--max-new-tokens", "16",
+              "--latency-requests", "2", "--out", str(out), cache=demo_cache, env=_plugin_env())
+    report = json.loads((out / "report.json").read_text())
+    toy = report["formats"]["toy8"]
+    assert toy["status"] == "ok", toy["error"]
+    assert toy["artifact"]["manifest"]["engine"] == "toy-rounding" and "quantize" in toy["stages_run"]
+    assert {"en_incident_summaries/rougeL", "en_incident_summaries/length_ratio"} <= {
+        f"{s}/{m}" for s, metrics in toy["scores"].items() for m in metrics}
+    assert toy["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
