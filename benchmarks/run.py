@@ -4,6 +4,7 @@
 2. overhead: quantgate's generation loop vs a bare `model.generate` loop over the same batches
 3. cache: the full demo run repeated unchanged vs cold
 4. quantization: quantgate's GPTQ and AWQ stages vs GPTQModel called directly
+5. serve: the same SQuAD items through the transformers backend and the vLLM backend (a real vllm serve)
 
 Absolute times on a shared machine are noise; the ratios, measured minutes apart on the same machine, are the
 result, judged on CPU time where other jobs could inflate wall time. Writes reports/bench/latest.md (see
@@ -30,7 +31,7 @@ from benchmarks.report import build_report, summary_table  # noqa: E402
 EVALSET = ROOT / "benchmarks" / "shared_evalsets" / "squad_200.toml"
 FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8}
 QUICK = {"items": 24, "repeats": 1, "profile_items": 8, "cache_items": 2, "calibration_samples": 4, "latency_requests": 2}
-STEPS = ("eval", "profile", "cache", "quantize")
+STEPS = ("eval", "profile", "cache", "quantize", "serve")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
     demo = work / "checkpoint" / "smollm2-135m-instruct-bf16"
     if not demo.is_dir():
         shutil.copytree(resolve_source("demo").path, demo)
-    eval_run = cache_run = profile = None
+    eval_run = cache_run = profile = serve_run = None
     quantize_runs = []
     try:
         if "eval" in args.steps:
@@ -112,12 +113,16 @@ def main(argv: list[str]) -> int:
 
             quantize_runs = [run_quantize_bench(fmt, cache_run.cache, args.cache_items, args.calibration_samples,
                                                 args.threads, work / "quantize") for fmt in ("gptq", "awq")]
+        if "serve" in args.steps:
+            from benchmarks.serve_bench import run_serve_bench
+
+            serve_run = run_serve_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "serve")
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     run = {"args": args, "eval_run": eval_run, "profile": profile, "cache_run": cache_run,
            "quantize_runs": quantize_runs, "load_before": load_before, "load_after": os.getloadavg(),
-           "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z")}
+           "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z"), "serve_run": serve_run}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     from benchmarks.results import save
@@ -127,7 +132,13 @@ def main(argv: list[str]) -> int:
 
 
 def write(out: Path, run: dict) -> int:
+    from benchmarks.serve_bench import render_serve_bench
+
+    run = dict(run)
+    serve_lines = render_serve_bench(run.pop("serve_run", None))
     markdown, checks = build_report(**run)
+    if serve_lines:
+        markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(serve_lines) + "\n"
     out.write_text(markdown, encoding="utf-8")
     print("\n".join(summary_table(checks)))
     say(f"wrote {out} (and the raw results in {out.with_suffix('.json').name})")

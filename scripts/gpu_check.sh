@@ -5,10 +5,22 @@
 # Exit codes: 0 all checks passed; 1 a check failed or a format errored; 3 no CUDA device (nothing to check);
 # 124 the 8-minute timeout hit. Extra arguments go to gpu_check.py (e.g. --formats baseline,int8,
 # --harness-formats baseline, --keep-model DIR to keep the random model for a rerun).
+# GPU_CHECK_SERVED=1 adds the vLLM backend's check on the kept model (scripts/gpu_check_served.py: vLLM's KV
+# figures within 3% of the prediction, saturation holds, no server left), when a vLLM is installed there.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The script stops starting direct formats in time to leave the quantgate step 180 s of its 470 s budget, so the
 # hard timeout below is a backstop.
-exec timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py "$@"
+if [ "${GPU_CHECK_SERVED:-0}" != "1" ]; then
+  exec timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py "$@"
+fi
+MODEL_DIR="${GPU_CHECK_MODEL_DIR:-/tmp/quantgate-gpu-check-model}"
+timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py --keep-model "$MODEL_DIR" "$@"
+code=$?
+timeout --kill-after=15 300 "$PYTHON" scripts/gpu_check_served.py "$MODEL_DIR"
+served=$?
+[ "$code" -ne 0 ] && exit "$code"
+[ "$served" -eq 3 ] && exit 0
+exit "$served"
