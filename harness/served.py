@@ -181,7 +181,7 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
         requests = [CompletionRequest(p.ids, p.max_new_tokens) for p in prompts]
         started = time.time()
         done = complete_all(endpoint, requests, served.sampling, concurrency=plan.max_num_seqs,
-                            label=f"{served.name}: generating {evalset.name} (vLLM)")
+                            label=f"{served.name}: generating {evalset.name} (vLLM)", alive=alive)
         outputs = [{"id": p.item_id, "prediction": c.text, "new_tokens": c.new_tokens,
                     "prompt_tokens": c.prompt_tokens} for p, c in zip(prompts, done)]
         atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
@@ -190,8 +190,8 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
     workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
     for concurrency in concurrencies:
         block["latency"][f"concurrency_{concurrency}"] = latency_at(
-            endpoint, workload, served.sampling, concurrency, f"{served.name}: served latency at concurrency "
-                                                              f"{concurrency}")
+            endpoint, workload, served.sampling, concurrency,
+            f"{served.name}: served latency at concurrency {concurrency}", alive=alive)
     filler = list(workload[0].prompt_ids) if workload else [1]
     block["saturation"] = saturation(endpoint, filler, served.sampling, concurrency=plan.max_num_seqs,
                                      max_model_len=plan.max_model_len, alive=alive)
@@ -227,7 +227,7 @@ def _endpoint_from(url: str, block: dict) -> Endpoint:
 
 def _answers(url: str) -> bool:
     try:
-        get_json(url.rstrip("/") + "/v1/models", timeout=5)
+        get_json(url.rstrip("/") + "/v1/models", timeout=30)  # a busy server may answer slowly
         return True
     except (OSError, ValueError):
         return False

@@ -7,8 +7,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Callable
 
 from harness import progress
 
@@ -113,16 +114,23 @@ def complete(endpoint: Endpoint, request: CompletionRequest, sampling: Sampling)
 
 
 def complete_all(endpoint: Endpoint, requests: list[CompletionRequest], sampling: Sampling, *, concurrency: int,
-                 label: str) -> list[ServedCompletion]:
-    """Every request, `concurrency` in flight (the server batches them), in the order given."""
+                 label: str, alive: Callable[[], bool] | None = None) -> list[ServedCompletion]:
+    """Every request, `concurrency` in flight (the server batches them), in the order given. `alive` is asked
+    every second: a server that died fails the batch at once instead of leaving requests to time out."""
     results: list[ServedCompletion | None] = [None] * len(requests)
     progress.step(label, 0, len(requests))
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     try:
         futures = {pool.submit(complete, endpoint, r, sampling): i for i, r in enumerate(requests)}
-        for done, future in enumerate(as_completed(futures), 1):
-            results[futures[future]] = future.result()
-            progress.step(label, done, len(requests))
+        pending, done = set(futures), 0
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results[futures[future]] = future.result()
+                done += 1
+                progress.step(label, done, len(requests))
+            if pending and alive is not None and not alive():
+                raise RequestFailed(f"the server died with {len(pending)} requests unanswered")
     except BaseException:
         # Ctrl-C or a failed request: do not wait for the rest; stopping the server ends those in flight.
         pool.shutdown(wait=False, cancel_futures=True)

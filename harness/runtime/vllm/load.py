@@ -13,12 +13,12 @@ SATURATION_NEW_TOKENS = 8
 
 
 def latency_at(endpoint: Endpoint, requests: list[CompletionRequest], sampling: Sampling, concurrency: int,
-               label: str) -> dict:
+               label: str, alive=None) -> dict:
     """Streamed requests, `concurrency` in flight; at least P95_MIN_REQUESTS and two rounds of the concurrency."""
     wanted = max(len(requests), 2 * concurrency if concurrency > 1 else len(requests))
     batch = [requests[i % len(requests)] for i in range(wanted)]
     started = time.perf_counter()
-    done = complete_all(endpoint, batch, sampling, concurrency=concurrency, label=label)
+    done = complete_all(endpoint, batch, sampling, concurrency=concurrency, label=label, alive=alive)
     wall = time.perf_counter() - started
     return summarize_served(done, concurrency, wall)
 
@@ -49,7 +49,7 @@ def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *,
     before = _preemptions(endpoint)
     failed, reasons = 0, []
     try:
-        complete_all(endpoint, requests, sampling, concurrency=concurrency, label="saturation check")
+        complete_all(endpoint, requests, sampling, concurrency=concurrency, label="saturation check", alive=alive)
     except RequestFailed as exc:
         failed, reasons = 1, [str(exc)]
     up = alive()
