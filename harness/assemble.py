@@ -13,7 +13,7 @@ from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, 
                                       resolve_version, weight_format)
 from harness.measure.kv import kv_bytes_per_token, text_config
 from harness.measure.latency import latency_block
-from harness.runtime.transformers_backend import BatchTiming
+from harness.runtime.base import BatchTiming
 
 
 def assemble_report(inputs, runs: dict, wall_s: float) -> tuple[dict, list[dict]]:

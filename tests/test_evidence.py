@@ -272,7 +272,7 @@ def test_assemble_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     from harness import assemble
     from harness.evalsets import load_evalsets
     from harness.measure.latency import latency_block
-    from harness.runtime.transformers_backend import BatchTiming
+    from harness.runtime.base import BatchTiming
 
     rows = [{"id": f"q{i}", "question": f"Question {i}?", "context": f"Passage {i // 3}.", "answers": ["x"]}
             for i in range(6)]

@@ -197,8 +197,14 @@ class _FakeModel:
     def encode(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
+    def weights_bytes(self) -> int:
+        return 3000
+
+    def parameter_count(self) -> int:
+        return 3000
+
     def generate(self, prompts, max_new):
-        from harness.runtime.transformers_backend import BatchTiming, Generation
+        from harness.runtime.base import BatchTiming, Generation
 
         steps = min(max_new, 3)
         return ([Generation(text="x", prompt_tokens=len(p), new_tokens=steps) for p in prompts],
