@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     from harness import progress
     from harness.config import RunSpec
     from harness.launcher import run_worker
-    from harness.pipeline import FormatRun, collect_results, pending_evaluation, prepare_inputs
+    from harness.pipeline import FormatRun, collect_results, evaluate_job, pending_evaluation, prepare_inputs
 
     progress.configure(quiet=True)
     spec = RunSpec(model=job["model_path"], formats=["baseline"], evalsets=[job["evalset"]], out=job["out_dir"],
@@ -28,11 +28,8 @@ def main(argv: list[str]) -> int:
     inputs = prepare_inputs(spec)
     run = FormatRun("baseline")
     _, generate_tasks = pending_evaluation(inputs, "baseline", inputs.source.fingerprint, run)
+    worker_job = evaluate_job(inputs, "baseline", inputs.source.path, None, generate_tasks)
     stage_dir = inputs.out_dir / "stages" / "baseline"
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    worker_job = {"kind": "evaluate", "format": "baseline", "artifact_path": str(inputs.source.path),
-                  "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size, "measure": None,
-                  "generate": generate_tasks, "failure_path": str(stage_dir / "evaluate.failed.json")}
     worker_started = time.perf_counter()
     exit_ = run_worker(worker_job, stage_dir / "evaluate.job.json", inputs.out_dir / "logs" / "baseline.log", "baseline")
     worker_wall = time.perf_counter() - worker_started

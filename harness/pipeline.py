@@ -20,6 +20,7 @@ from harness.config import RunSpec
 from harness.errors import UserError
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
 from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
+from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
 from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
@@ -277,23 +278,27 @@ def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> Forma
         progress.say(f"{label}: loading the model to " + " and ".join(
             (["measure memory and latency"] if measure_task else []) +
             ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
-        job = {"kind": "evaluate", "format": fmt, "devices": run.devices,
-               "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
-               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task,
-               "generate": generate_tasks,
-               "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
-        failure_path = Path(job["failure_path"])
+        job = evaluate_job(inputs, fmt, artifact_path, measure_task, generate_tasks, run.devices)
+        failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            label, inputs.spec.memory_limit_bytes_for(fmt))
-        run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t['evalset']}" for t in generate_tasks]
+        run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t.evalset}" for t in generate_tasks]
         if exit_.returncode != 0:
             run.status, run.error = "failed", _failure_reason(failure_path, exit_, "evaluation")
     if inputs.spec.backend == "vllm" and run.status == "ok":
         serve_format(inputs, fmt, artifact_key, artifact_path, run, refused)
     collect_results(inputs, fmt, artifact_key, run)
     return run
+
+
+def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
+                 generate: list[GenerateTask], devices: str | None = None) -> EvaluateJob:
+    spec = inputs.spec
+    return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
+                       trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
+                       batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
 def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
@@ -350,11 +355,10 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
         atomic_write_json(calibration_path, calibration)
         failure_path = _stage_dir(inputs, fmt) / "quantize.failed.json"
         failure_path.unlink(missing_ok=True)
-        job = {"kind": "quantize", "format": fmt, "devices": run.devices,
-               "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
-               "calibration_path": str(calibration_path), "out_dir": str(out_dir), "manifest": manifest,
-               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "failure_path": str(failure_path)}
+        job = QuantizeJob(format=fmt, devices=run.devices, source_path=str(inputs.source.path),
+                          recipe=recipe.as_dict(), calibration_path=str(calibration_path), out_dir=str(out_dir),
+                          manifest=manifest, trust_remote_code=inputs.spec.trust_remote_code,
+                          threads=inputs.spec.threads, failure_path=str(failure_path))
         started = time.time()
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
@@ -398,8 +402,8 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: Form
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
     if not (reusable(spec, measure_path) and _valid_result(measure_path, "memory")):
-        measure_task = {"result_path": str(measure_path), "batch1": batch1, "batched": batched,
-                        "batched_max_new_tokens": batched_new, "warmup": spec.warmup_requests}
+        measure_task = MeasureTask(str(measure_path), tuple((text, n) for text, n in batch1), tuple(batched),
+                                   batched_new, spec.warmup_requests)
     run.measurement = {"path": str(measure_path), "key": key}
     generate_tasks = []
     for evalset in inputs.evalsets:
@@ -408,9 +412,8 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: Form
         path = cache_dir("results") / f"generate-{key}.json"
         run.generations[evalset.name] = {"path": str(path), "key": key}
         if not (reusable(spec, path) and _valid_result(path, "outputs")):
-            generate_tasks.append({"evalset": evalset.name, "key": key, "result_path": str(path),
-                                   "max_new_tokens": prompts[0].max_new_tokens if prompts else 1,
-                                   "items": [{"id": p.item_id, "prompt": p.text} for p in prompts]})
+            generate_tasks.append(GenerateTask(evalset.name, key, prompts[0].max_new_tokens if prompts else 1,
+                                               tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
     return measure_task, generate_tasks
 
 

@@ -225,6 +225,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.calibration import CalibrationSet, check_overlap
     from harness.config import RunSpec
     from harness.evalsets import load_evalsets
+    from harness.jobs import EvaluateJob
     from harness.measure import memory
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
@@ -264,8 +265,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                    "result_path": str(tmp_path / f"{name}.measure.json")}
         task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / f"{name}.faq.json"),
                 "items": [{"id": p.item_id, "prompt": p.text} for p in prompts["faq"]]}
-        worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "measure": measure,
-                             "generate": [task]})
+        worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path),
+                                                   "batch_size": 2, "measure": measure, "generate": [task]}))
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
@@ -303,7 +304,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     # a job of generate tasks only (measurement cached) samples nothing and writes no measurement
     task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / "only.faq.json"),
             "items": [{"id": "q0", "prompt": "Answer: x"}]}
-    worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "generate": [task]})
+    worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2,
+                                               "generate": [task]}))
     assert Path(task["result_path"]).is_file() and not list(tmp_path.glob("only*.measure.json"))
 
     # The contract is not merely permissive: the producer writes every field the models name (but the reason

@@ -6,10 +6,11 @@ from __future__ import annotations
 from harness import progress
 from harness.measure.latency import latency_block
 from harness.measure.memory import track_peak
+from harness.jobs import MeasureTask
 from harness.runtime.base import Runtime
 
 
-def measure_format(model: Runtime, measure: dict, tokens, load_peak, weights: int, loaded_bytes: int, *,
+def measure_format(model: Runtime, measure: MeasureTask, tokens, load_peak, weights: int, loaded_bytes: int, *,
                    timeline=None) -> dict:
     """Warm-up, batch-1 latency and the largest batch; `timeline` (a MemoryTimeline) gets a marker per stage."""
 
@@ -17,17 +18,17 @@ def measure_format(model: Runtime, measure: dict, tokens, load_peak, weights: in
         if timeline is not None:
             timeline.mark(stage)
 
-    batch1 = [(tokens(p), n) for p, n in measure["batch1"]]
+    batch1 = [(tokens(p), n) for p, n in measure.batch1]
     mark("warm-up")
-    for prompt, _ in batch1[: int(measure.get("warmup", 2))]:
+    for prompt, _ in batch1[: measure.warmup]:
         model.generate([prompt], 4)
     mark("latency")
     timings_1 = []
     for index, (prompt, max_new) in enumerate(batch1, 1):
         timings_1.append(model.generate([prompt], max_new)[1])
         progress.step("latency at batch 1", index, len(batch1))
-    batched = [tokens(p) for p in measure["batched"]]
-    max_new = int(measure["batched_max_new_tokens"])
+    batched = [tokens(p) for p in measure.batched]
+    max_new = measure.batched_max_new_tokens
     mark("measure batch")
     with track_peak() as gen_peak:
         outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
@@ -53,7 +54,7 @@ def measure_format(model: Runtime, measure: dict, tokens, load_peak, weights: in
             "largest_batch": {"batch_size": timing.batch_size, "prompt_tokens": timing.prompt_tokens,
                               "new_tokens": timing.steps, "tokens": cached_tokens},
         },
-        "latency": {"warmup_requests": min(len(batch1), int(measure.get("warmup", 2))),
+        "latency": {"warmup_requests": min(len(batch1), measure.warmup),
                     "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
         "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
         "compute_dtype": model.dtype,
