@@ -1,4 +1,6 @@
-"""The run, top to bottom: source -> quantize -> measure -> evaluate -> decide -> report.
+"""The run, top to bottom: prepare inputs; per format quantize -> run on the device (one model load that measures
+and generates) -> (backend vllm: serve); then score, decide and plan capacity (harness.evaluate), build the
+report (harness.report.build) and write the outputs.
 
 Each format's quantization and its measurement/evaluation run in fresh subprocesses (harness.worker). Every
 stage result lives in the cache under a content-hash key, written atomically the moment it finishes, so a rerun
@@ -29,7 +31,6 @@ from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe, package_versions
 from harness.source import ModelSource, check_remote_code, resolve_source
 
-REPORT_SCHEMA_VERSION = 1
 ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
                         "numpy", "nvidia-ml-py")
 
@@ -88,11 +89,13 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
                      f"{inputs.out_dir}` continues from what finished")
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
-    from harness.assemble import assemble_report
+    from harness.evaluate import evaluate_formats
+    from harness.report.build import build_report
 
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
-    report, samples = assemble_report(inputs, runs, wall_s=time.time() - started)
-    write_run_outputs(inputs.out_dir, report, samples)
+    evaluation = evaluate_formats(inputs, runs)
+    report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
+    write_outputs(inputs.out_dir, report, evaluation.samples)
     return report, 130 if interrupted else report["exit_code"]
 
 
@@ -521,7 +524,7 @@ def environment() -> dict:
     return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
 
 
-def write_run_outputs(out_dir: Path, report: dict, samples: list[dict]) -> None:
+def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> None:
     from harness.report import write_reports
 
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))

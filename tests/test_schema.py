@@ -218,10 +218,10 @@ class _FakeModel:
 
 def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     """worker.run_evaluate (a fake model: measure_format, generate_evalset, the memory timeline) ->
-    assemble_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
+    evaluate_formats and build_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
     the calibration block) and an interrupted awq."""
     from harness import worker
-    from harness.assemble import assemble_report
+    from harness.evaluate import evaluate_formats
     from harness.calibration import CalibrationSet, check_overlap
     from harness.config import RunSpec
     from harness.evalsets import load_evalsets
@@ -230,6 +230,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
+    from harness.report.build import build_report
     from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
 
@@ -285,7 +286,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
         "gptq": FormatRun("gptq", status="failed", error="quantization failed: boom", stages_run=["quantize"]),
         "awq": FormatRun("awq", status="interrupted", error="not run: the run was interrupted"),
     }
-    report, samples = assemble_report(inputs, runs, wall_s=12.34)
+    evaluation = evaluate_formats(inputs, runs)
+    report, samples = build_report(inputs, runs, evaluation, wall_s=12.34), evaluation.samples
     data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
 
     parsed = RunReport.model_validate(data)
