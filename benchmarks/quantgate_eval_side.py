@@ -20,27 +20,22 @@ def main(argv: list[str]) -> int:
     from harness import progress
     from harness.config import RunSpec
     from harness.launcher import run_worker
-    from harness.pipeline import FormatRun, collect_results, pending_evaluation, prepare_inputs
+    from harness.pipeline import evaluate_job, pending_evaluation, prepare_inputs
 
     progress.configure(quiet=True)
     spec = RunSpec(model=job["model_path"], formats=["baseline"], evalsets=[job["evalset"]], out=job["out_dir"],
                    max_items=job["max_items"], batch_size=job["batch_size"], threads=job["threads"], use_cache=False)
     inputs = prepare_inputs(spec)
-    run = FormatRun("baseline")
-    _, generate_tasks = pending_evaluation(inputs, "baseline", inputs.source.fingerprint, run)
+    plan = pending_evaluation(inputs, "baseline", inputs.source.fingerprint)
+    worker_job = evaluate_job(inputs, "baseline", inputs.source.path, None, list(plan.generate))
     stage_dir = inputs.out_dir / "stages" / "baseline"
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    worker_job = {"kind": "evaluate", "format": "baseline", "artifact_path": str(inputs.source.path),
-                  "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size, "measure": None,
-                  "generate": generate_tasks, "failure_path": str(stage_dir / "evaluate.failed.json")}
     worker_started = time.perf_counter()
     exit_ = run_worker(worker_job, stage_dir / "evaluate.job.json", inputs.out_dir / "logs" / "baseline.log", "baseline")
     worker_wall = time.perf_counter() - worker_started
     if exit_.returncode != 0:
         raise SystemExit(f"quantgate worker failed (exit {exit_.returncode}); see {exit_.log_path}")
-    collect_results(inputs, "baseline", inputs.source.fingerprint, run)
     (evalset,) = inputs.evalsets
-    result = run.generations[evalset.name]["result"]
+    result = plan.generations[evalset.name].read("outputs")
     from harness.evalsets import score_item
 
     items = {item.id: item for item in evalset.items}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json
+from harness.jobs import EvaluateJob, QuantizeJob
 from harness.sandbox import apply_offline, cache_locations
 
 # GPTQModel draws its own bars; we read its layer counter from the log to draw ours.
@@ -92,9 +93,9 @@ class _MemoryWatch(threading.Thread):
         self._done.set()
 
 
-def run_worker(job: dict, job_path: Path, log_path: Path, label: str,
+def run_worker(job: QuantizeJob | EvaluateJob, job_path: Path, log_path: Path, label: str,
                memory_limit_bytes: int | None = None) -> WorkerExit:
-    atomic_write_json(job_path, job)
+    atomic_write_json(job_path, job.to_json())
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
         child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],

@@ -1,4 +1,6 @@
-"""The run, top to bottom: source -> quantize -> measure -> evaluate -> decide -> report.
+"""The run, top to bottom: prepare inputs; per format quantize -> run on the device (one model load that measures
+and generates) -> (backend vllm: serve); then score, decide and plan capacity (harness.evaluate), build the
+report (harness.report.build) and write the outputs.
 
 Each format's quantization and its measurement/evaluation run in fresh subprocesses (harness.worker). Every
 stage result lives in the cache under a content-hash key, written atomically the moment it finishes, so a rerun
@@ -20,6 +22,7 @@ from harness.config import RunSpec
 from harness.errors import UserError
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
 from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
+from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
 from harness.metrics import ALL_METRICS
 from harness.policy import Policy, load_policy
@@ -28,7 +31,6 @@ from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe, package_versions
 from harness.source import ModelSource, check_remote_code, resolve_source
 
-REPORT_SCHEMA_VERSION = 1
 ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
                         "numpy", "nvidia-ml-py")
 
@@ -45,7 +47,7 @@ class Prompt:
 
 @dataclass
 class FormatRun:
-    """What the stages produced for one format."""
+    """One format's result, built once from its stages' records (collect_results)."""
 
     name: str
     status: str = "ok"  # ok | failed | interrupted
@@ -87,11 +89,13 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
                      f"{inputs.out_dir}` continues from what finished")
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
-    from harness.assemble import assemble_report
+    from harness.evaluate import evaluate_formats
+    from harness.report.build import build_report
 
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
-    report, samples = assemble_report(inputs, runs, wall_s=time.time() - started)
-    write_run_outputs(inputs.out_dir, report, samples)
+    evaluation = evaluate_formats(inputs, runs)
+    report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
+    write_outputs(inputs.out_dir, report, evaluation.samples)
     return report, 130 if interrupted else report["exit_code"]
 
 
@@ -244,56 +248,128 @@ def load_calibration(spec: RunSpec, evalsets: list[EvalSet], tokenizer) -> Calib
 # ---------------------------------------------------------------- one format's stages
 
 
+@dataclass(frozen=True)
+class Artifact:
+    """Stage quantize: the checkpoint a format runs from (the baseline, a --candidate, or quantized here)."""
+
+    key: str | None
+    path: Path | None
+    entry: dict | None  # the report's artifact block
+    stages_run: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """A stage result in the cache: where it is and the key it was written under."""
+
+    path: str
+    key: str
+
+    def read(self, required_key: str | None = None) -> dict | None:
+        value = read_json(Path(self.path))
+        return value if isinstance(value, dict) and (required_key is None or required_key in value) else None
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "key": self.key}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What the device stage has left to do (tasks) and where every result lives, done or not."""
+
+    measure: MeasureTask | None
+    generate: tuple[GenerateTask, ...]
+    measurement: ResultFile
+    generations: dict[str, ResultFile]
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """Stage run_on_device: the format's one model load that measured and generated."""
+
+    measurement: ResultFile
+    generations: dict[str, ResultFile]
+    stages_run: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """Stage serve (backend vllm): the format's `served` block and the server's generations (none if refused)."""
+
+    block: dict
+    generations: dict[str, ResultFile]
+    stages_run: tuple[str, ...] = ()
+    error: str | None = None
+
+
 def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> FormatRun:
-    run = FormatRun(fmt, devices=devices)
-    label = fmt
+    artifact = quantize(inputs, fmt, devices)
+    if artifact.error:
+        return FormatRun(fmt, status="failed", error=artifact.error, artifact=artifact.entry,
+                         stages_run=list(artifact.stages_run), devices=devices)
+    refused = served_refusal_for(inputs, fmt)
+    device = run_on_device(inputs, fmt, artifact, devices, generate=inputs.spec.backend != "vllm" or bool(refused))
+    served = None
+    if inputs.spec.backend == "vllm" and device.error is None:
+        served = serve(inputs, fmt, artifact, device, refused, devices)
+    return collect_results(fmt, artifact, device, served, devices)
+
+
+def quantize(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
+    """The baseline and a --candidate are ready checkpoints; a built-in format is quantized (or taken from the
+    cache)."""
     if fmt == "baseline":
-        artifact_key, artifact_path = inputs.source.fingerprint, inputs.source.path
-        run.artifact = {"path": str(artifact_path), "size_bytes": _weights_size(artifact_path), "cached": True,
-                        "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}}
-    elif fmt in inputs.candidates:
-        candidate = inputs.candidates[fmt]
-        artifact_key, artifact_path = candidate.fingerprint, candidate.path
-        run.artifact = {"path": str(artifact_path), "size_bytes": _weights_size(artifact_path), "cached": True,
-                        "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
+        path = inputs.source.path
+        return Artifact(inputs.source.fingerprint, path, {
+            "path": str(path), "size_bytes": _weights_size(path), "cached": True,
+            "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}})
+    if fmt in inputs.candidates:
         from harness.external import not_runnable_here
         from harness.runtime.device import is_cuda
 
+        candidate = inputs.candidates[fmt]
+        entry = {"path": str(candidate.path), "size_bytes": _weights_size(candidate.path), "cached": True,
+                 "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
         blocked = None if inputs.spec.backend == "vllm" else not_runnable_here(candidate, cuda=is_cuda())
         if blocked:
-            run.status, run.error = "failed", f"not runnable on this device: {blocked}"
-            progress.say(f"{fmt}: {run.error}")
-            return run
-    else:
-        artifact = ensure_artifact(inputs, fmt, run)
-        if artifact is None:
-            return run
-        artifact_key, artifact_path = artifact
-    refused = served_refusal_for(inputs, fmt)
-    measure_task, generate_tasks = pending_evaluation(inputs, fmt, artifact_key, run)
-    if inputs.spec.backend == "vllm" and not refused:
-        generate_tasks = []  # the server generates (harness.served)
-    if measure_task or generate_tasks:
-        progress.say(f"{label}: loading the model to " + " and ".join(
-            (["measure memory and latency"] if measure_task else []) +
-            ([f"generate on {len(generate_tasks)} evalset(s)"] if generate_tasks else [])))
-        job = {"kind": "evaluate", "format": fmt, "devices": run.devices,
-               "artifact_path": str(artifact_path), "dtype": inputs.spec.dtype,
-               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "seed": inputs.spec.seed, "batch_size": inputs.spec.batch_size, "measure": measure_task,
-               "generate": generate_tasks,
-               "failure_path": str(_stage_dir(inputs, fmt) / "evaluate.failed.json")}
-        failure_path = Path(job["failure_path"])
+            progress.say(f"{fmt}: not runnable on this device: {blocked}")
+            return Artifact(None, None, entry, error=f"not runnable on this device: {blocked}")
+        return Artifact(candidate.fingerprint, candidate.path, entry)
+    return ensure_artifact(inputs, fmt, devices)
+
+
+def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str | None, *,
+                  generate: bool) -> DeviceRun:
+    """One worker, one model load: the memory/latency probe and the evalsets' generations this run still lacks
+    (with `generate` False, the vLLM server generates instead)."""
+    plan = pending_evaluation(inputs, fmt, artifact.key)
+    tasks = plan.generate if generate else ()
+    stages_run: tuple[str, ...] = ()
+    error = None
+    if plan.measure or tasks:
+        progress.say(f"{fmt}: loading the model to " + " and ".join(
+            (["measure memory and latency"] if plan.measure else []) +
+            ([f"generate on {len(tasks)} evalset(s)"] if tasks else [])))
+        job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices)
+        failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
-                           label, inputs.spec.memory_limit_bytes_for(fmt))
-        run.stages_run += (["measure"] if measure_task else []) + [f"generate:{t['evalset']}" for t in generate_tasks]
+                           fmt, inputs.spec.memory_limit_bytes_for(fmt))
+        stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks])
         if exit_.returncode != 0:
-            run.status, run.error = "failed", _failure_reason(failure_path, exit_, "evaluation")
-    if inputs.spec.backend == "vllm" and run.status == "ok":
-        serve_format(inputs, fmt, artifact_key, artifact_path, run, refused)
-    collect_results(inputs, fmt, artifact_key, run)
-    return run
+            error = _failure_reason(failure_path, exit_, "evaluation")
+    return DeviceRun(plan.measurement, plan.generations, stages_run, error)
+
+
+def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
+                 generate: list[GenerateTask], devices: str | None = None) -> EvaluateJob:
+    spec = inputs.spec
+    return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
+                       trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
+                       batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
 def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
@@ -311,26 +387,27 @@ def format_spec_of(inputs: RunInputs, fmt: str):
     return inputs.candidates[fmt].format_spec() if fmt in inputs.candidates else format_spec(fmt)
 
 
-def serve_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: Path, run: FormatRun,
-                 refused: str | None) -> None:
+def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, refused: str | None,
+          devices: str | None) -> Served:
     """Backend vllm: score and time the format through a vLLM server; one vLLM cannot serve is scored in
     transformers (its report row says why vLLM cannot serve it, and it cannot be GO)."""
     from harness.served import run_served, served_block, served_format
 
+    endpoint = inputs.spec.vllm_endpoints.get(fmt)
     if refused:
-        run.served = served_block(inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), status="unsupported",
-                                  reason=refused)
         progress.say(f"{fmt}: not served by vLLM: {refused}")
-        return
-    served = served_format(inputs, fmt, artifact_key, artifact_path, format_spec_of(inputs, fmt), run.devices)
-    run.served = run_served(inputs, served, inputs.vllm, inputs.spec.vllm_endpoints.get(fmt), run.generations,
-                            lambda path: reusable(inputs.spec, path), run)
-    run.stages_run.append("serve")
-    if run.served["status"] != "ok":
-        run.status, run.error = "failed", f"serving with vLLM failed: {run.served['reason']}"
+        return Served(served_block(inputs.vllm, endpoint, status="unsupported", reason=refused), {})
+    served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
+    generations: dict[str, dict] = {}
+    # The server is planned before the measurement is read back (the format as run_served has always seen it).
+    planned = FormatRun(fmt, artifact=artifact.entry, measurement=device.measurement.as_dict(), devices=devices)
+    block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
+                       planned)
+    error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
+    return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error)
 
 
-def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, Path] | None:
+def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
     recipe = inputs.recipes[fmt]
     quantizer = quantizer_for(fmt)
     calibration = list(inputs.calibration.texts[: recipe.calibration_samples]) if recipe.calibration_samples else []
@@ -350,25 +427,22 @@ def ensure_artifact(inputs: RunInputs, fmt: str, run: FormatRun) -> tuple[str, P
         atomic_write_json(calibration_path, calibration)
         failure_path = _stage_dir(inputs, fmt) / "quantize.failed.json"
         failure_path.unlink(missing_ok=True)
-        job = {"kind": "quantize", "format": fmt, "devices": run.devices,
-               "source_path": str(inputs.source.path), "recipe": recipe.as_dict(),
-               "calibration_path": str(calibration_path), "out_dir": str(out_dir), "manifest": manifest,
-               "trust_remote_code": inputs.spec.trust_remote_code, "threads": inputs.spec.threads,
-               "failure_path": str(failure_path)}
+        job = QuantizeJob(format=fmt, devices=devices, source_path=str(inputs.source.path),
+                          recipe=recipe.as_dict(), calibration_path=str(calibration_path), out_dir=str(out_dir),
+                          manifest=manifest, trust_remote_code=inputs.spec.trust_remote_code,
+                          threads=inputs.spec.threads, failure_path=str(failure_path))
         started = time.time()
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
-        run.stages_run.append("quantize")
         if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
-            run.status, run.error = "failed", _failure_reason(failure_path, exit_, "quantization")
-            return None
+            return Artifact(None, None, None, ("quantize",), _failure_reason(failure_path, exit_, "quantization"))
         seal_dir(out_dir)
         progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
     else:
         progress.say(f"{fmt}: reusing cached artifact {out_dir.name}")
-    run.artifact = {"path": str(out_dir), "size_bytes": _weights_size(out_dir), "cached": cached,
-                    "manifest": read_json(out_dir / "quantgate_manifest.json")}
-    return key, out_dir
+    entry = {"path": str(out_dir), "size_bytes": _weights_size(out_dir), "cached": cached,
+             "manifest": read_json(out_dir / "quantgate_manifest.json")}
+    return Artifact(key, out_dir, entry, () if cached else ("quantize",))
 
 
 def evaluation_settings(spec: RunSpec) -> dict:
@@ -390,7 +464,7 @@ def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: 
                         "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts]})
 
 
-def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatRun):
+def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
     spec = inputs.spec
     settings = evaluation_settings(spec)
     batch1, batched, batched_new = workload = probe_workload(inputs)
@@ -398,20 +472,18 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str, run: Form
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
     if not (reusable(spec, measure_path) and _valid_result(measure_path, "memory")):
-        measure_task = {"result_path": str(measure_path), "batch1": batch1, "batched": batched,
-                        "batched_max_new_tokens": batched_new, "warmup": spec.warmup_requests}
-    run.measurement = {"path": str(measure_path), "key": key}
-    generate_tasks = []
+        measure_task = MeasureTask(str(measure_path), tuple((text, n) for text, n in batch1), tuple(batched),
+                                   batched_new, spec.warmup_requests)
+    generate_tasks, generations = [], {}
     for evalset in inputs.evalsets:
         prompts = inputs.prompts[evalset.name]
-        key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
-        path = cache_dir("results") / f"generate-{key}.json"
-        run.generations[evalset.name] = {"path": str(path), "key": key}
+        gen_key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
+        path = cache_dir("results") / f"generate-{gen_key}.json"
+        generations[evalset.name] = ResultFile(str(path), gen_key)
         if not (reusable(spec, path) and _valid_result(path, "outputs")):
-            generate_tasks.append({"evalset": evalset.name, "key": key, "result_path": str(path),
-                                   "max_new_tokens": prompts[0].max_new_tokens if prompts else 1,
-                                   "items": [{"id": p.item_id, "prompt": p.text} for p in prompts]})
-    return measure_task, generate_tasks
+            generate_tasks.append(GenerateTask(evalset.name, gen_key, prompts[0].max_new_tokens if prompts else 1,
+                                               tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
+    return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations)
 
 
 def probe_workload(inputs: RunInputs):
@@ -429,16 +501,22 @@ def probe_workload(inputs: RunInputs):
     return batch1, [p.text for p in longest], batched_new
 
 
-def collect_results(inputs: RunInputs, fmt: str, artifact_key: str, run: FormatRun) -> None:
-    measured = read_json(Path(run.measurement["path"]))
-    run.measurement = dict(run.measurement, result=measured if isinstance(measured, dict) else None)
-    for name, entry in run.generations.items():
-        result = read_json(Path(entry["path"]))
-        entry["result"] = result if isinstance(result, dict) and "outputs" in result else None
+def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
+                    devices: str | None) -> FormatRun:
+    """The format's result: its stages' records with the measurement and the generations read back."""
+    generations = {**device.generations, **(served.generations if served else {})}
+    error = device.error or (served.error if served else None)
+    run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
+                    measurement=dict(device.measurement.as_dict(), result=device.measurement.read()),
+                    generations={name: dict(file.as_dict(), result=file.read("outputs"))
+                                 for name, file in generations.items()},
+                    stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
+                    served=served.block if served else None, devices=devices)
     missing = [n for n, e in run.generations.items() if e["result"] is None]
     if run.status == "ok" and (missing or run.measurement["result"] is None):
-        run.status = "failed"
-        run.error = "evaluation finished without results for " + ", ".join(missing or ["measurement"])
+        return replace(run, status="failed",
+                       error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
+    return run
 
 
 def reusable(spec: RunSpec, path: Path) -> bool:
@@ -518,7 +596,7 @@ def environment() -> dict:
     return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
 
 
-def write_run_outputs(out_dir: Path, report: dict, samples: list[dict]) -> None:
+def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> None:
     from harness.report import write_reports
 
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))

@@ -65,7 +65,7 @@ def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, r
 
 def local_gpu_plan(inputs, run, max_model_len: int):
     """The capacity plan for the GPU(s) this server runs on: the report's vLLM plan, on this device."""
-    from harness.assemble import serving_plans
+    from harness.evaluate import serving_plans
     from harness.measure.capacity import Target, gpu_of_size
     from harness.runtime.device import device_info
 

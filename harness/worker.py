@@ -17,28 +17,29 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, remove_tree
+from harness.jobs import EvaluateJob, GenerateTask, QuantizeJob, read_job
 
 
 def main(argv: list[str]) -> int:
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    job = read_job(Path(argv[0]))
     protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)  # library prints land in the log, not in the protocol pipe
     sys.stdout = sys.stderr
     progress.configure(protocol_stream=protocol)
-    if job.get("devices"):  # --devices: this format's lane; set before torch initializes CUDA
-        os.environ["CUDA_VISIBLE_DEVICES"] = job["devices"]
+    if job.devices:  # --devices: this format's lane; set before torch initializes CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = job.devices
     from harness.runtime.device import configure_threads
 
-    configure_threads(int(job.get("threads", 1)))
-    seed_everything(int(job.get("seed", (job.get("recipe") or {}).get("seed", 0))))
+    configure_threads(job.threads)
+    seed_everything(job.seed)
     try:
-        if job["kind"] == "quantize":
+        if isinstance(job, QuantizeJob):
             run_quantize(job)
         else:
             run_evaluate(job)
     except BaseException as exc:  # noqa: BLE001 - the parent needs a reason whatever happened
         traceback.print_exc()
-        atomic_write_json(Path(job["failure_path"]), {"status": "failed", "error": describe_failure(exc),
+        atomic_write_json(Path(job.failure_path), {"status": "failed", "error": describe_failure(exc),
                                                       "exception": type(exc).__name__})
         return 1
     return 0
@@ -71,26 +72,25 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:500]
 
 
-def run_quantize(job: dict) -> None:
+def run_quantize(job: QuantizeJob) -> None:
     from harness.quantize import quantizer_for
     from harness.quantize.base import Recipe
     from harness.quantize.smoke import check_artifact_generates
 
-    out_dir = Path(job["out_dir"])
+    out_dir = Path(job.out_dir)
     partial = out_dir.with_name(out_dir.name + ".part")
     remove_tree(partial)
     partial.mkdir(parents=True)
-    calibration = json.loads(Path(job["calibration_path"]).read_text(encoding="utf-8"))
-    recipe = Recipe(**job["recipe"])
-    progress.say(f"quantizing with {job['manifest']['engine']} ({len(calibration)} calibration texts)")
+    calibration = json.loads(Path(job.calibration_path).read_text(encoding="utf-8"))
+    recipe = Recipe(**job.recipe)
+    progress.say(f"quantizing with {job.manifest['engine']} ({len(calibration)} calibration texts)")
     started = time.time()
-    quantizer_for(recipe.format).quantize(Path(job["source_path"]), recipe, calibration, partial,
-                                          trust_remote_code=bool(job.get("trust_remote_code")))
+    quantizer_for(recipe.format).quantize(Path(job.source_path), recipe, calibration, partial,
+                                          trust_remote_code=job.trust_remote_code)
     seconds = round(time.time() - started, 1)
     progress.say("checking that the saved artifact loads and generates")
-    smoke = check_artifact_generates(partial, source=Path(job["source_path"]),
-                                     trust_remote_code=bool(job.get("trust_remote_code")))
-    manifest = dict(job["manifest"], quantize_seconds=seconds, smoke_replies=list(smoke.replies),
+    smoke = check_artifact_generates(partial, source=Path(job.source_path), trust_remote_code=job.trust_remote_code)
+    manifest = dict(job.manifest, quantize_seconds=seconds, smoke_replies=list(smoke.replies),
                     smoke_perplexity={"artifact": smoke.perplexity, "source": smoke.source_perplexity},
                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     atomic_write_json(partial / "quantgate_manifest.json", manifest)
@@ -98,32 +98,33 @@ def run_quantize(job: dict) -> None:
     partial.rename(out_dir)
 
 
-def run_evaluate(job: dict) -> None:
+def run_evaluate(job: EvaluateJob) -> None:
     """Load, measure (when the job has a measure task) and generate. A measured job runs inside a MemoryTimeline
     from the load on: the measurement is written as soon as it is taken (it survives a crash in generation) and
     written again at the end with the whole job's series as `memory_timeline`. A job of generate tasks only
     (measurement cached) samples nothing: the cached measurement keeps the timeline of the run that measured."""
     import contextlib
+    import importlib
 
-    import transformers  # noqa: F401 - imported before the load phase so its RSS is not counted as weights
+    importlib.import_module("transformers")  # before the load phase, so its RSS is not counted as weights
 
     from harness.measure.timeline import MemoryTimeline
 
-    measure = job.get("measure")
+    measure = job.measure
     with MemoryTimeline(stage="load") if measure else contextlib.nullcontext() as timeline:
         result = _evaluate(job, timeline)
     if measure and result is not None:
         result["memory_timeline"] = timeline.as_dict()
-        atomic_write_json(Path(measure["result_path"]), result)
+        atomic_write_json(Path(measure.result_path), result)
 
 
-def _evaluate(job: dict, timeline) -> dict | None:
-    from harness.measure.memory import memory_in_use, track_peak, weights_bytes
+def _evaluate(job: EvaluateJob, timeline) -> dict | None:
+    from harness.measure.memory import memory_in_use, track_peak
+    from harness.measure.probe import measure_format
     from harness.runtime.transformers_backend import LoadedModel
 
     with track_peak() as load_peak:
-        model = LoadedModel(Path(job["artifact_path"]), job.get("dtype", "auto"),
-                            trust_remote_code=bool(job.get("trust_remote_code")))
+        model = LoadedModel(Path(job.artifact_path), job.dtype, trust_remote_code=job.trust_remote_code)
     loaded_bytes = memory_in_use() - load_peak.in_use_start_bytes
     progress.say("model loaded")
     encoded: dict[str, list[int]] = {}
@@ -134,100 +135,41 @@ def _evaluate(job: dict, timeline) -> dict | None:
         return encoded[prompt]
 
     result = None
-    if job.get("measure"):
-        measure = job["measure"]
-        result = measure_format(model, measure, tokens, load_peak, weights_bytes(model.model), loaded_bytes,
+    if job.measure:
+        result = measure_format(model, job.measure, tokens, load_peak, model.weights_bytes(), loaded_bytes,
                                 timeline=timeline)
-        atomic_write_json(Path(measure["result_path"]), result)
-    for task in job.get("generate", []):
+        atomic_write_json(Path(job.measure.result_path), result)
+    for task in job.generate:
         if timeline is not None:
-            timeline.mark(f"generate:{task['evalset']}")
-        atomic_write_json(Path(task["result_path"]), generate_evalset(model, task, tokens, int(job["batch_size"])))
+            timeline.mark(f"generate:{task.evalset}")
+        atomic_write_json(Path(task.result_path), generate_evalset(model, task, tokens, job.batch_size))
     return result
 
 
-def measure_format(model, measure: dict, tokens, load_peak, weights: int, loaded_bytes: int, *,
-                   timeline=None) -> dict:
-    """Warm-up, batch-1 latency and the largest batch; `timeline` (a MemoryTimeline) gets a marker per stage."""
-    from harness.measure.latency import latency_block
-    from harness.measure.memory import track_peak
-
-    def mark(stage: str) -> None:
-        if timeline is not None:
-            timeline.mark(stage)
-
-    batch1 = [(tokens(p), n) for p, n in measure["batch1"]]
-    mark("warm-up")
-    for prompt, _ in batch1[: int(measure.get("warmup", 2))]:
-        model.generate([prompt], 4)
-    mark("latency")
-    timings_1 = []
-    for index, (prompt, max_new) in enumerate(batch1, 1):
-        timings_1.append(model.generate([prompt], max_new)[1])
-        progress.step("latency at batch 1", index, len(batch1))
-    batched = [tokens(p) for p in measure["batched"]]
-    max_new = int(measure["batched_max_new_tokens"])
-    mark("measure batch")
-    with track_peak() as gen_peak:
-        outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
-    cached_tokens = timing.batch_size * (timing.prompt_tokens + max(timing.steps - 1, 0))
-    peak = max(load_peak.peak_bytes, gen_peak.peak_bytes)
-    if gen_peak.cuda_allocated_start_bytes is not None:
-        activation = (gen_peak.cuda_max_allocated_bytes or 0) - gen_peak.cuda_allocated_start_bytes - kv_bytes
-    else:
-        activation = gen_peak.peak_bytes - gen_peak.start_bytes - kv_bytes
-    return {
-        "memory": {
-            "peak_bytes": peak,
-            "weights_bytes": weights,
-            "parameters": sum(p.numel() for p in model.model.parameters()),
-            "weights_bytes_measured": loaded_bytes,  # allocator (GPU) or RSS (CPU) growth across the load
-            "kv_bytes_per_token_measured": round(kv_bytes / cached_tokens) if cached_tokens else None,
-            "kv_bytes_largest_batch": kv_bytes,
-            "activation_peak_bytes": max(0, activation),
-            "rss_peak_bytes": max(load_peak.rss_peak_bytes or 0, gen_peak.rss_peak_bytes or 0),
-            "cuda_max_allocated_bytes": _max_or_none(load_peak.cuda_max_allocated_bytes, gen_peak.cuda_max_allocated_bytes),
-            "cuda_max_reserved_bytes": _max_or_none(load_peak.cuda_max_reserved_bytes, gen_peak.cuda_max_reserved_bytes),
-            "nvml_peak_used_bytes": _max_or_none(load_peak.nvml_peak_used_bytes, gen_peak.nvml_peak_used_bytes),
-            "largest_batch": {"batch_size": timing.batch_size, "prompt_tokens": timing.prompt_tokens,
-                              "new_tokens": timing.steps, "tokens": cached_tokens},
-        },
-        "latency": {"warmup_requests": min(len(batch1), int(measure.get("warmup", 2))),
-                    "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
-        "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
-        "compute_dtype": model.dtype,
-    }
-
-
-def _max_or_none(*values):
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-def generate_evalset(model, task: dict, tokens, batch_size: int) -> dict:
+def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict:
     from dataclasses import asdict
 
     from harness.measure.latency import latency_block
 
-    items = task["items"]
+    items = task.items
     # Longest first: the biggest batch (peak memory, any OOM) comes first, and similar lengths share a batch.
-    order = sorted(range(len(items)), key=lambda i: (-len(tokens(items[i]["prompt"])), i))
+    order = sorted(range(len(items)), key=lambda i: (-len(tokens(items[i].prompt)), i))
     outputs: list[dict | None] = [None] * len(items)
     timings = []
     started, cpu_started = time.time(), time.process_time()
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    label = f"generating {task['evalset']}"
+    label = f"generating {task.evalset}"
     progress.step(label, 0, len(items))
     done = 0
     for batch in batches:
-        generations, timing = model.generate([tokens(items[i]["prompt"]) for i in batch], int(task["max_new_tokens"]))
+        generations, timing = model.generate([tokens(items[i].prompt) for i in batch], task.max_new_tokens)
         timings.append(timing)
         for index, generation in zip(batch, generations):
-            outputs[index] = {"id": items[index]["id"], "prediction": generation.text,
+            outputs[index] = {"id": items[index].id, "prediction": generation.text,
                               "new_tokens": generation.new_tokens, "prompt_tokens": generation.prompt_tokens}
         done += len(batch)
         progress.step(label, done, len(items))
-    return {"evalset": task["evalset"], "key": task["key"], "outputs": outputs,
+    return {"evalset": task.evalset, "key": task.key, "outputs": outputs,
             "latency": latency_block(timings), "batches": [asdict(t) for t in timings],
             "wall_s": round(time.time() - started, 3),
             # CPU time of the loop: on a shared machine, unlike wall time, it does not count other jobs' turns

@@ -15,8 +15,8 @@ Builds a random-weight Llama model of TinyLlama-1.1B's shape (hidden 2048, inter
 Those direct measurements use this script's own loading code. The final step runs quantgate itself on the same
 random-weight model: `python -m harness run --model DIR --formats baseline,int8` over a tiny QA evalset written to
 a temporary directory (4 items, 16 new tokens, --no-cache, QUANTGATE_CACHE in a temporary directory), so
-harness.measure.memory.track_peak, LoadedModel.generate_with_cache_bytes, harness.worker.measure_format and
-harness.assemble's memory/capacity entries run on the device. It prints formats.<name>.memory, the latency
+harness.measure.memory.track_peak, LoadedModel.generate_with_cache_bytes, harness.measure.probe.measure_format and
+harness.report.build's memory/capacity entries run on the device. It prints formats.<name>.memory, the latency
 percentiles and the capacity plan's vLLM flags from report.json and checks them: memory.device is "cuda", NVML used
 >= allocator reserved >= allocator allocated, and measured KV bytes per token within 1% of the config's. The
 model's outputs are garbage (random weights), so the verdicts mean nothing: `quantgate run` exiting 1 (not all

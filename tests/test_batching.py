@@ -37,10 +37,11 @@ def monkeypatch_module():
 
 
 def generate(model, prompts, batch_size: int) -> dict[str, str]:
+    from harness.jobs import GenerateTask
     from harness.worker import generate_evalset
 
-    task = {"evalset": "mixed", "key": "test", "max_new_tokens": 12,
-            "items": [{"id": f"{p.evalset}/{p.item_id}", "prompt": p.text} for p in prompts]}
+    task = GenerateTask.from_json({"evalset": "mixed", "key": "test", "max_new_tokens": 12,
+                                   "items": [{"id": f"{p.evalset}/{p.item_id}", "prompt": p.text} for p in prompts]})
     result = generate_evalset(model, task, model.encode, batch_size)
     return {o["id"]: o["prediction"] for o in result["outputs"]}
 

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.assemble import format_entry, serving_fit
+from harness.evaluate import serving_fit
+from harness.report.build import format_entry
 from harness.commands import run as run_command
 from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend

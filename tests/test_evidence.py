@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -268,11 +267,11 @@ def test_p95_budget_on_too_few_requests_is_inconclusive_but_a_breach_still_fails
     assert decide_format(outcome("b", f1=f1), unknown, policy).verdict == "GO"
 
 
-def test_assemble_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
-    from harness import assemble
+def test_evaluate_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
+    from harness import evaluate
     from harness.evalsets import load_evalsets
     from harness.measure.latency import latency_block
-    from harness.runtime.transformers_backend import BatchTiming
+    from harness.runtime.base import BatchTiming
 
     rows = [{"id": f"q{i}", "question": f"Question {i}?", "context": f"Passage {i // 3}.", "answers": ["x"]}
             for i in range(6)]
@@ -292,13 +291,13 @@ def test_assemble_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     class Captured(Exception):
         pass
 
-    def capture(*args, **kwargs):  # the outcome assemble builds, then stop: the rest needs a whole run
+    def capture(*args, **kwargs):  # the outcome evaluate builds, then stop: the rest needs a whole run
         seen["outcome"] = FormatOutcome(*args, **kwargs)
         raise Captured
 
-    monkeypatch.setattr(assemble, "FormatOutcome", capture)
+    monkeypatch.setattr(evaluate, "FormatOutcome", capture)
     with pytest.raises(Captured):
-        assemble.assemble_report(inputs, {"baseline": run}, 0.0)
+        evaluate.evaluate_formats(inputs, {"baseline": run})
     got = seen["outcome"]
     assert got.latency_requests == 5
     assert got.clusters == {"faq": {f"q{i}": f"Passage {i // 3}." for i in range(6)}}

@@ -120,6 +120,7 @@ def test_kill_9_during_quantization_then_resume(reference, demo_cache, tmp_path)
 
 
 def test_an_engine_raising_is_reported_in_one_line(tmp_path):
+    from harness.jobs import QuantizeJob
     from harness.launcher import run_worker
 
     failure = tmp_path / "quantize.failed.json"
@@ -128,7 +129,7 @@ def test_an_engine_raising_is_reported_in_one_line(tmp_path):
            "out_dir": str(tmp_path / "artifact"), "manifest": {"engine": "bitsandbytes"}, "threads": 1,
            "failure_path": str(failure)}
     (tmp_path / "c.json").write_text("[]")
-    exit_ = run_worker(job, tmp_path / "job.json", tmp_path / "worker.log", "int8")
+    exit_ = run_worker(QuantizeJob.from_json(job), tmp_path / "job.json", tmp_path / "worker.log", "int8")
     assert exit_.returncode == 1
     error = json.loads(failure.read_text())["error"]
     assert "no-such-model" in error and "\n" not in error  # the engine's own message, one line

@@ -1,5 +1,5 @@
 from harness.measure.latency import latency_block, summarize
-from harness.runtime.transformers_backend import BatchTiming
+from harness.runtime.base import BatchTiming
 
 
 def test_percentiles_interpolate_like_numpy():

@@ -89,7 +89,7 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
 
     jobs = []
     monkeypatch.setattr(pipeline, "run_worker",
-                        lambda job, *args, **kwargs: jobs.append(job) or WorkerExit(0, tmp_path / "log"))
+                        lambda job, *args, **kwargs: jobs.append(job.to_json()) or WorkerExit(0, tmp_path / "log"))
     monkeypatch.setattr(pipeline, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
     monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: {"kind": "cpu"})
     model = tmp_path / "model"
@@ -110,6 +110,7 @@ def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
     import harness.quantize
     import harness.quantize.smoke
     from harness import worker
+    from harness.jobs import QuantizeJob
 
     seen = {}
 
@@ -125,7 +126,7 @@ def test_worker_hands_trust_remote_code_to_the_quantizer(monkeypatch, tmp_path):
     job = {"out_dir": str(tmp_path / "artifact"), "calibration_path": str(tmp_path / "calibration.json"),
            "recipe": {"format": "int8", "bits": 8}, "manifest": {"engine": "fake"}, "source_path": str(tmp_path),
            "trust_remote_code": True}
-    worker.run_quantize(job)
+    worker.run_quantize(QuantizeJob.from_json(job))
     assert seen == {"trust_remote_code": True}
     assert json.loads((tmp_path / "artifact" / "quantgate_manifest.json").read_text())["engine"] == "fake"
 

@@ -197,8 +197,14 @@ class _FakeModel:
     def encode(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
 
+    def weights_bytes(self) -> int:
+        return 3000
+
+    def parameter_count(self) -> int:
+        return 3000
+
     def generate(self, prompts, max_new):
-        from harness.runtime.transformers_backend import BatchTiming, Generation
+        from harness.runtime.base import BatchTiming, Generation
 
         steps = min(max_new, 3)
         return ([Generation(text="x", prompt_tokens=len(p), new_tokens=steps) for p in prompts],
@@ -212,17 +218,19 @@ class _FakeModel:
 
 def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     """worker.run_evaluate (a fake model: measure_format, generate_evalset, the memory timeline) ->
-    assemble_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
+    evaluate_formats and build_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
     the calibration block) and an interrupted awq."""
     from harness import worker
-    from harness.assemble import assemble_report
+    from harness.evaluate import evaluate_formats
     from harness.calibration import CalibrationSet, check_overlap
     from harness.config import RunSpec
     from harness.evalsets import load_evalsets
+    from harness.jobs import EvaluateJob
     from harness.measure import memory
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
+    from harness.report.build import build_report
     from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
 
@@ -258,8 +266,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                    "result_path": str(tmp_path / f"{name}.measure.json")}
         task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / f"{name}.faq.json"),
                 "items": [{"id": p.item_id, "prompt": p.text} for p in prompts["faq"]]}
-        worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "measure": measure,
-                             "generate": [task]})
+        worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path),
+                                                   "batch_size": 2, "measure": measure, "generate": [task]}))
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
@@ -278,7 +286,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
         "gptq": FormatRun("gptq", status="failed", error="quantization failed: boom", stages_run=["quantize"]),
         "awq": FormatRun("awq", status="interrupted", error="not run: the run was interrupted"),
     }
-    report, samples = assemble_report(inputs, runs, wall_s=12.34)
+    evaluation = evaluate_formats(inputs, runs)
+    report, samples = build_report(inputs, runs, evaluation, wall_s=12.34), evaluation.samples
     data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
 
     parsed = RunReport.model_validate(data)
@@ -297,7 +306,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     # a job of generate tasks only (measurement cached) samples nothing and writes no measurement
     task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / "only.faq.json"),
             "items": [{"id": "q0", "prompt": "Answer: x"}]}
-    worker.run_evaluate({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2, "generate": [task]})
+    worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2,
+                                               "generate": [task]}))
     assert Path(task["result_path"]).is_file() and not list(tmp_path.glob("only*.measure.json"))
 
     # The contract is not merely permissive: the producer writes every field the models name (but the reason

@@ -244,7 +244,7 @@ def test_parallel_flags_and_the_gpu_plan_reach_the_command():
 def test_latency_budgets_judge_the_figures_the_policy_names():
     from types import SimpleNamespace
 
-    from harness.assemble import budget_latency_of
+    from harness.evaluate import budget_latency_of
 
     transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
     served = {"ttft_ms": {"p95": 80.0}, "requests": 20}

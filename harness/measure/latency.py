@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from harness.runtime.transformers_backend import BatchTiming
+from harness.runtime.base import BatchTiming
 
 P95_MIN_REQUESTS = 20
 

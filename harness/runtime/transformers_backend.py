@@ -8,30 +8,10 @@ nothing extra (no second prefill just to time it).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from harness.runtime.base import BatchTiming, Generation
 from harness.runtime.device import device_map, is_cuda
-
-
-@dataclass(frozen=True)
-class BatchTiming:
-    batch_size: int
-    prompt_tokens: int  # longest prompt in the batch (the padded length)
-    steps: int  # decode steps the batch ran (new tokens of its longest output)
-    ttft_s: float
-    e2e_s: float
-
-    @property
-    def tpot_s(self) -> float | None:
-        return (self.e2e_s - self.ttft_s) / (self.steps - 1) if self.steps > 1 else None
-
-
-@dataclass(frozen=True)
-class Generation:
-    text: str
-    prompt_tokens: int
-    new_tokens: int
 
 
 class _StepClock:
@@ -50,6 +30,8 @@ class _StepClock:
 
 
 class LoadedModel:
+    """The transformers Runtime (harness.runtime.base)."""
+
     def __init__(self, artifact_path: Path, dtype: str = "auto", trust_remote_code: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,6 +59,14 @@ class LoadedModel:
 
     def encode(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def weights_bytes(self) -> int:
+        from harness.measure.memory import weights_bytes
+
+        return weights_bytes(self.model)
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[Generation], BatchTiming]:
         """Greedy-generate for one batch of token-id prompts (left-padded to the longest)."""

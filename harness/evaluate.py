@@ -1,0 +1,204 @@
+"""Per format: score its outputs item by item, decide it against the baseline, plan its serving capacity.
+
+What the report is built from (harness.report.build); nothing here writes a file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.decide import FormatDecision, FormatOutcome, ServingFit, decide_format
+from harness.metrics import score_item
+from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
+                                      WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
+                                      resolve_version, weight_format)
+from harness.measure.kv import text_config
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Every format's scored outcome, every candidate's decision, and the per-item samples (samples.jsonl)."""
+
+    outcomes: dict[str, FormatOutcome]
+    decisions: dict[str, FormatDecision]
+    samples: tuple[dict, ...]
+
+
+def evaluate_formats(inputs, runs: dict) -> Evaluation:
+    samples: list[dict] = []
+    outcomes = {name: score(inputs, run, samples) for name, run in runs.items()}
+    return Evaluation(outcomes, decide(inputs, outcomes), tuple(samples))
+
+
+def score(inputs, run, samples: list[dict]) -> FormatOutcome:
+    """The format's per-item scores with what its budgets judge (samples gets one row per scored item)."""
+    name = run.name
+    items = score_format(inputs, run, samples)
+    budget_latency, latency_source = budget_latency_of(run, inputs.policy.latency_budgets_judge)
+    served = getattr(run, "served", None) or {}
+    return FormatOutcome(
+        name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
+        gates={e.name: list(e.gate) for e in inputs.evalsets},
+        peak_bytes=memory_of(run).get("peak_bytes"),
+        ttft_p95_ms=budget_latency.get("ttft_ms", {}).get("p95"),
+        tpot_p95_ms=budget_latency.get("tpot_ms", {}).get("p95"),
+        latency_requests=budget_latency.get("requests"), latency_source=latency_source,
+        served_refusal=served.get("reason") if served.get("status") == "unsupported" else None,
+        saturation=served.get("saturation"),
+        clusters={e.name: e.clusters() for e in inputs.evalsets},
+        cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
+        calibration_overlap=_calibration_overlap(inputs, name),
+        serving_fit=serving_fit(inputs, run) if name != "baseline" else None,
+    )
+
+
+def decide(inputs, outcomes: dict[str, FormatOutcome]) -> dict[str, FormatDecision]:
+    baseline = outcomes["baseline"]
+    return {name: decide_format(baseline, outcome, inputs.policy)
+            for name, outcome in outcomes.items() if name != "baseline"}
+
+
+def plan_capacity(inputs, run, max_model_len: int) -> dict[str, EnginePlan] | None:
+    """Each engine's plan at the run's capacity target; None when the format measured no weights or the planners
+    cannot read the config."""
+    if not memory_of(run).get("weights_bytes"):
+        return None
+    capacity = inputs.spec.capacity
+    return serving_plans(inputs, run, capacity.target(), max_model_len,
+                         gpu_memory_utilization=capacity.gpu_memory_utilization)
+
+
+def max_model_len_of(inputs) -> int:
+    """--max-model-len, else the longest request of the run (prompt plus new tokens)."""
+    return inputs.spec.capacity.max_model_len or _longest_request(inputs)
+
+
+def budget_latency_of(run, judge: str = "served") -> tuple[dict, str]:
+    """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
+    format was served; else (and for formats not served) transformers' batch-1 figures."""
+    served = getattr(run, "served", None) or {}
+    at_one = None
+    if judge == "served" and served.get("status") == "ok":
+        at_one = (served.get("latency") or {}).get("concurrency_1")
+    if at_one:
+        return at_one, "vLLM server, concurrency 1"
+    return latency_of(run).get("batch_1") or {}, "transformers"
+
+
+def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    items_by_set: dict[str, dict[str, dict[str, float]]] = {}
+    for evalset in inputs.evalsets:
+        result = (run.generations.get(evalset.name) or {}).get("result")
+        if not result:
+            continue
+        prompts = {p.item_id: p.text for p in inputs.prompts[evalset.name]}
+        outputs = {o["id"]: o for o in result["outputs"]}
+        scores = {}
+        for item in evalset.items:
+            output = outputs.get(item.id)
+            if output is None:
+                continue
+            metrics = score_item(evalset, item, output["prediction"])
+            scores[item.id] = metrics
+            samples.append({"format": run.name, "evalset": evalset.name, "id": item.id, "prompt": prompts[item.id],
+                            "prediction": output["prediction"],
+                            "references": list(item.answers if evalset.task == "qa" else item.references),
+                            "new_tokens": output["new_tokens"], **metrics})
+        items_by_set[evalset.name] = scores
+    return items_by_set
+
+
+def shape_of(inputs) -> ModelShape | None:
+    """The planners' shape of the run's model; None when its config is not one they read (no plan, no guess)."""
+    try:
+        return model_shape(text_config(inputs.model_config))
+    except ConfigFieldError:
+        return None
+
+
+def serving_sizes(run) -> tuple[int | None, int | None]:
+    """(weights, activation peak) the format measured, at the 16-bit size it serves with (None: not measured).
+
+    A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
+    memory = memory_of(run)
+    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    weights, activation = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
+    return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
+
+
+def _weight_format(inputs, name: str):
+    """The storage the planners size: a built-in format's, or a candidate's from its quantization_config (its
+    real bits and group size; a method the memory model has no layout for counts as its bits per weight)."""
+    recipe = inputs.recipes.get(name)
+    if recipe is not None and recipe.extra.get("external"):
+        kind = recipe.extra.get("kind")
+        if kind in ("gptq", "awq") and recipe.bits == 4:
+            return weight_format(kind, recipe.group_size)
+        if kind == "int8":
+            return weight_format("int8")
+        return WeightFormat(name, recipe.bits or 16, recipe.group_size)
+    return weight_format(name, recipe.group_size if recipe is not None and name in ("gptq", "awq") else None)
+
+
+def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
+                  gpu_memory_utilization: float | None = None) -> dict[str, EnginePlan] | None:
+    """Each engine's plan (capacity.plan_engines) for the format on `target`, from its measured weights and
+    activation peak (estimated from the config where not measured), at the installed (else newest) vLLM's rules.
+    None when the planners cannot read the model's config."""
+    shape = shape_of(inputs)
+    if shape is None:
+        return None
+    weights, activation = serving_sizes(run)
+    overhead = inputs.spec.capacity.overhead_gib
+    workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
+                        non_torch_bytes=None if overhead is None else int(overhead * 2**30))
+    version, _ = resolve_version(None)
+    options = {"vllm_version": version, "gpu_memory_utilization": gpu_memory_utilization}
+    try:
+        if engines is None:
+            return plan_engines(shape, _weight_format(inputs, run.name), target, workload, **options)
+        return {e: plan_engine(e, shape, _weight_format(inputs, run.name), target, workload, **options)
+                for e in engines}
+    except TensorParallelError:
+        return None
+
+
+def serving_fit(inputs, run) -> ServingFit | None:
+    """The vLLM plan at the policy's serving target (not the run's capacity target), for the capacity check;
+    None when the policy sets no target or the planners cannot read the config. Weights not measured (a format
+    that did not get that far) are estimated from the config."""
+    serving = inputs.policy.serving
+    if not serving.checked:
+        return None
+    plans = serving_plans(inputs, run, Target(gpu_by_name(serving.target_gpu)), serving.length, engines=("vllm",))
+    if plans is None:
+        return None
+    plan = plans["vllm"]
+    return ServingFit(gpu=serving.target_gpu, max_model_len=plan.max_model_len,
+                      max_concurrency=plan.max_concurrency if plan.servable else 0, servable=plan.servable,
+                      reason=plan.reason, weights_source=plan.memory.weights_source if plan.memory else "")
+
+
+# A 16-bit checkpoint computed in float32 (a CPU without bf16 units) holds twice the bytes it would serve with.
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
+    """The evaluated items a format's calibration texts contained (only ever non-empty when the run allowed it)."""
+    recipe = inputs.recipes.get(name)
+    if inputs.calibration is None or recipe is None or not recipe.calibration_samples:
+        return ()
+    overlap = inputs.calibration.overlap
+    return overlap.overlapping if overlap and overlap.items_overlapping else ()
+
+
+def memory_of(run) -> dict:
+    return ((run.measurement or {}).get("result") or {}).get("memory") or {}
+
+
+def latency_of(run) -> dict:
+    return ((run.measurement or {}).get("result") or {}).get("latency") or {}
+
+
+def _longest_request(inputs) -> int:
+    return max((p.tokens + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)

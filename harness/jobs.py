@@ -1,0 +1,112 @@
+"""The jobs a harness.worker subprocess runs, as the parent writes them: a quantize job, or an evaluate job (one
+model load that measures and generates). Each is a frozen record with a JSON round trip (to_json/from_json);
+read_job tells them apart by their "kind"."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MeasureTask:
+    """The memory/latency probe: batch-1 requests (prompt, max new tokens), then the longest prompts as one batch."""
+
+    result_path: str
+    batch1: tuple[tuple[str, int], ...]
+    batched: tuple[str, ...]
+    batched_max_new_tokens: int
+    warmup: int = 2
+
+    @classmethod
+    def from_json(cls, data: dict) -> MeasureTask:
+        return cls(data["result_path"], tuple((p, int(n)) for p, n in data["batch1"]), tuple(data["batched"]),
+                   int(data["batched_max_new_tokens"]), int(data.get("warmup", 2)))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GenerateItem:
+    id: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class GenerateTask:
+    """One evalset's prompts, generated in batches; the result is written to result_path."""
+
+    evalset: str
+    key: str
+    max_new_tokens: int
+    items: tuple[GenerateItem, ...]
+    result_path: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict) -> GenerateTask:
+        return cls(data["evalset"], data["key"], int(data["max_new_tokens"]),
+                   tuple(GenerateItem(i["id"], i["prompt"]) for i in data["items"]), data.get("result_path", ""))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class QuantizeJob:
+    source_path: str
+    recipe: dict  # Recipe.as_dict()
+    calibration_path: str
+    out_dir: str
+    manifest: dict
+    format: str = ""
+    devices: str | None = None
+    trust_remote_code: bool = False
+    threads: int = 1
+    failure_path: str = ""
+    kind: str = "quantize"
+
+    @classmethod
+    def from_json(cls, data: dict) -> QuantizeJob:
+        return cls(**data)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @property
+    def seed(self) -> int:
+        return int(self.recipe.get("seed", 0))
+
+
+@dataclass(frozen=True)
+class EvaluateJob:
+    artifact_path: str
+    batch_size: int
+    measure: MeasureTask | None = None
+    generate: tuple[GenerateTask, ...] = ()
+    format: str = ""
+    devices: str | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    threads: int = 1
+    seed: int = 0
+    failure_path: str = ""
+    kind: str = "evaluate"
+
+    @classmethod
+    def from_json(cls, data: dict) -> EvaluateJob:
+        measure = data.get("measure")
+        return cls(**{**data, "measure": MeasureTask.from_json(measure) if measure else None,
+                      "generate": tuple(GenerateTask.from_json(t) for t in data.get("generate") or ())})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+JOB_KINDS = {"quantize": QuantizeJob, "evaluate": EvaluateJob}
+
+
+def read_job(path: Path) -> QuantizeJob | EvaluateJob:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return JOB_KINDS[data.get("kind", "evaluate")].from_json(data)

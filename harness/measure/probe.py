@@ -1,0 +1,66 @@
+"""The memory and latency probe on a loaded runtime: warm-up, batch-1 latency, then the largest batch under a
+peak tracker (peak, weights, KV cache and activation bytes)."""
+
+from __future__ import annotations
+
+from harness import progress
+from harness.measure.latency import latency_block
+from harness.measure.memory import track_peak
+from harness.jobs import MeasureTask
+from harness.runtime.base import Runtime
+
+
+def measure_format(model: Runtime, measure: MeasureTask, tokens, load_peak, weights: int, loaded_bytes: int, *,
+                   timeline=None) -> dict:
+    """Warm-up, batch-1 latency and the largest batch; `timeline` (a MemoryTimeline) gets a marker per stage."""
+
+    def mark(stage: str) -> None:
+        if timeline is not None:
+            timeline.mark(stage)
+
+    batch1 = [(tokens(p), n) for p, n in measure.batch1]
+    mark("warm-up")
+    for prompt, _ in batch1[: measure.warmup]:
+        model.generate([prompt], 4)
+    mark("latency")
+    timings_1 = []
+    for index, (prompt, max_new) in enumerate(batch1, 1):
+        timings_1.append(model.generate([prompt], max_new)[1])
+        progress.step("latency at batch 1", index, len(batch1))
+    batched = [tokens(p) for p in measure.batched]
+    max_new = measure.batched_max_new_tokens
+    mark("measure batch")
+    with track_peak() as gen_peak:
+        outputs, timing, kv_bytes = model.generate_with_cache_bytes(batched, max_new)
+    cached_tokens = timing.batch_size * (timing.prompt_tokens + max(timing.steps - 1, 0))
+    peak = max(load_peak.peak_bytes, gen_peak.peak_bytes)
+    if gen_peak.cuda_allocated_start_bytes is not None:
+        activation = (gen_peak.cuda_max_allocated_bytes or 0) - gen_peak.cuda_allocated_start_bytes - kv_bytes
+    else:
+        activation = gen_peak.peak_bytes - gen_peak.start_bytes - kv_bytes
+    return {
+        "memory": {
+            "peak_bytes": peak,
+            "weights_bytes": weights,
+            "parameters": model.parameter_count(),
+            "weights_bytes_measured": loaded_bytes,  # allocator (GPU) or RSS (CPU) growth across the load
+            "kv_bytes_per_token_measured": round(kv_bytes / cached_tokens) if cached_tokens else None,
+            "kv_bytes_largest_batch": kv_bytes,
+            "activation_peak_bytes": max(0, activation),
+            "rss_peak_bytes": max(load_peak.rss_peak_bytes or 0, gen_peak.rss_peak_bytes or 0),
+            "cuda_max_allocated_bytes": _max_or_none(load_peak.cuda_max_allocated_bytes, gen_peak.cuda_max_allocated_bytes),
+            "cuda_max_reserved_bytes": _max_or_none(load_peak.cuda_max_reserved_bytes, gen_peak.cuda_max_reserved_bytes),
+            "nvml_peak_used_bytes": _max_or_none(load_peak.nvml_peak_used_bytes, gen_peak.nvml_peak_used_bytes),
+            "largest_batch": {"batch_size": timing.batch_size, "prompt_tokens": timing.prompt_tokens,
+                              "new_tokens": timing.steps, "tokens": cached_tokens},
+        },
+        "latency": {"warmup_requests": min(len(batch1), measure.warmup),
+                    "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
+        "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
+        "compute_dtype": model.dtype,
+    }
+
+
+def _max_or_none(*values):
+    present = [v for v in values if v is not None]
+    return max(present) if present else None

@@ -1,0 +1,140 @@
+"""report.json's dict, built from the stages' results and their evaluation (harness.evaluate)."""
+
+from __future__ import annotations
+
+import time
+
+from harness import __version__
+from harness.commands.plan import capacity_view
+from harness.decide import baseline_scores, exit_code, recommend
+from harness.evaluate import ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity
+from harness.measure.kv import kv_bytes_per_token
+from harness.measure.latency import latency_block
+from harness.report.schema import SCHEMA_VERSION
+from harness.runtime.base import BatchTiming
+
+
+def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
+    from harness.metrics import tokenizer_name
+    from harness.pipeline import environment
+    from harness.runtime.device import device_info
+
+    spec = inputs.spec
+    outcomes, decisions = evaluation.outcomes, evaluation.decisions
+    baseline = outcomes["baseline"]
+    max_model_len = max_model_len_of(inputs)
+    formats = {}
+    for name, run in runs.items():
+        entry = format_entry(inputs, run, max_model_len)
+        if name == "baseline":
+            entry.update(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
+                         reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],
+                         checks=[], scores=baseline_scores(baseline))
+        else:
+            decision = decisions[name]
+            entry.update(role="candidate", verdict=decision.verdict,
+                         reasons=[*decision.reasons, *comparison_notes(inputs, name)],
+                         checks=decision.checks, scores=decision.scores)
+        formats[name] = entry
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "quantgate", "version": __version__},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": round(wall_s, 1),
+        "model": {**inputs.source.as_dict(), "architecture": (inputs.model_config.get("architectures") or ["?"])[0],
+                  "num_parameters": _num_parameters(runs), "dtype": inputs.model_config.get("dtype")
+                  or inputs.model_config.get("torch_dtype")},
+        "device": device_info(spec.threads),
+        "environment": environment(),
+        "settings": {"seed": spec.seed, "batch_size": spec.batch_size, "max_items": spec.max_items,
+                     "max_new_tokens": spec.max_new_tokens, "formats": spec.formats,
+                     "candidates": spec.candidates, "dtype": spec.dtype,
+                     "threads": spec.threads, "latency_requests": spec.latency_requests,
+                     "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
+                     "decoding": "greedy", "capacity": spec.capacity.model_dump(), "backend": spec.backend},
+        "policy": inputs.policy.as_dict(),
+        "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,
+                              "spec": str(e.spec_path), "metrics": list(e.metrics), "gate": list(e.gate),
+                              "tokenizer": tokenizer_name(e.language, e.task),
+                              "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
+        "formats": formats,
+        "recommendation": recommend(decisions, {n: o.peak_bytes for n, o in outcomes.items()}),
+        "exit_code": exit_code(decisions, inputs.policy),
+        "samples": "samples.jsonl",
+    }
+    return report
+
+
+def comparison_notes(inputs, name: str) -> list[str]:
+    """What a verdict was compared with when that is not a full-precision baseline of the same tokenizer."""
+    notes = list(getattr(inputs, "candidate_notes", {}).get(name, []))
+    quant = inputs.model_config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        bits = quant.get("bits") if isinstance(quant, dict) else None
+        notes.append(f"compared with a quantized baseline ({method}{f' {bits}-bit' if bits else ''}, "
+                     "--baseline-is-quantized), not the full-precision model")
+    return notes
+
+
+def format_entry(inputs, run, max_model_len: int) -> dict:
+    memory = dict(memory_of(run))
+    latency = dict(latency_of(run))
+    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
+    # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
+    upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    kv_predicted = kv_bytes_per_token(inputs.model_config, kv_dtype_bytes=2 * upcast)
+    recipe = inputs.recipes.get(run.name)
+    calibrated = inputs.calibration is not None and recipe is not None and recipe.calibration_samples
+    entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run,
+             "compute_dtype": compute_dtype,
+             "calibration": inputs.calibration.summary(recipe.calibration_samples) if calibrated else None}
+    if memory:
+        memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
+                      kv_bytes_per_token=kv_predicted,
+                      figures=("NVML device used memory (what nvidia-smi shows); allocator peaks alongside"
+                               if memory.get("nvml_peak_used_bytes") is not None else
+                               "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
+                               else "peak RSS of the format's subprocess (CPU)"))
+        timeline = ((run.measurement or {}).get("result") or {}).get("memory_timeline")
+        if timeline:  # the measured run's series (measurements cached before it was kept have none)
+            memory["timeline"] = timeline
+    else:
+        memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
+    entry["memory"] = memory
+    generated = [g["result"] for g in run.generations.values() if g.get("result")]
+    if latency:
+        batches = [BatchTiming(**b) for g in generated for b in g.get("batches", [])]
+        if batches:  # the evaluation's own batches: every request of every evalset at the evaluation batch size
+            latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
+        latency.update(device=memory.get("device"), threads=inputs.spec.threads)
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            latency[key] = latency["batch_1"][key]
+    entry["latency"] = latency or {k: {"p50": None, "p95": None} for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    entry["capacity"] = entry["serving"] = None
+    plans = plan_capacity(inputs, run, max_model_len)
+    if plans is not None:
+        entry["capacity"] = capacity_view(plans["vllm"])
+        entry["serving"] = {engine: plain(plan.as_dict()) for engine, plan in plans.items()}
+    if getattr(run, "served", None) is not None:
+        entry["served"] = run.served
+    entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
+                           "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
+                           "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
+                           "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated
+                                               if g.get("latency")]}
+    return entry
+
+
+def plain(value):
+    """A dataclass's asdict with tuples as lists: what json.dumps writes and the strict schema validates."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _num_parameters(runs) -> int | None:
+    return memory_of(runs["baseline"]).get("parameters") if "baseline" in runs else None
