@@ -24,7 +24,7 @@ from harness.calibration import CalibrationSet, check_overlap, choose_calibratio
 from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
 from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
-from harness.metrics import ALL_METRICS
+from harness.metrics import metric_names
 from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
 from harness.external import check_baseline_is_full_precision
@@ -138,7 +138,7 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     out_dir = prepare_output_dir(Path(spec.out))
     full_evalsets = load_evalsets(spec.evalsets)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
-    policy = load_policy(spec.policy, known_metrics=ALL_METRICS)
+    policy = load_policy(spec.policy, known_metrics=metric_names())
     source = resolve_source(spec.model)
     check_remote_code(source.path, spec.trust_remote_code)
     config_path = source.path / "config.json"

@@ -28,11 +28,13 @@ def main(argv: list[str]) -> int:
     progress.configure(protocol_stream=protocol)
     if job.devices:  # --devices: this format's lane; set before torch initializes CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = job.devices
+    from harness.plugins import load_plugins
     from harness.runtime.device import configure_threads
 
     configure_threads(job.threads)
     seed_everything(job.seed)
     try:
+        load_plugins()  # a plugin's format must be known here too (QUANTGATE_PLUGINS is inherited)
         if isinstance(job, QuantizeJob):
             run_quantize(job)
         else:
