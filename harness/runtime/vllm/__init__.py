@@ -1,0 +1,1 @@
+"""The vLLM backend: where vLLM comes from, its server process, its client, its launch plan and its log."""
