@@ -1,6 +1,6 @@
 """What every renderer reads out of report.json and samples.jsonl, in one place.
 
-report.json is produced by the pipeline (schema_version 1, see the contract); the
+report.json is produced by the pipeline (harness/report/schema.py is the contract); the
 renderers only read it. Fields a failed format could not measure are null, so every
 accessor here tolerates missing data instead of raising.
 """
@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import UserError
+from harness.report import schema
+from harness.report.schema import RunReport
 from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, fmt_signed, is_number
 
-SCHEMA_VERSION = 1
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
@@ -39,31 +40,6 @@ class GatedScore:
     evalset: str
     metric: str
     score: dict[str, Any]  # the scores.<evalset>.<metric> entry as written by decide
-
-
-def validate_report(report: Any, where: str) -> None:
-    """Check the shape the renderers rely on; one UserError naming every problem."""
-    if not isinstance(report, dict):
-        raise UserError(f"{where}: expected a JSON object at the top level; re-run `quantgate run` to rewrite it")
-    problems: list[str] = []
-    version = report.get("schema_version")
-    if version != SCHEMA_VERSION:
-        problems.append(f"field 'schema_version': is {version!r}, this quantgate reads {SCHEMA_VERSION}")
-    formats = report.get("formats")
-    if not isinstance(formats, dict) or not formats:
-        problems.append("field 'formats': missing or empty; a run report holds one entry per format")
-    else:
-        for name, fmt in formats.items():
-            if not isinstance(fmt, dict):
-                problems.append(f"field 'formats.{name}': expected an object")
-            elif not isinstance(fmt.get("scores") or {}, dict):
-                problems.append(f"field 'formats.{name}.scores': expected an object")
-            elif not isinstance(fmt.get("checks") or [], list):
-                problems.append(f"field 'formats.{name}.checks': expected a list")
-    if not isinstance(report.get("evalsets") or {}, dict):
-        problems.append("field 'evalsets': expected an object")
-    if problems:
-        raise UserError(f"{where}: {problems[0]}; re-run `quantgate run` to rewrite it", problems=problems[1:])
 
 
 def load_samples(path: Path) -> list[dict[str, Any]]:
@@ -97,6 +73,13 @@ def formats_in_order(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     order = requested + [f for f in formats if f not in requested]
     order.sort(key=lambda name: 0 if (formats[name] or {}).get("role") == "baseline" else 1)  # stable
     return [(name, formats[name]) for name in order]
+
+
+def ordered_format_names(report: RunReport) -> list[str]:
+    """formats_in_order for a parsed report: baseline first, then the order the run was asked for."""
+    requested = [f for f in report.settings.formats if f in report.formats]
+    order = requested + [f for f in report.formats if f not in requested]
+    return sorted(order, key=lambda name: 0 if report.formats[name].role == "baseline" else 1)  # stable
 
 
 def baseline_name(report: dict[str, Any]) -> str | None:
@@ -140,16 +123,6 @@ def gated_scores(report: dict[str, Any], fmt: dict[str, Any]) -> list[GatedScore
 def verdict_of(fmt: dict[str, Any]) -> str:
     verdict = fmt.get("verdict")
     return verdict if verdict in VERDICTS else "NO-GO" if fmt.get("status") == "failed" else str(verdict or "?")
-
-
-def exit_code_of(report: dict[str, Any]) -> int:
-    """The run's recorded exit code (decide applies the policy, e.g. inconclusive_is = "pass");
-    when absent, 0 if every candidate is GO, else 1."""
-    recorded = report.get("exit_code")
-    if recorded in (0, 1) and not isinstance(recorded, bool):
-        return int(recorded)
-    cands = candidates(report)
-    return 0 if cands and all(verdict_of(fmt) == "GO" for _, fmt in cands) else 1
 
 
 # --- plain-text figures shared by the Markdown and HTML renderers (they escape them) --------
@@ -631,8 +604,8 @@ def artifact_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def load_report(run_dir: Path) -> dict[str, Any]:
-    """RUN_DIR/report.json, checked; every problem a one-line UserError."""
+def load_report(run_dir: Path) -> RunReport:
+    """RUN_DIR/report.json (or that file itself), parsed; every problem a one-line UserError."""
     run_dir = Path(run_dir)
     path = run_dir if run_dir.name == "report.json" and run_dir.is_file() else run_dir / "report.json"
     if not path.parent.is_dir():
@@ -641,17 +614,4 @@ def load_report(run_dir: Path) -> dict[str, Any]:
         raise UserError(
             f"{path}: not found; pass the output directory of `quantgate run` (it holds report.json and samples.jsonl)"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-run `quantgate run`") from exc
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); re-run `quantgate run` to rewrite it"
-        ) from exc
-    validate_report(report, str(path))
-    return report
+    return schema.load_report(path)
