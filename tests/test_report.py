@@ -271,7 +271,7 @@ def test_sparse_report_renders_everywhere(report):
     assert "<img" not in page and page.count('<div class="error">') == 4
     suite = ET.fromstring(render_junit(RunReport.model_validate(_valid_sparse_report(report))))
     assert suite.get("failures") == "4" and {c.get("name") for c in suite.iter("testcase")} == {"run"}
-    assert render_scores_csv(sparse, []).strip() == "format,evalset,id,new_tokens,em,f1,contains,rouge1,rouge2,rougeL"
+    assert render_scores_csv(RunReport.model_validate(_valid_sparse_report(report)), []).strip() == "format,evalset,id,new_tokens,em,f1,contains,rouge1,rouge2,rougeL"
 
 
 def test_html_escapes_model_output_and_dataset_markup(page):
@@ -375,7 +375,7 @@ def test_junit_failure_message_is_the_reason_and_xml_stays_valid(report):
 
 
 def test_scores_csv_round_trips(report, samples):
-    text = render_scores_csv(report, samples)
+    text = render_scores_csv(RunReport.model_validate(report), samples)
     rows = list(csv.DictReader(io.StringIO(text)))
     assert list(rows[0]) == ["format", "evalset", "id", "new_tokens", "em", "f1", "contains", "rouge1", "rouge2", "rougeL"]
     assert len(rows) == len(samples) == 54
@@ -388,7 +388,7 @@ def test_scores_csv_round_trips(report, samples):
 
 def test_scores_csv_reads_in_pandas(report, samples):
     pd = pytest.importorskip("pandas")
-    frame = pd.read_csv(io.StringIO(render_scores_csv(report, samples)))
+    frame = pd.read_csv(io.StringIO(render_scores_csv(RunReport.model_validate(report), samples)))
     assert frame.shape == (54, 10)
     assert frame["f1"].dtype.kind == "f" and frame["rougeL"].isna().sum() == 36
     means = frame.groupby(["format", "evalset"])["f1"].mean()

@@ -35,7 +35,7 @@ def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Pat
         "report.md": render_markdown(data, samples),
         "report.html": render_html(data, samples),
         "junit.xml": render_junit(parsed),
-        "scores.csv": render_scores_csv(data, samples),
+        "scores.csv": render_scores_csv(parsed, samples),
     }
     paths = []
     for name in OUTPUT_NAMES:
