@@ -29,6 +29,8 @@ from harness.report.units import (
     prompt_excerpt,
 )
 from harness.report.view import (
+    Phrase,
+    recommendation_sentence,
     ARTIFACT_COLUMNS,
     CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
@@ -208,15 +210,12 @@ def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) ->
 
 
 def _recommendation(report: dict[str, Any]) -> str:
-    rec = report.get("recommendation") or {}
-    why = e(rec.get("why") or "")
-    if rec.get("format"):
-        text = f"<strong>Recommendation:</strong> ship <strong>{e(rec['format'])}</strong>" + (f": {why}" if why else ".")
-    else:
-        text = f"<strong>Recommendation:</strong> {why or 'no candidate format is GO; keep serving the baseline'}"
-    if rec.get("runner_up"):
-        text += f" Runner-up: {e(rec['runner_up'])}."
-    return f'<p class="recommendation">{text}</p>'
+    return f'<p class="recommendation">{"".join(_phrase(p) for p in recommendation_sentence(report))}</p>'
+
+
+def _phrase(phrase: Phrase) -> str:
+    text = e(phrase.text) if phrase.data else phrase.text
+    return f"<strong>{text}</strong>" if phrase.strong else text
 
 
 def _legend() -> str:

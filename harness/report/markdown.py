@@ -28,6 +28,8 @@ from harness.report.units import (
     prompt_excerpt,
 )
 from harness.report.view import (
+    Phrase,
+    recommendation_sentence,
     ARTIFACT_COLUMNS,
     CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
@@ -213,16 +215,12 @@ def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) ->
 
 
 def _recommendation(report: dict[str, Any]) -> str:
-    rec = report.get("recommendation") or {}
-    choice = rec.get("format")
-    why = md_inline(rec.get("why") or "")
-    if choice:
-        line = f"**Recommendation:** ship **{md_inline(choice)}**" + (f": {why}" if why else ".")
-    else:
-        line = f"**Recommendation:** {why or 'no candidate format is GO; keep serving the baseline'}"
-    if rec.get("runner_up"):
-        line += f" Runner-up: {md_inline(rec['runner_up'])}."
-    return line
+    return "".join(_phrase(p) for p in recommendation_sentence(report))
+
+
+def _phrase(phrase: Phrase) -> str:
+    text = md_inline(phrase.text) if phrase.data else phrase.text
+    return f"**{text}**" if phrase.strong else text
 
 
 # --- per-format sections -------------------------------------------------------------------

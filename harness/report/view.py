@@ -42,6 +42,34 @@ class GatedScore:
     score: dict[str, Any]  # the scores.<evalset>.<metric> entry as written by decide
 
 
+@dataclass(frozen=True)
+class Phrase:
+    """A piece of a sentence the renderers print: `data` (a format name, the producer's words) is escaped by the
+    renderer, template text is not; `strong` pieces are bold."""
+
+    text: str
+    strong: bool = False
+    data: bool = False
+
+
+NO_RECOMMENDATION = "no candidate format is GO; keep serving the baseline"
+
+
+def recommendation_sentence(report: dict[str, Any]) -> list[Phrase]:
+    """'Recommendation: ship FORMAT: WHY. Runner-up: NAME.', built once for both renderers."""
+    rec = report.get("recommendation") or {}
+    choice, why, runner_up = rec.get("format"), str(rec.get("why") or ""), rec.get("runner_up")
+    phrases = [Phrase("Recommendation:", strong=True)]
+    if choice:
+        phrases += [Phrase(" ship "), Phrase(str(choice), strong=True, data=True)]
+        phrases += [Phrase(": "), Phrase(why, data=True)] if why else [Phrase(".")]
+    else:
+        phrases += [Phrase(" "), Phrase(why, data=True) if why else Phrase(NO_RECOMMENDATION)]
+    if runner_up:
+        phrases += [Phrase(" Runner-up: "), Phrase(str(runner_up), data=True), Phrase(".")]
+    return phrases
+
+
 def load_samples(path: Path) -> list[dict[str, Any]]:
     """Per-item records; a missing file means no items (e.g. every format failed)."""
     if not path.is_file():
