@@ -20,15 +20,16 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_bytes,
     fmt_delta_interval,
     fmt_int,
-    fmt_ms,
     fmt_num,
     fmt_signed,
     prompt_excerpt,
 )
 from harness.report.view import (
+    VERDICT_COLUMNS,
+    VerdictRow,
+    verdict_rows,
     Phrase,
     recommendation_sentence,
     ARTIFACT_COLUMNS,
@@ -46,7 +47,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    gated_scores,
     iter_scores,
     latency_caption,
     latency_origin,
@@ -153,28 +153,19 @@ def _header(report: dict[str, Any], model: str) -> str:
 
 
 def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
-    rows = []
-    for index, (name, fmt) in enumerate(formats_in_order(report)):
-        verdict = verdict_of(fmt)
-        memory = fmt.get("memory") or {}
-        peak = fmt_bytes(memory.get("peak_bytes"))
-        if peak != DASH and memory.get("device"):
-            peak += f" ({memory['device']})"
-        tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
-        flags = dig(fmt, "capacity", "vllm_flags")
-        rows.append(
-            [
-                f'<a href="#fmt-{index}">{e(name)}</a>',
-                _badge(verdict),
-                e(peak),
-                e(fmt_bytes(memory.get("weights_bytes"))),
-                e(fmt_ms(tpot)),
-                _gated_cell(report, fmt, layout),
-                _flags(flags) if flags else DASH,
-            ]
-        )
-    columns = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]", "vLLM flags")
-    return _table(columns, rows, cls="verdicts")
+    rows = [
+        [
+            f'<a href="#fmt-{row.anchor}">{e(row.name)}</a>',
+            _badge(row.verdict),
+            e(row.peak),
+            e(row.weights),
+            e(row.tpot_p50),
+            _gated_cell(row, layout),
+            _flags(row.vllm_flags) if row.vllm_flags else DASH,
+        ]
+        for row in verdict_rows(report)
+    ]
+    return _table(VERDICT_COLUMNS, rows, cls="verdicts")
 
 
 def _note(text: str) -> str:
@@ -192,20 +183,18 @@ def _flags(flags: str) -> str:
     return "<br>".join(f'<code class="flag">{e(item)}</code>' for item in items)
 
 
-def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     lines = []
-    if fmt.get("status") == "failed":
-        lines.append(f'<span class="error-inline">failed: {e(fmt.get("error") or "no error recorded")}</span>')
-    baseline = fmt.get("role") == "baseline"
-    for gs in gated_scores(report, fmt)[: layout.list_items]:
-        label = e(f"{gs.evalset}/{gs.metric}")
-        if baseline:
-            lines.append(f"{label} {e(fmt_num(gs.score.get('value')))}")
+    if row.error is not None:
+        lines.append(f'<span class="error-inline">failed: {e(row.error)}</span>')
+    for gated in row.gated[: layout.list_items]:
+        label = e(gated.label)
+        if row.is_baseline:
+            lines.append(f"{label} {e(gated.figure)}")
         else:
-            status = gs.score.get("status")
-            cls = _STATUS_CLASS.get(status or "", "")
-            mark = {"pass": "✓", "fail": "✗", "inconclusive": "?"}.get(status or "", "")
-            lines.append(f'<span class="s-{cls}">{label} {e(fmt_delta_interval(gs.score))} {mark}</span>')
+            cls = _STATUS_CLASS.get(gated.status, "")
+            mark = {"pass": "✓", "fail": "✗", "inconclusive": "?"}.get(gated.status, "")
+            lines.append(f'<span class="s-{cls}">{label} {e(gated.figure)} {mark}</span>')
     return "<br>".join(lines) or DASH
 
 

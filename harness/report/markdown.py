@@ -18,16 +18,17 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_bytes,
     fmt_delta_interval,
     fmt_int,
-    fmt_ms,
     fmt_num,
     fmt_signed,
     is_number,
     prompt_excerpt,
 )
 from harness.report.view import (
+    VERDICT_COLUMNS,
+    VerdictRow,
+    verdict_rows,
     Phrase,
     recommendation_sentence,
     ARTIFACT_COLUMNS,
@@ -45,7 +46,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    gated_scores,
     iter_scores,
     latency_caption,
     latency_origin,
@@ -157,27 +157,16 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
-    rows = [
-        "| Format | Verdict | Peak memory | Weights | TPOT p50 | Gated metrics: delta [95% CI] | vLLM flags |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, fmt in formats_in_order(report):
-        verdict = verdict_of(fmt)
-        shown = verdict if verdict == "BASELINE" else f"**{verdict}**"
-        memory = fmt.get("memory") or {}
-        peak = fmt_bytes(memory.get("peak_bytes"))
-        if peak != DASH and memory.get("device"):
-            peak += f" ({memory['device']})"
-        tpot = fmt_ms(dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50"))
-        flags = dig(fmt, "capacity", "vllm_flags")
+    rows = ["| " + " | ".join(VERDICT_COLUMNS) + " |", "|" + "---|" * len(VERDICT_COLUMNS)]
+    for row in verdict_rows(report):
         cells = [
-            md_cell(name),
-            shown,
-            peak,
-            fmt_bytes(memory.get("weights_bytes")),
-            tpot,
-            _gated_cell(report, fmt, layout),
-            md_code(clip(flags, layout.cell_chars)) if flags else DASH,
+            md_cell(row.name),
+            row.verdict if row.verdict == "BASELINE" else f"**{row.verdict}**",
+            row.peak,
+            row.weights,
+            row.tpot_p50,
+            _gated_cell(row, layout),
+            md_code(clip(row.vllm_flags, layout.cell_chars)) if row.vllm_flags else DASH,
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -188,20 +177,14 @@ def _backend_note(report: dict[str, Any]) -> str:
     return f"_{md_inline(note)}_" if note else ""
 
 
-def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     entries: list[tuple[int, str]] = []
-    baseline = fmt.get("role") == "baseline"
-    for gs in gated_scores(report, fmt):
-        label = f"{gs.evalset}/{gs.metric}"
-        if baseline:
-            entries.append((1, f"{md_cell(label)} {fmt_num(gs.score.get('value'))}"))
-        else:
-            status = gs.score.get("status")
-            mark = _STATUS_MARK.get(status or "", "")
-            text = f"{md_cell(label)} {fmt_delta_interval(gs.score)}" + (f" {mark}" if mark else "")
-            entries.append((0 if status in ("fail", "inconclusive") else 1, text))
-    if fmt.get("status") == "failed":
-        entries.insert(0, (0, "failed: " + md_cell(clip(fmt.get("error") or "no error recorded", layout.cell_chars))))
+    for gated in row.gated:
+        mark = _STATUS_MARK.get(gated.status, "")
+        text = f"{md_cell(gated.label)} {gated.figure}" + (f" {mark}" if mark else "")
+        entries.append((0 if gated.status in ("fail", "inconclusive") else 1, text))
+    if row.error is not None:
+        entries.insert(0, (0, "failed: " + md_cell(clip(row.error, layout.cell_chars))))
     if not entries:
         return DASH
     limit = max(layout.list_items // 4, 3)

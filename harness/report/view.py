@@ -15,7 +15,8 @@ from typing import Any, Iterator
 from harness.errors import UserError
 from harness.report import schema
 from harness.report.schema import RunReport
-from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, fmt_signed, is_number
+from harness.report.units import (DASH, dig, fmt_bytes, fmt_delta_interval, fmt_int, fmt_ms, fmt_num, fmt_signed,
+                                  is_number)
 
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
 
@@ -40,6 +41,54 @@ class GatedScore:
     evalset: str
     metric: str
     score: dict[str, Any]  # the scores.<evalset>.<metric> entry as written by decide
+
+
+VERDICT_COLUMNS = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]",
+                   "vLLM flags")
+
+
+@dataclass(frozen=True)
+class GatedFigure:
+    """One gated metric of a verdict-table row: the baseline's value, or a candidate's delta and its status."""
+
+    label: str  # "evalset/metric"
+    figure: str  # "61.2" for the baseline, "-1.2 [-3.0, +0.5]" for a candidate
+    status: str  # "pass", "fail", "inconclusive"; "" for the baseline
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """One format's row of the verdict table, as plain text (the renderers escape and mark it up)."""
+
+    anchor: int  # the format's place in the report (its section's id)
+    name: str
+    is_baseline: bool
+    verdict: str
+    peak: str  # "9.85 GiB (cuda)"
+    weights: str
+    tpot_p50: str
+    error: str | None  # a failed format's error
+    gated: list[GatedFigure]
+    vllm_flags: str  # "" when none
+
+
+def verdict_rows(report: dict[str, Any]) -> list[VerdictRow]:
+    return [_verdict_row(report, index, name, fmt) for index, (name, fmt) in enumerate(formats_in_order(report))]
+
+
+def _verdict_row(report: dict[str, Any], index: int, name: str, fmt: dict[str, Any]) -> VerdictRow:
+    memory = fmt.get("memory") or {}
+    peak = fmt_bytes(memory.get("peak_bytes"))
+    if peak != DASH and memory.get("device"):
+        peak += f" ({memory['device']})"
+    tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
+    baseline = fmt.get("role") == "baseline"
+    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", fmt_num(gs.score.get("value")) if baseline
+                         else fmt_delta_interval(gs.score), "" if baseline else str(gs.score.get("status") or ""))
+             for gs in gated_scores(report, fmt)]
+    error = (fmt.get("error") or "no error recorded") if fmt.get("status") == "failed" else None
+    return VerdictRow(index, name, baseline, verdict_of(fmt), peak, fmt_bytes(memory.get("weights_bytes")), fmt_ms(tpot),
+                      error, gated, str(dig(fmt, "capacity", "vllm_flags") or ""))
 
 
 @dataclass(frozen=True)
