@@ -20,13 +20,14 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_delta_interval,
-    fmt_int,
     fmt_num,
     fmt_signed,
     prompt_excerpt,
 )
 from harness.report.view import (
+    BASELINE_SCORE_COLUMNS,
+    SCORE_COLUMNS,
+    score_rows,
     VERDICT_COLUMNS,
     VerdictRow,
     verdict_rows,
@@ -47,7 +48,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    iter_scores,
     latency_caption,
     latency_origin,
     latency_rows,
@@ -253,29 +253,19 @@ def _format_section(
 
 
 def _scores(fmt: dict[str, Any], layout: _Layout) -> str:
-    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
+    scores = score_rows(fmt)
     if not scores:
         return ""
     baseline = fmt.get("role") == "baseline"
     rows = []
-    for evalset, metric, score in scores[: layout.list_items]:
-        metric_cell = f"<strong>{e(metric)}</strong>" if score.get("gated") else e(metric)
-        row = [e(evalset), metric_cell, e(fmt_num(score.get("value")))]
-        if baseline:
-            row.append(e(fmt_int(score.get("n"))))
-        else:
-            status = score.get("status")
-            row += [
-                e(fmt_delta_interval(score)),
-                e(fmt_num(score.get("margin"))),
-                e(fmt_num(score.get("mde"))),
-                e(fmt_num(score.get("p_value"), 3)),
-                e(score.get("method") or DASH),
-                f'<span class="s-{_STATUS_CLASS.get(status or "", "")}">{e(status or DASH)}</span>',
-            ]
+    for score in scores[: layout.list_items]:
+        row = [e(score.evalset), f"<strong>{e(score.metric)}</strong>" if score.gated else e(score.metric),
+               e(score.score)]
+        status = f'<span class="s-{_STATUS_CLASS.get(score.status, "")}">{e(score.status or DASH)}</span>'
+        row += [e(score.n)] if baseline else [e(score.delta), e(score.margin), e(score.mde), e(score.p_value),
+                                              e(score.method), status]
         rows.append(row)
-    columns = ("Evalset", "Metric", "Score", "n") if baseline else (
-        "Evalset", "Metric", "Score", "Delta [95% CI]", "Margin", "MDE", "p", "Method", "Status")
+    columns = BASELINE_SCORE_COLUMNS if baseline else SCORE_COLUMNS
     more = f"<p>… {len(scores) - layout.list_items} more scores in report.json</p>" if len(scores) > layout.list_items else ""
     return "<h3>Scores <small>(gated metrics in bold)</small></h3>\n" + _table(columns, rows) + more
 

@@ -18,14 +18,14 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_delta_interval,
-    fmt_int,
     fmt_num,
     fmt_signed,
-    is_number,
     prompt_excerpt,
 )
 from harness.report.view import (
+    BASELINE_SCORE_COLUMNS,
+    SCORE_COLUMNS,
+    score_rows,
     VERDICT_COLUMNS,
     VerdictRow,
     verdict_rows,
@@ -46,7 +46,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    iter_scores,
     latency_caption,
     latency_origin,
     latency_rows,
@@ -240,40 +239,18 @@ def _bullets(items: list[str], layout: _Layout) -> str:
 
 
 def _scores_table(fmt: dict[str, Any], layout: _Layout) -> str:
-    scores = list(iter_scores(fmt))
+    scores = score_rows(fmt)
     if not scores:
         return ""
     baseline = fmt.get("role") == "baseline"
-    if baseline:
-        rows = ["| Evalset | Metric | Score | n |", "|---|---|---|---|"]
-    else:
-        rows = [
-            "| Evalset | Metric | Score | Delta [95% CI] | Margin | MDE | p | Status |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-    # gated metrics first: they decide the verdict
-    scores.sort(key=lambda s: 0 if s[2].get("gated") else 1)
-    for evalset, metric, score in scores[: layout.list_items]:
-        metric_cell = f"**{md_cell(metric)}**" if score.get("gated") else md_cell(metric)
-        head = [md_cell(evalset), metric_cell, fmt_num(score.get("value"))]
-        if baseline:
-            rows.append("| " + " | ".join(head + [fmt_int(score.get("n"))]) + " |")
-            continue
-        margin = score.get("margin")
-        rows.append(
-            "| "
-            + " | ".join(
-                head
-                + [
-                    fmt_delta_interval(score),
-                    fmt_num(margin) if is_number(margin) else DASH,
-                    fmt_num(score.get("mde")),
-                    fmt_num(score.get("p_value"), 3),
-                    md_cell(score.get("status") or DASH),
-                ]
-            )
-            + " |"
-        )
+    columns = BASELINE_SCORE_COLUMNS if baseline else [c for c in SCORE_COLUMNS if c != "Method"]
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for score in scores[: layout.list_items]:
+        cells = [md_cell(score.evalset), f"**{md_cell(score.metric)}**" if score.gated else md_cell(score.metric),
+                 score.score]
+        cells += [score.n] if baseline else [score.delta, score.margin, score.mde, score.p_value,
+                                             md_cell(score.status or DASH)]
+        rows.append("| " + " | ".join(cells) + " |")
     if len(scores) > layout.list_items:
         rows.append(f"\n… {len(scores) - layout.list_items} more scores in report.json")
     return "**Scores** (gated metrics in bold)\n\n" + "\n".join(rows)

@@ -189,6 +189,36 @@ def iter_scores(fmt: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
                 yield evalset, metric, score
 
 
+BASELINE_SCORE_COLUMNS = ("Evalset", "Metric", "Score", "n")
+SCORE_COLUMNS = ("Evalset", "Metric", "Score", "Delta [95% CI]", "Margin", "MDE", "p", "Method", "Status")
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One row of a format's scores table, as plain text (the baseline's rows use evalset to n only)."""
+
+    evalset: str
+    metric: str
+    gated: bool
+    score: str
+    n: str
+    delta: str  # "-1.2 [-3.0, +0.5]"
+    margin: str
+    mde: str
+    p_value: str
+    method: str
+    status: str  # "pass", "fail", "inconclusive"; "" when none
+
+
+def score_rows(fmt: dict[str, Any]) -> list[ScoreRow]:
+    """Every score of one format, gated metrics first (they decide the verdict)."""
+    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
+    return [ScoreRow(evalset, metric, bool(score.get("gated")), fmt_num(score.get("value")), fmt_int(score.get("n")),
+                     fmt_delta_interval(score), fmt_num(score.get("margin")), fmt_num(score.get("mde")),
+                     fmt_num(score.get("p_value"), 3), str(score.get("method") or DASH), str(score.get("status") or ""))
+            for evalset, metric, score in scores]
+
+
 def gated_scores(report: dict[str, Any], fmt: dict[str, Any]) -> list[GatedScore]:
     """Scores marked gated by decide; for the baseline (never marked) the spec's gate metrics."""
     marked = [GatedScore(e, m, s) for e, m, s in iter_scores(fmt) if s.get("gated")]
