@@ -78,7 +78,8 @@ class Check:
     reason: str  # the line for `reasons` when the check does not pass
 
     def as_dict(self) -> dict[str, str]:
-        return {"name": self.name, "kind": self.kind, "status": self.status, "detail": self.detail}
+        return {"name": self.name, "kind": self.kind, "status": self.status, "detail": self.detail,
+                "reason": self.reason}
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pydantic import BaseModel  # noqa: E402
+
 from harness.commands.plan import capacity_view  # noqa: E402
+from harness.errors import UserError  # noqa: E402
 from harness.measure.capacity import Target, Workload, gpu_of_size, model_shape, plan_vllm, weight_format  # noqa: E402
 from harness.measure.kv import estimate_weights_bytes, kv_bytes_per_token  # noqa: E402
+from harness.report.schema import FormatResult, load_report  # noqa: E402
 from harness.units import format_bytes  # noqa: E402
 
 EXIT_NO_GPU = 3
@@ -573,14 +577,24 @@ def run_quantgate(model_dir: Path, formats: list[str], device: str, tmp: Path, d
     if result["error"]:
         result["log_tail"] = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-25:]
         return result
-    report = json.loads(report_path.read_text(encoding="utf-8"))
-    result["report"] = {name: {"status": entry.get("status"), "error": entry.get("error"),
-                               "verdict": entry.get("verdict"), "compute_dtype": entry.get("compute_dtype"),
-                               "memory": entry.get("memory") or {}, "latency": entry.get("latency") or {},
-                               "capacity": entry.get("capacity")}
-                        for name, entry in (report.get("formats") or {}).items()}
+    try:
+        report = load_report(report_path)
+    except UserError as exc:
+        result["error"] = str(exc)
+        return result
+    result["report"] = {name: _figures_of(entry) for name, entry in report.formats.items()}
     result["checks"] = quantgate_checks(result["report"], formats, device)
     return result
+
+
+def _figures_of(entry: FormatResult) -> dict:
+    """What the checks and the printout read of one format, as the JSON report.json holds."""
+    def as_json(block: BaseModel | None) -> dict | None:
+        return None if block is None else block.model_dump(mode="json", exclude_unset=True)
+
+    return {"status": entry.status, "error": entry.error, "verdict": entry.verdict,
+            "compute_dtype": entry.compute_dtype, "memory": as_json(entry.memory) or {},
+            "latency": as_json(entry.latency) or {}, "capacity": as_json(entry.capacity)}
 
 
 def quantgate_checks(report: dict, formats: list[str], device: str) -> list[dict]:

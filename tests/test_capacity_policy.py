@@ -198,7 +198,8 @@ def test_capacity_check_fails_with_the_numbers():
     assert decision.verdict == "NO-GO"
     check = capacity_check(decision)
     assert check == {"name": "capacity", "kind": "capacity", "status": "fail",
-                     "detail": "holds 5 sequences of 4,096 tokens on an L4, policy needs 8"}
+                     "detail": "holds 5 sequences of 4,096 tokens on an L4, policy needs 8",
+                     "reason": "capacity: holds 5 sequences of 4,096 tokens on an L4, policy needs 8"}
     assert decision.reasons == ["capacity: holds 5 sequences of 4,096 tokens on an L4, policy needs 8"]
     go = decide_format(outcome("baseline"), outcome("awq", ServingFit("L4", 4096, 8)), L4_POLICY)
     assert go.verdict == "GO" and capacity_check(go)["status"] == "pass" and "fits the serving target" in go.reasons[0]

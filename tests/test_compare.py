@@ -130,7 +130,7 @@ def test_go_to_inconclusive_also_exits_1():
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "not a quantgate report"),
-        ({"schema_version": 2, "formats": {}}, "schema_version 2 is not supported (expected 1)"),
+        ({"schema_version": 3, "formats": {}}, "schema_version 3 is not supported (expected 1 or 2)"),
         ({"schema_version": 1}, "field 'formats'"),
         ({"schema_version": 1, "formats": {"int8": {"status": "ok"}}}, "formats.int8: expected an object with a 'verdict'"),
         ({"schema_version": 1, "formats": {"int8": {"verdict": "GO", "scores": [1]}}}, "formats.int8.scores"),
@@ -293,6 +293,18 @@ def test_a_go_format_that_failed_is_a_regression_whatever_its_verdict_says(tmp_p
 def test_real_report_against_itself_has_no_changes(capsys):
     assert run_compare(EXAMPLE, EXAMPLE.parent) == 0  # a run directory stands for its report.json
     assert lines_of(capsys.readouterr().out)[-1] == "no changes"
+
+
+VERSION_1 = Path(__file__).parent / "fixtures" / "report_v1.json"
+
+
+def test_a_version_1_report_compares_with_a_version_2_report(capsys):
+    """The run example as version 1 (before checks carried their reason) against the same run as version 2."""
+    assert json.loads(VERSION_1.read_text(encoding="utf-8"))["schema_version"] == 1
+    assert json.loads(EXAMPLE.read_text(encoding="utf-8"))["schema_version"] == 2
+    assert run_compare(VERSION_1, EXAMPLE) == 0
+    assert lines_of(capsys.readouterr().out)[-1] == "no changes"
+    assert run_compare(EXAMPLE, VERSION_1) == 0
 
 
 def test_shared_baseline_report_reads(tmp_path, capsys):

@@ -38,7 +38,9 @@ def test_identical_scores_are_go():
     s = d.scores["en_faq"]["f1"]
     assert (s["delta"], s["ci_low"], s["ci_high"], s["n"], s["status"], s["gated"]) == (0.0, 0.0, 0.0, 60, "pass", True)
     assert d.reasons == ["every check passes: 1 gated metric(s) above their margins"]
-    assert d.checks == [{"name": "en_faq/f1", "kind": "metric", "status": "pass", "detail": d.checks[0]["detail"]}]
+    detail = d.checks[0]["detail"]
+    assert d.checks == [{"name": "en_faq/f1", "kind": "metric", "status": "pass", "detail": detail,
+                         "reason": f"en_faq/f1: {detail}"}]
 
 
 def test_uniform_ten_point_drop_on_200_items_is_no_go():
@@ -105,7 +107,8 @@ def test_memory_budget_breach_is_no_go_whatever_the_scores():
     assert d.reasons == ["memory: peak memory 9.00 GiB exceeds the 8.00 GiB budget"]
     ok = decide_format(outcome("b", f1=f1), outcome("int8", f1=f1, peak_bytes=7 * GIB), Policy(max_memory_bytes=8 * GIB))
     assert ok.verdict == "GO"
-    assert {"name": "memory", "kind": "memory", "status": "pass", "detail": "peak memory 7.00 GiB within the 8.00 GiB budget"} in ok.checks
+    assert {"name": "memory", "kind": "memory", "status": "pass", "detail": "peak memory 7.00 GiB within the 8.00 GiB budget",
+            "reason": ""} in ok.checks
 
 
 def test_latency_budgets():
@@ -141,7 +144,7 @@ def test_failed_format_is_no_go_with_its_error():
     d = decide_format(outcome("baseline", f1=noisy(20)), failed, Policy())
     assert d.verdict == "NO-GO"
     assert d.reasons == [error]
-    assert d.checks == [{"name": "run", "kind": "run", "status": "fail", "detail": error}]
+    assert d.checks == [{"name": "run", "kind": "run", "status": "fail", "detail": error, "reason": error}]
     assert d.scores == {}
 
 

@@ -18,6 +18,7 @@ from harness.report.schema import REGENERATE, RunReport, schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_example" / "report.json"
+VERSION_1 = ROOT / "tests" / "fixtures" / "report_v1.json"
 SHARED_BASELINE = ROOT / "reports" / "shared-baseline" / "report.json"
 PUBLISHED = ROOT / "docs" / "report.schema.json"
 PAGE = ROOT / "docs" / "report.md"
@@ -34,16 +35,33 @@ def models() -> dict[str, type[BaseModel]]:
             and not name.startswith("_")}
 
 
-# --- committed version-1 reports ------------------------------------------------------------------
+# --- committed reports ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [FIXTURE, SHARED_BASELINE], ids=["run_example", "shared-baseline"])
-def test_committed_version_1_reports_validate(path):
-    data = load(path)
+def test_a_version_2_report_validates_unchanged():
+    data = load(FIXTURE)
     report = RunReport.model_validate(data)
-    assert report.schema_version == 1
+    assert report.schema_version == schema.SCHEMA_VERSION == 2
+    assert schema.report_dict(report) == data  # nothing dropped, coerced or reordered on the way
+    assert list(report.formats["gptq"].artifact.manifest.model_dump(exclude_unset=True)) == list(data["formats"]["gptq"]["artifact"]["manifest"])
+
+
+@pytest.mark.parametrize("path", [VERSION_1, SHARED_BASELINE], ids=["report_v1", "shared-baseline"])
+def test_committed_version_1_reports_are_read_as_version_2(path):
+    data = load(path)
+    assert data["schema_version"] == 1
+    report = RunReport.model_validate(data)
+    assert report.schema_version == 2
     assert set(report.formats) == set(data["formats"])
-    assert report.model_dump(mode="json", exclude_unset=True) == data  # nothing dropped or coerced on the way
+    assert schema.report_dict(report) == schema.upgrade_v1(data)  # nothing else dropped or coerced on the way
+
+
+def test_upgrading_version_1_gives_each_check_the_reason_line_it_had():
+    """What version 2 adds: the run example as version 1 upgrades to exactly the version-2 fixture."""
+    assert schema.upgrade_v1(load(VERSION_1)) == load(FIXTURE)
+    gptq = RunReport.model_validate(load(VERSION_1)).formats["gptq"]
+    assert [c.reason for c in gptq.checks if c.status != "pass"] == gptq.reasons
+    assert all(c.reason == "" for c in gptq.checks if c.status == "pass")
 
 
 def test_early_version_1_reports_lack_the_newer_fields():
@@ -99,7 +117,7 @@ def test_a_misspelled_field_fails_naming_it(path, misspelled):
 
 
 @pytest.mark.parametrize("path, value, what", [
-    ("schema_version", 2, "schema_version"),
+    ("schema_version", 3, "schema_version"),
     ("schema_version", True, "schema_version"),
     ("exit_code", False, "exit_code"),
     ("formats.int8.latency.batch_1.ttft_ms.count", "18", "formats.int8.latency.batch_1.ttft_ms.count"),
@@ -124,11 +142,18 @@ def test_open_blocks_pass_keys_through():
     assert report.formats["gptq"].artifact.manifest.model_extra["written_by_a_later_version"] == {"x": 1}
 
 
-def test_check_reason_is_optional_and_kept():
-    data = _set(load(FIXTURE), "formats.gptq.checks.0.reason", value="en_support_qa/f1: straddles")
+def test_a_version_2_check_needs_its_reason():
+    data = load(FIXTURE)
+    del data["formats"]["gptq"]["checks"][0]["reason"]
+    with pytest.raises(ValidationError, match=re.escape("formats.gptq.checks.0.reason")):
+        RunReport.model_validate(data)
+
+
+def test_a_version_1_check_keeps_a_reason_it_carries():
+    data = _set(load(VERSION_1), "formats.gptq.checks.0.reason", value="en_support_qa/f1: straddles")
     report = RunReport.model_validate(data)
     assert report.formats["gptq"].checks[0].reason == "en_support_qa/f1: straddles"
-    assert report.formats["gptq"].checks[1].reason is None
+    assert report.formats["gptq"].checks[1].reason.startswith("zh_billing_qa/f1: delta")
 
 
 # --- the published schema and the page -------------------------------------------------------------
@@ -151,7 +176,7 @@ def test_the_published_schema_names_every_model_and_its_dialect():
     published = json.loads(schema_text())
     assert published["$schema"] == schema.JSON_SCHEMA_DIALECT
     assert set(published["$defs"]) | {"RunReport"} == set(models())
-    assert published["properties"]["schema_version"]["const"] == schema.SCHEMA_VERSION == 1
+    assert published["properties"]["schema_version"]["const"] == schema.SCHEMA_VERSION == 2
     for name, definition in published["$defs"].items():  # every field says what it is (and its unit)
         for field, spec in definition["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
@@ -291,7 +316,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
 
     parsed = RunReport.model_validate(data)
-    assert parsed.model_dump(mode="json", exclude_unset=True) == data
+    assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)
     assert samples and parsed.formats["gptq"].verdict == parsed.formats["awq"].verdict == "NO-GO"
     assert parsed.formats["awq"].status == "interrupted" and parsed.formats["awq"].memory.peak_bytes is None
     assert parsed.formats["gptq"].calibration.overlap.items_total == 4
@@ -310,8 +335,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                                                "generate": [task]}))
     assert Path(task["result_path"]).is_file() and not list(tmp_path.glob("only*.measure.json"))
 
-    # The contract is not merely permissive: the producer writes every field the models name (but the reason
-    # it drops, and the Manifest fields only a real quantization writes, which the manifest above mirrors).
+    # The contract is not merely permissive: the producer writes every field the models name (but the
+    # Manifest fields only a real quantization writes, which the manifest above mirrors).
     def keys(model: type[BaseModel]) -> set[str]:
         return set(model.model_fields)
 
@@ -345,4 +370,4 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     assert set(int8["memory"]["timeline"]["points"][0]) == {"t_s", "stage", "rss_bytes"}
     assert set(int8["memory"]["timeline"]["peaks"]) == {"rss_bytes"}
     assert set(int8["generation"]["batched_latency"][0]) == keys(schema.EvalsetLatency) - {"workload"}
-    assert int8["checks"] and all(set(check) == keys(schema.Check) - {"reason"} for check in int8["checks"])
+    assert int8["checks"] and all(set(check) == keys(schema.Check) for check in int8["checks"])

@@ -25,7 +25,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.report import load_report, write_reports
-    from harness.report.view import exit_code_of
 
     run_dir = Path(args.run_dir)
     report = load_report(run_dir)
@@ -37,4 +36,4 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{exc.filename or run_dir}: cannot write ({exc.strerror}); check the directory's permissions") from exc
     for path in paths:
         print(path)
-    return exit_code_of(report)
+    return report.exit_code

@@ -236,14 +236,18 @@ def run(args) -> int:
 
 
 def print_summary(report: dict, out_dir: Path) -> None:
+    """The console table of verdicts, read through the report schema (report is what run_pipeline returns)."""
+    from harness.report.schema import parse_report
+
+    parsed = parse_report(report, str(out_dir / "report.json"))
     lines = ["", f"{'format':<10} {'verdict':<13} {'peak memory':>12}  reason"]
-    for name, entry in report["formats"].items():
-        peak = (entry.get("memory") or {}).get("peak_bytes")
+    for name, entry in parsed.formats.items():
+        peak = entry.memory.peak_bytes if entry.memory else None
         peak_text = f"{peak / 2**20:,.0f} MiB" if peak else "-"
-        reason = (entry.get("reasons") or [""])[0]
-        lines.append(f"{name:<10} {entry['verdict']:<13} {peak_text:>12}  {reason[:110]}")
-    rec = report.get("recommendation") or {}
-    lines.append(f"recommendation: {rec.get('format') or 'none'} - {rec.get('why', '')}")
+        reason = entry.reasons[0] if entry.reasons else ""
+        lines.append(f"{name:<10} {entry.verdict:<13} {peak_text:>12}  {reason[:110]}")
+    rec = parsed.recommendation
+    lines.append(f"recommendation: {rec.format or 'none'} - {rec.why}")
     lines.append(f"report: {out_dir / 'report.md'}  (also report.html, report.json, junit.xml, scores.csv)")
     print("\n".join(lines))
     sys.stdout.flush()

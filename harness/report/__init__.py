@@ -11,28 +11,31 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness.report.view import load_report, load_samples, samples_path, validate_report
+from harness.report.schema import RunReport, parse_report, report_dict
+from harness.report.view import load_report, load_samples, samples_path
 
 __all__ = ["OUTPUT_NAMES", "load_report", "write_reports"]
 
 OUTPUT_NAMES = ("report.md", "report.html", "junit.xml", "scores.csv")
 
 
-def write_reports(run_dir: Path, report: dict[str, Any]) -> list[Path]:
-    """Write the four renderings into run_dir and return their paths (in OUTPUT_NAMES order)."""
+def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Path]:
+    """Write the four renderings into run_dir and return their paths (in OUTPUT_NAMES order). A dict (what the
+    pipeline writes) is parsed through the schema first; the renderers read the parsed report's JSON."""
     from harness.report.html import render_html
     from harness.report.junit import render_junit
     from harness.report.markdown import render_markdown
     from harness.report.scores_csv import render_scores_csv
 
     run_dir = Path(run_dir)
-    validate_report(report, str(run_dir / "report.json"))
-    samples = load_samples(samples_path(run_dir, report))
+    parsed = report if isinstance(report, RunReport) else parse_report(report, str(run_dir / "report.json"))
+    data = report_dict(parsed)
+    samples = load_samples(samples_path(run_dir, data))
     rendered = {
-        "report.md": render_markdown(report, samples),
-        "report.html": render_html(report, samples),
-        "junit.xml": render_junit(report),
-        "scores.csv": render_scores_csv(report, samples),
+        "report.md": render_markdown(data, samples),
+        "report.html": render_html(data, samples),
+        "junit.xml": render_junit(parsed),
+        "scores.csv": render_scores_csv(parsed, samples),
     }
     paths = []
     for name in OUTPUT_NAMES:

@@ -20,15 +20,19 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_bytes,
-    fmt_delta_interval,
-    fmt_int,
-    fmt_ms,
     fmt_num,
     fmt_signed,
     prompt_excerpt,
 )
 from harness.report.view import (
+    BASELINE_SCORE_COLUMNS,
+    SCORE_COLUMNS,
+    score_rows,
+    VERDICT_COLUMNS,
+    VerdictRow,
+    verdict_rows,
+    Phrase,
+    recommendation_sentence,
     ARTIFACT_COLUMNS,
     CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
@@ -44,8 +48,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    gated_scores,
-    iter_scores,
     latency_caption,
     latency_origin,
     latency_rows,
@@ -151,28 +153,19 @@ def _header(report: dict[str, Any], model: str) -> str:
 
 
 def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
-    rows = []
-    for index, (name, fmt) in enumerate(formats_in_order(report)):
-        verdict = verdict_of(fmt)
-        memory = fmt.get("memory") or {}
-        peak = fmt_bytes(memory.get("peak_bytes"))
-        if peak != DASH and memory.get("device"):
-            peak += f" ({memory['device']})"
-        tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
-        flags = dig(fmt, "capacity", "vllm_flags")
-        rows.append(
-            [
-                f'<a href="#fmt-{index}">{e(name)}</a>',
-                _badge(verdict),
-                e(peak),
-                e(fmt_bytes(memory.get("weights_bytes"))),
-                e(fmt_ms(tpot)),
-                _gated_cell(report, fmt, layout),
-                _flags(flags) if flags else DASH,
-            ]
-        )
-    columns = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]", "vLLM flags")
-    return _table(columns, rows, cls="verdicts")
+    rows = [
+        [
+            f'<a href="#fmt-{row.anchor}">{e(row.name)}</a>',
+            _badge(row.verdict),
+            e(row.peak),
+            e(row.weights),
+            e(row.tpot_p50),
+            _gated_cell(row, layout),
+            _flags(row.vllm_flags) if row.vllm_flags else DASH,
+        ]
+        for row in verdict_rows(report)
+    ]
+    return _table(VERDICT_COLUMNS, rows, cls="verdicts")
 
 
 def _note(text: str) -> str:
@@ -190,33 +183,28 @@ def _flags(flags: str) -> str:
     return "<br>".join(f'<code class="flag">{e(item)}</code>' for item in items)
 
 
-def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     lines = []
-    if fmt.get("status") == "failed":
-        lines.append(f'<span class="error-inline">failed: {e(fmt.get("error") or "no error recorded")}</span>')
-    baseline = fmt.get("role") == "baseline"
-    for gs in gated_scores(report, fmt)[: layout.list_items]:
-        label = e(f"{gs.evalset}/{gs.metric}")
-        if baseline:
-            lines.append(f"{label} {e(fmt_num(gs.score.get('value')))}")
+    if row.error is not None:
+        lines.append(f'<span class="error-inline">failed: {e(row.error)}</span>')
+    for gated in row.gated[: layout.list_items]:
+        label = e(gated.label)
+        if row.is_baseline:
+            lines.append(f"{label} {e(gated.figure)}")
         else:
-            status = gs.score.get("status")
-            cls = _STATUS_CLASS.get(status or "", "")
-            mark = {"pass": "✓", "fail": "✗", "inconclusive": "?"}.get(status or "", "")
-            lines.append(f'<span class="s-{cls}">{label} {e(fmt_delta_interval(gs.score))} {mark}</span>')
+            cls = _STATUS_CLASS.get(gated.status, "")
+            mark = {"pass": "✓", "fail": "✗", "inconclusive": "?"}.get(gated.status, "")
+            lines.append(f'<span class="s-{cls}">{label} {e(gated.figure)} {mark}</span>')
     return "<br>".join(lines) or DASH
 
 
 def _recommendation(report: dict[str, Any]) -> str:
-    rec = report.get("recommendation") or {}
-    why = e(rec.get("why") or "")
-    if rec.get("format"):
-        text = f"<strong>Recommendation:</strong> ship <strong>{e(rec['format'])}</strong>" + (f": {why}" if why else ".")
-    else:
-        text = f"<strong>Recommendation:</strong> {why or 'no candidate format is GO; keep serving the baseline'}"
-    if rec.get("runner_up"):
-        text += f" Runner-up: {e(rec['runner_up'])}."
-    return f'<p class="recommendation">{text}</p>'
+    return f'<p class="recommendation">{"".join(_phrase(p) for p in recommendation_sentence(report))}</p>'
+
+
+def _phrase(phrase: Phrase) -> str:
+    text = e(phrase.text) if phrase.data else phrase.text
+    return f"<strong>{text}</strong>" if phrase.strong else text
 
 
 def _legend() -> str:
@@ -265,29 +253,19 @@ def _format_section(
 
 
 def _scores(fmt: dict[str, Any], layout: _Layout) -> str:
-    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
+    scores = score_rows(fmt)
     if not scores:
         return ""
     baseline = fmt.get("role") == "baseline"
     rows = []
-    for evalset, metric, score in scores[: layout.list_items]:
-        metric_cell = f"<strong>{e(metric)}</strong>" if score.get("gated") else e(metric)
-        row = [e(evalset), metric_cell, e(fmt_num(score.get("value")))]
-        if baseline:
-            row.append(e(fmt_int(score.get("n"))))
-        else:
-            status = score.get("status")
-            row += [
-                e(fmt_delta_interval(score)),
-                e(fmt_num(score.get("margin"))),
-                e(fmt_num(score.get("mde"))),
-                e(fmt_num(score.get("p_value"), 3)),
-                e(score.get("method") or DASH),
-                f'<span class="s-{_STATUS_CLASS.get(status or "", "")}">{e(status or DASH)}</span>',
-            ]
+    for score in scores[: layout.list_items]:
+        row = [e(score.evalset), f"<strong>{e(score.metric)}</strong>" if score.gated else e(score.metric),
+               e(score.score)]
+        status = f'<span class="s-{_STATUS_CLASS.get(score.status, "")}">{e(score.status or DASH)}</span>'
+        row += [e(score.n)] if baseline else [e(score.delta), e(score.margin), e(score.mde), e(score.p_value),
+                                              e(score.method), status]
         rows.append(row)
-    columns = ("Evalset", "Metric", "Score", "n") if baseline else (
-        "Evalset", "Metric", "Score", "Delta [95% CI]", "Margin", "MDE", "p", "Method", "Status")
+    columns = BASELINE_SCORE_COLUMNS if baseline else SCORE_COLUMNS
     more = f"<p>… {len(scores) - layout.list_items} more scores in report.json</p>" if len(scores) > layout.list_items else ""
     return "<h3>Scores <small>(gated metrics in bold)</small></h3>\n" + _table(columns, rows) + more
 

@@ -18,16 +18,19 @@ from harness.report.units import (
     clip,
     dig,
     excerpt,
-    fmt_bytes,
-    fmt_delta_interval,
-    fmt_int,
-    fmt_ms,
     fmt_num,
     fmt_signed,
-    is_number,
     prompt_excerpt,
 )
 from harness.report.view import (
+    BASELINE_SCORE_COLUMNS,
+    SCORE_COLUMNS,
+    score_rows,
+    VERDICT_COLUMNS,
+    VerdictRow,
+    verdict_rows,
+    Phrase,
+    recommendation_sentence,
     ARTIFACT_COLUMNS,
     CALIBRATION_COLUMNS,
     EVALSET_COLUMNS,
@@ -43,8 +46,6 @@ from harness.report.view import (
     environment_items,
     evalset_rows,
     formats_in_order,
-    gated_scores,
-    iter_scores,
     latency_caption,
     latency_origin,
     latency_rows,
@@ -155,27 +156,16 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
-    rows = [
-        "| Format | Verdict | Peak memory | Weights | TPOT p50 | Gated metrics: delta [95% CI] | vLLM flags |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, fmt in formats_in_order(report):
-        verdict = verdict_of(fmt)
-        shown = verdict if verdict == "BASELINE" else f"**{verdict}**"
-        memory = fmt.get("memory") or {}
-        peak = fmt_bytes(memory.get("peak_bytes"))
-        if peak != DASH and memory.get("device"):
-            peak += f" ({memory['device']})"
-        tpot = fmt_ms(dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50"))
-        flags = dig(fmt, "capacity", "vllm_flags")
+    rows = ["| " + " | ".join(VERDICT_COLUMNS) + " |", "|" + "---|" * len(VERDICT_COLUMNS)]
+    for row in verdict_rows(report):
         cells = [
-            md_cell(name),
-            shown,
-            peak,
-            fmt_bytes(memory.get("weights_bytes")),
-            tpot,
-            _gated_cell(report, fmt, layout),
-            md_code(clip(flags, layout.cell_chars)) if flags else DASH,
+            md_cell(row.name),
+            row.verdict if row.verdict == "BASELINE" else f"**{row.verdict}**",
+            row.peak,
+            row.weights,
+            row.tpot_p50,
+            _gated_cell(row, layout),
+            md_code(clip(row.vllm_flags, layout.cell_chars)) if row.vllm_flags else DASH,
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -186,20 +176,14 @@ def _backend_note(report: dict[str, Any]) -> str:
     return f"_{md_inline(note)}_" if note else ""
 
 
-def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     entries: list[tuple[int, str]] = []
-    baseline = fmt.get("role") == "baseline"
-    for gs in gated_scores(report, fmt):
-        label = f"{gs.evalset}/{gs.metric}"
-        if baseline:
-            entries.append((1, f"{md_cell(label)} {fmt_num(gs.score.get('value'))}"))
-        else:
-            status = gs.score.get("status")
-            mark = _STATUS_MARK.get(status or "", "")
-            text = f"{md_cell(label)} {fmt_delta_interval(gs.score)}" + (f" {mark}" if mark else "")
-            entries.append((0 if status in ("fail", "inconclusive") else 1, text))
-    if fmt.get("status") == "failed":
-        entries.insert(0, (0, "failed: " + md_cell(clip(fmt.get("error") or "no error recorded", layout.cell_chars))))
+    for gated in row.gated:
+        mark = _STATUS_MARK.get(gated.status, "")
+        text = f"{md_cell(gated.label)} {gated.figure}" + (f" {mark}" if mark else "")
+        entries.append((0 if gated.status in ("fail", "inconclusive") else 1, text))
+    if row.error is not None:
+        entries.insert(0, (0, "failed: " + md_cell(clip(row.error, layout.cell_chars))))
     if not entries:
         return DASH
     limit = max(layout.list_items // 4, 3)
@@ -213,16 +197,12 @@ def _gated_cell(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) ->
 
 
 def _recommendation(report: dict[str, Any]) -> str:
-    rec = report.get("recommendation") or {}
-    choice = rec.get("format")
-    why = md_inline(rec.get("why") or "")
-    if choice:
-        line = f"**Recommendation:** ship **{md_inline(choice)}**" + (f": {why}" if why else ".")
-    else:
-        line = f"**Recommendation:** {why or 'no candidate format is GO; keep serving the baseline'}"
-    if rec.get("runner_up"):
-        line += f" Runner-up: {md_inline(rec['runner_up'])}."
-    return line
+    return "".join(_phrase(p) for p in recommendation_sentence(report))
+
+
+def _phrase(phrase: Phrase) -> str:
+    text = md_inline(phrase.text) if phrase.data else phrase.text
+    return f"**{text}**" if phrase.strong else text
 
 
 # --- per-format sections -------------------------------------------------------------------
@@ -259,40 +239,18 @@ def _bullets(items: list[str], layout: _Layout) -> str:
 
 
 def _scores_table(fmt: dict[str, Any], layout: _Layout) -> str:
-    scores = list(iter_scores(fmt))
+    scores = score_rows(fmt)
     if not scores:
         return ""
     baseline = fmt.get("role") == "baseline"
-    if baseline:
-        rows = ["| Evalset | Metric | Score | n |", "|---|---|---|---|"]
-    else:
-        rows = [
-            "| Evalset | Metric | Score | Delta [95% CI] | Margin | MDE | p | Status |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-    # gated metrics first: they decide the verdict
-    scores.sort(key=lambda s: 0 if s[2].get("gated") else 1)
-    for evalset, metric, score in scores[: layout.list_items]:
-        metric_cell = f"**{md_cell(metric)}**" if score.get("gated") else md_cell(metric)
-        head = [md_cell(evalset), metric_cell, fmt_num(score.get("value"))]
-        if baseline:
-            rows.append("| " + " | ".join(head + [fmt_int(score.get("n"))]) + " |")
-            continue
-        margin = score.get("margin")
-        rows.append(
-            "| "
-            + " | ".join(
-                head
-                + [
-                    fmt_delta_interval(score),
-                    fmt_num(margin) if is_number(margin) else DASH,
-                    fmt_num(score.get("mde")),
-                    fmt_num(score.get("p_value"), 3),
-                    md_cell(score.get("status") or DASH),
-                ]
-            )
-            + " |"
-        )
+    columns = BASELINE_SCORE_COLUMNS if baseline else [c for c in SCORE_COLUMNS if c != "Method"]
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for score in scores[: layout.list_items]:
+        cells = [md_cell(score.evalset), f"**{md_cell(score.metric)}**" if score.gated else md_cell(score.metric),
+                 score.score]
+        cells += [score.n] if baseline else [score.delta, score.margin, score.mde, score.p_value,
+                                             md_cell(score.status or DASH)]
+        rows.append("| " + " | ".join(cells) + " |")
     if len(scores) > layout.list_items:
         rows.append(f"\n… {len(scores) - layout.list_items} more scores in report.json")
     return "**Scores** (gated metrics in bold)\n\n" + "\n".join(rows)

@@ -22,11 +22,16 @@ reports written earlier carry, so both validate:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
+                      model_serializer, model_validator)
 
-SCHEMA_VERSION = 1
+from harness.errors import UserError
+
+SCHEMA_VERSION = 2  # 2: every check carries its `reason` (see upgrade_v1)
+READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)  # a version-1 report is upgraded when it is read
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m harness schema > docs/report.schema.json"
 
@@ -50,7 +55,25 @@ class _Strict(BaseModel):
 
 
 class _Open(BaseModel):
+    """Open-ended keys: dumped back in the order they were read (pydantic puts the declared fields first), so a
+    renderer lists a manifest's keys as the file has them."""
+
     model_config = ConfigDict(extra="allow", strict=True)
+    _read_order: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_read_order(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._read_order = list(data)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _dump_in_read_order(self, handler: Any) -> dict[str, Any]:
+        dumped = handler(self)
+        first = [key for key in self._read_order if key in dumped]
+        return {key: dumped[key] for key in first + [key for key in dumped if key not in first]}
 
 
 # --- per-format blocks ------------------------------------------------------------------------------
@@ -90,8 +113,9 @@ class Check(_Strict):
     status: CheckStatus = Field(description="pass, fail or inconclusive; any fail makes the verdict NO-GO, "
                                             "else any inconclusive makes it INCONCLUSIVE")
     detail: str = Field(description="the measured figure against its limit, in words")
-    reason: str | None = Field(default=None, description="the line this check adds to `reasons` when it does not "
-                                                         "pass; not yet written by the producer (absent)")
+    reason: str = Field(description="the check's line for `reasons`, which it adds there when it does not pass; a "
+                                     "passing check's may be empty (new in version 2: a version-1 report gets it "
+                                     "from `reasons` when read, empty for a passing check)")
 
 
 class LargestBatch(_Strict):
@@ -676,7 +700,7 @@ class RunReport(_Strict):
     model_config = ConfigDict(title="quantgate report.json",
                               json_schema_extra={"$schema": JSON_SCHEMA_DIALECT})
 
-    schema_version: Annotated[Literal[1], BeforeValidator(_not_bool)] = Field(
+    schema_version: Annotated[Literal[2], BeforeValidator(_not_bool)] = Field(
         description="version of this contract; a reader refuses versions it does not know")
     tool: Tool = Field(description="the program that wrote it")
     created_at: str = Field(description="when the run finished, ISO 8601 UTC ('2026-12-02T18:00:00Z')")
@@ -693,6 +717,14 @@ class RunReport(_Strict):
         description="0 when every candidate is GO (or INCONCLUSIVE under inconclusive_is = 'pass'), else 1")
     samples: str = Field(description="per-item records file, relative to the report's directory")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_version_1(cls, data: Any) -> Any:
+        """A version-1 report is read as version 2 (upgrade_v1); the fields themselves stay as strict."""
+        if isinstance(data, dict) and type(data.get("schema_version")) is int and data["schema_version"] == 1:
+            return upgrade_v1(data)
+        return data
+
 
 def json_schema() -> dict[str, Any]:
     return RunReport.model_json_schema()
@@ -701,3 +733,86 @@ def json_schema() -> dict[str, Any]:
 def schema_text() -> str:
     """The published JSON Schema: sorted keys, indent 2, one trailing newline (docs/report.schema.json)."""
     return json.dumps(json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# --- reading a report -------------------------------------------------------------------------------
+
+REWRITE = "re-run `quantgate run` to rewrite it"
+
+
+def upgrade_v1(report: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 report as version 2: each check gets the `reason` version 1 kept only in the format's `reasons`
+    (the line naming the check and its detail; the detail when none does; '' for a passing check)."""
+    formats = report.get("formats")
+    upgraded = dict(report, schema_version=2)
+    if isinstance(formats, dict):
+        upgraded["formats"] = {name: _format_v1_to_v2(fmt) for name, fmt in formats.items()}
+    return upgraded
+
+
+def _format_v1_to_v2(fmt: Any) -> Any:
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("checks"), list):
+        return fmt
+    checks = [c for c in fmt["checks"] if isinstance(c, dict)]
+    reasons = [r for r in fmt.get("reasons") or [] if isinstance(r, str)]
+    return dict(fmt, checks=[_check_v1_to_v2(c, checks, reasons) for c in fmt["checks"]])
+
+
+def _check_v1_to_v2(check: Any, checks: list[dict[str, Any]], reasons: list[str]) -> Any:
+    if not isinstance(check, dict) or "reason" in check:
+        return check
+    return dict(check, reason=_v1_reason(check, checks, reasons))
+
+
+def _v1_reason(check: dict[str, Any], checks: list[dict[str, Any]], reasons: list[str]) -> str:
+    if check.get("status") == "pass":
+        return ""
+    name, detail = str(check.get("name") or ""), str(check.get("detail") or "")
+    named = [r for r in reasons if name and r.startswith(name)]
+    with_detail = [r for r in named if detail and detail in r]
+    if with_detail:
+        return with_detail[0]
+    open_same_name = [c for c in checks if c.get("name") == name and c.get("status") != "pass"]
+    return named[0] if len(named) == 1 and len(open_same_name) == 1 else detail
+
+
+def parse_report(data: Any, where: str) -> RunReport:
+    """report.json's parsed JSON as a RunReport (a version-1 report upgraded first); a one-line UserError naming
+    `where` and the first bad field, with any further problems listed under it."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object at the top level; {REWRITE}")
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
+        readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        raise UserError(f"{where}: field 'schema_version': is {version!r}, this quantgate reads {readable}; {REWRITE}")
+    try:
+        return RunReport.model_validate(data)
+    except ValidationError as exc:
+        problems = [_problem(error) for error in exc.errors()]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{where}: {problems[0]}{more}; {REWRITE}") from None
+
+
+def _problem(error: Any) -> str:
+    field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    return f"field '{field}': {error['msg']}"
+
+
+def load_report(path: Path) -> RunReport:
+    """The RunReport in the file at path; every problem (missing, unreadable, not JSON, a bad field) one UserError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {REWRITE}") from exc
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); {REWRITE}") from exc
+    return parse_report(data, str(path))
+
+
+def report_dict(report: RunReport) -> dict[str, Any]:
+    """The report as the JSON it was read from (version 2): only the fields the file carried."""
+    return report.model_dump(mode="json", exclude_unset=True)

@@ -11,18 +11,19 @@ import csv
 import io
 from typing import Any
 
+from harness.report.schema import RunReport
 from harness.report.units import is_number
 
 KEY_COLUMNS = ("format", "evalset", "id", "new_tokens")
 _NOT_METRICS = {"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"}
 
 
-def metric_columns(report: dict[str, Any], samples: list[dict[str, Any]]) -> list[str]:
+def metric_columns(report: RunReport, samples: list[dict[str, Any]]) -> list[str]:
     """Metrics in evalset-spec order, then any other numeric field the samples carry."""
     columns: list[str] = []
-    for spec in (report.get("evalsets") or {}).values():
-        for metric in (spec or {}).get("metrics") or []:
-            if isinstance(metric, str) and metric not in columns and metric not in _NOT_METRICS:
+    for spec in report.evalsets.values():
+        for metric in spec.metrics:
+            if metric not in columns and metric not in _NOT_METRICS:
                 columns.append(metric)
     seen = set(columns)
     for record in samples:
@@ -33,7 +34,7 @@ def metric_columns(report: dict[str, Any], samples: list[dict[str, Any]]) -> lis
     return columns
 
 
-def render_scores_csv(report: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+def render_scores_csv(report: RunReport, samples: list[dict[str, Any]]) -> str:
     metrics = metric_columns(report, samples)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

@@ -1,6 +1,6 @@
 """What every renderer reads out of report.json and samples.jsonl, in one place.
 
-report.json is produced by the pipeline (schema_version 1, see the contract); the
+report.json is produced by the pipeline (harness/report/schema.py is the contract); the
 renderers only read it. Fields a failed format could not measure are null, so every
 accessor here tolerates missing data instead of raising.
 """
@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness.errors import UserError
-from harness.report.units import DASH, dig, fmt_bytes, fmt_int, fmt_ms, fmt_num, fmt_signed, is_number
+from harness.report import schema
+from harness.report.schema import RunReport
+from harness.report.units import (DASH, dig, fmt_bytes, fmt_delta_interval, fmt_int, fmt_ms, fmt_num, fmt_signed,
+                                  is_number)
 
-SCHEMA_VERSION = 1
 VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
@@ -41,29 +43,80 @@ class GatedScore:
     score: dict[str, Any]  # the scores.<evalset>.<metric> entry as written by decide
 
 
-def validate_report(report: Any, where: str) -> None:
-    """Check the shape the renderers rely on; one UserError naming every problem."""
-    if not isinstance(report, dict):
-        raise UserError(f"{where}: expected a JSON object at the top level; re-run `quantgate run` to rewrite it")
-    problems: list[str] = []
-    version = report.get("schema_version")
-    if version != SCHEMA_VERSION:
-        problems.append(f"field 'schema_version': is {version!r}, this quantgate reads {SCHEMA_VERSION}")
-    formats = report.get("formats")
-    if not isinstance(formats, dict) or not formats:
-        problems.append("field 'formats': missing or empty; a run report holds one entry per format")
+VERDICT_COLUMNS = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]",
+                   "vLLM flags")
+
+
+@dataclass(frozen=True)
+class GatedFigure:
+    """One gated metric of a verdict-table row: the baseline's value, or a candidate's delta and its status."""
+
+    label: str  # "evalset/metric"
+    figure: str  # "61.2" for the baseline, "-1.2 [-3.0, +0.5]" for a candidate
+    status: str  # "pass", "fail", "inconclusive"; "" for the baseline
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """One format's row of the verdict table, as plain text (the renderers escape and mark it up)."""
+
+    anchor: int  # the format's place in the report (its section's id)
+    name: str
+    is_baseline: bool
+    verdict: str
+    peak: str  # "9.85 GiB (cuda)"
+    weights: str
+    tpot_p50: str
+    error: str | None  # a failed format's error
+    gated: list[GatedFigure]
+    vllm_flags: str  # "" when none
+
+
+def verdict_rows(report: dict[str, Any]) -> list[VerdictRow]:
+    return [_verdict_row(report, index, name, fmt) for index, (name, fmt) in enumerate(formats_in_order(report))]
+
+
+def _verdict_row(report: dict[str, Any], index: int, name: str, fmt: dict[str, Any]) -> VerdictRow:
+    memory = fmt.get("memory") or {}
+    peak = fmt_bytes(memory.get("peak_bytes"))
+    if peak != DASH and memory.get("device"):
+        peak += f" ({memory['device']})"
+    tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
+    baseline = fmt.get("role") == "baseline"
+    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", fmt_num(gs.score.get("value")) if baseline
+                         else fmt_delta_interval(gs.score), "" if baseline else str(gs.score.get("status") or ""))
+             for gs in gated_scores(report, fmt)]
+    error = (fmt.get("error") or "no error recorded") if fmt.get("status") == "failed" else None
+    return VerdictRow(index, name, baseline, verdict_of(fmt), peak, fmt_bytes(memory.get("weights_bytes")), fmt_ms(tpot),
+                      error, gated, str(dig(fmt, "capacity", "vllm_flags") or ""))
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """A piece of a sentence the renderers print: `data` (a format name, the producer's words) is escaped by the
+    renderer, template text is not; `strong` pieces are bold."""
+
+    text: str
+    strong: bool = False
+    data: bool = False
+
+
+NO_RECOMMENDATION = "no candidate format is GO; keep serving the baseline"
+
+
+def recommendation_sentence(report: dict[str, Any]) -> list[Phrase]:
+    """'Recommendation: ship FORMAT: WHY. Runner-up: NAME.', built once for both renderers."""
+    rec = report.get("recommendation") or {}
+    choice, why, runner_up = rec.get("format"), str(rec.get("why") or ""), rec.get("runner_up")
+    phrases = [Phrase("Recommendation:", strong=True)]
+    if choice:
+        phrases += [Phrase(" ship "), Phrase(str(choice), strong=True, data=True)]
+        phrases += [Phrase(": "), Phrase(why, data=True)] if why else [Phrase(".")]
     else:
-        for name, fmt in formats.items():
-            if not isinstance(fmt, dict):
-                problems.append(f"field 'formats.{name}': expected an object")
-            elif not isinstance(fmt.get("scores") or {}, dict):
-                problems.append(f"field 'formats.{name}.scores': expected an object")
-            elif not isinstance(fmt.get("checks") or [], list):
-                problems.append(f"field 'formats.{name}.checks': expected a list")
-    if not isinstance(report.get("evalsets") or {}, dict):
-        problems.append("field 'evalsets': expected an object")
-    if problems:
-        raise UserError(f"{where}: {problems[0]}; re-run `quantgate run` to rewrite it", problems=problems[1:])
+        phrases += [Phrase(" "), Phrase(why, data=True) if why else Phrase(NO_RECOMMENDATION)]
+    if runner_up:
+        phrases += [Phrase(" Runner-up: "), Phrase(str(runner_up), data=True), Phrase(".")]
+    return phrases
 
 
 def load_samples(path: Path) -> list[dict[str, Any]]:
@@ -99,6 +152,13 @@ def formats_in_order(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     return [(name, formats[name]) for name in order]
 
 
+def ordered_format_names(report: RunReport) -> list[str]:
+    """formats_in_order for a parsed report: baseline first, then the order the run was asked for."""
+    requested = [f for f in report.settings.formats if f in report.formats]
+    order = requested + [f for f in report.formats if f not in requested]
+    return sorted(order, key=lambda name: 0 if report.formats[name].role == "baseline" else 1)  # stable
+
+
 def baseline_name(report: dict[str, Any]) -> str | None:
     for name, fmt in formats_in_order(report):
         if fmt.get("role") == "baseline":
@@ -129,6 +189,36 @@ def iter_scores(fmt: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
                 yield evalset, metric, score
 
 
+BASELINE_SCORE_COLUMNS = ("Evalset", "Metric", "Score", "n")
+SCORE_COLUMNS = ("Evalset", "Metric", "Score", "Delta [95% CI]", "Margin", "MDE", "p", "Method", "Status")
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One row of a format's scores table, as plain text (the baseline's rows use evalset to n only)."""
+
+    evalset: str
+    metric: str
+    gated: bool
+    score: str
+    n: str
+    delta: str  # "-1.2 [-3.0, +0.5]"
+    margin: str
+    mde: str
+    p_value: str
+    method: str
+    status: str  # "pass", "fail", "inconclusive"; "" when none
+
+
+def score_rows(fmt: dict[str, Any]) -> list[ScoreRow]:
+    """Every score of one format, gated metrics first (they decide the verdict)."""
+    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
+    return [ScoreRow(evalset, metric, bool(score.get("gated")), fmt_num(score.get("value")), fmt_int(score.get("n")),
+                     fmt_delta_interval(score), fmt_num(score.get("margin")), fmt_num(score.get("mde")),
+                     fmt_num(score.get("p_value"), 3), str(score.get("method") or DASH), str(score.get("status") or ""))
+            for evalset, metric, score in scores]
+
+
 def gated_scores(report: dict[str, Any], fmt: dict[str, Any]) -> list[GatedScore]:
     """Scores marked gated by decide; for the baseline (never marked) the spec's gate metrics."""
     marked = [GatedScore(e, m, s) for e, m, s in iter_scores(fmt) if s.get("gated")]
@@ -140,16 +230,6 @@ def gated_scores(report: dict[str, Any], fmt: dict[str, Any]) -> list[GatedScore
 def verdict_of(fmt: dict[str, Any]) -> str:
     verdict = fmt.get("verdict")
     return verdict if verdict in VERDICTS else "NO-GO" if fmt.get("status") == "failed" else str(verdict or "?")
-
-
-def exit_code_of(report: dict[str, Any]) -> int:
-    """The run's recorded exit code (decide applies the policy, e.g. inconclusive_is = "pass");
-    when absent, 0 if every candidate is GO, else 1."""
-    recorded = report.get("exit_code")
-    if recorded in (0, 1) and not isinstance(recorded, bool):
-        return int(recorded)
-    cands = candidates(report)
-    return 0 if cands and all(verdict_of(fmt) == "GO" for _, fmt in cands) else 1
 
 
 # --- plain-text figures shared by the Markdown and HTML renderers (they escape them) --------
@@ -631,8 +711,8 @@ def artifact_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def load_report(run_dir: Path) -> dict[str, Any]:
-    """RUN_DIR/report.json, checked; every problem a one-line UserError."""
+def load_report(run_dir: Path) -> RunReport:
+    """RUN_DIR/report.json (or that file itself), parsed; every problem a one-line UserError."""
     run_dir = Path(run_dir)
     path = run_dir if run_dir.name == "report.json" and run_dir.is_file() else run_dir / "report.json"
     if not path.parent.is_dir():
@@ -641,17 +721,4 @@ def load_report(run_dir: Path) -> dict[str, Any]:
         raise UserError(
             f"{path}: not found; pass the output directory of `quantgate run` (it holds report.json and samples.jsonl)"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-run `quantgate run`") from exc
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); re-run `quantgate run` to rewrite it"
-        ) from exc
-    validate_report(report, str(path))
-    return report
+    return schema.load_report(path)

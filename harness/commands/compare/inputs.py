@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.report.schema import READABLE_SCHEMA_VERSIONS
 
-# Report schemas this comparison reads (pipeline.REPORT_SCHEMA_VERSION writes the last). A later one is refused,
-# not guessed at: when the schema is bumped, add the new version here once the comparison reads its fields.
-SUPPORTED_SCHEMA_VERSIONS = (1,)
-SCHEMA_VERSION = SUPPORTED_SCHEMA_VERSIONS[-1]
+# Report schemas this comparison reads: those the schema reads (the producer writes SCHEMA_VERSION; version 1
+# differs only in the checks' `reason`, which the comparison does not read). A later one is refused, not guessed at.
+SUPPORTED_SCHEMA_VERSIONS = READABLE_SCHEMA_VERSIONS
 REPORT_NAME = "report.json"
 PASS_A_REPORT = "pass the report.json of a quantgate run (or its output directory)"
 
@@ -74,7 +74,7 @@ def _created_at(run: Run) -> datetime:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    """A quantgate report (schema_version 1), or a UserError naming the file and what is wrong with it."""
+    """A quantgate report (schema_version 1 or 2), or a UserError naming the file and what is wrong with it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except IsADirectoryError:
