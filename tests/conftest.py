@@ -13,7 +13,7 @@ NOISE = ("Failed to load", "MatMul8bitLt", "Traceback", "GPT-QModel", "UserWarni
 
 def quantgate(*args: str, cache: Path, timeout: float = 1800, check_codes=(0, 1),
               env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, QUANTGATE_CACHE=str(cache), PYTHONPATH=str(ROOT), **(env or {}))
+    env = {**os.environ, "QUANTGATE_CACHE": str(cache), "PYTHONPATH": str(ROOT), **(env or {})}
     result = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=timeout)
     if check_codes is not None and result.returncode not in check_codes:

@@ -41,7 +41,7 @@ def test_every_format_of_the_demo_recipe_runs(request, which):
 
 def test_report_has_every_key_filled_with_measured_numbers(demo_run):
     out, report, result = demo_run
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
     assert report["model"]["source"] == "demo" and report["model"]["fingerprint"].startswith("sha256:")
     assert "dequantized Q4_1" in report["model"]["note"]
     assert set(report["formats"]) == set(FORMATS)
