@@ -140,3 +140,28 @@ def test_candidates_are_judged_like_the_built_in_formats(candidates_run):
     assert "Traceback" not in result.stderr
     markdown = (out / "report.md").read_text()
     assert "hub-awq" in markdown and "broken-gptq" in markdown
+
+
+def test_cuda_only_layouts_are_not_runnable_on_a_cpu(tmp_path):
+    from harness.external import not_runnable_here
+
+    directory = tmp_path / "marlin"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"\0" * 8)
+    (directory / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}}))
+    candidate = read_candidate("marlin", str(directory))
+    assert "only CUDA kernels read it" in not_runnable_here(candidate, cuda=False)
+    assert not_runnable_here(candidate, cuda=True) is None
+
+
+def test_a_quantized_baseline_is_named_in_every_verdict():
+    from types import SimpleNamespace
+
+    from harness.report.build import comparison_notes
+
+    inputs = SimpleNamespace(model_config={"quantization_config": {"quant_method": "awq", "bits": 4}},
+                             candidate_notes={"hub": ["tokenizer differs from the baseline's (another chat template)"]})
+    notes = comparison_notes(inputs, "hub")
+    assert notes[0].startswith("tokenizer differs") and "compared with a quantized baseline (awq 4-bit" in notes[1]
+    assert comparison_notes(SimpleNamespace(model_config={}, candidate_notes={}), "gptq") == []

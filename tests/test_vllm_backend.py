@@ -103,6 +103,10 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
     # Same token ids in both backends: vLLM's own prompt token count equals the transformers run's, item by item.
     _, transformers_report, _ = demo_run
     assert base["generation"]["items"] == transformers_report["formats"]["baseline"]["generation"]["items"]
+    served_tokens, local_tokens = _prompt_tokens(demo_cache_of(out, report))
+    shared = set(served_tokens) & set(local_tokens)
+    assert len(shared) >= base["generation"]["items"]
+    assert all(served_tokens[k] == local_tokens[k] for k in shared), "the backends saw different prompts"
     served_samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["format"] for s in served_samples} >= {"baseline", "int8"}
     baseline_predictions = [s["prediction"] for s in served_samples if s["format"] == "baseline"]
@@ -140,6 +144,23 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
         assert same >= 0.8 * len(by_format["gptq"]), (same, len(by_format["gptq"]))
     assert "Traceback" not in result.stderr
     assert not _servers_left(), "a vLLM server outlived the run"
+
+
+def demo_cache_of(out: Path, report: dict) -> Path:
+    """The cache the run used: its artifacts live there (report.json names their paths)."""
+    return Path(report["formats"]["gptq"]["artifact"]["path"]).parents[1]
+
+
+def _prompt_tokens(cache: Path) -> tuple[dict, dict]:
+    """(evalset, id, prompt tokens) as vLLM counted them (its usage.prompt_tokens) and as the transformers backend
+    counted them (the ids it generated from), over every cached generation."""
+    served, local = {}, {}
+    for path in (cache / "results").glob("generate-*.json"):
+        result = json.loads(path.read_text())
+        target = served if result.get("backend") == "vllm" else local
+        for output in result.get("outputs") or []:
+            target.setdefault((result["evalset"], output["id"]), set()).add(output["prompt_tokens"])
+    return served, local
 
 
 def _servers_left() -> list[int]:
