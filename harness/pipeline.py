@@ -95,7 +95,7 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
     evaluation = evaluate_formats(inputs, runs)
     report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
-    write_outputs(inputs.out_dir, report, evaluation.samples)
+    report = write_outputs(inputs.out_dir, report, evaluation.samples)
     return report, 130 if interrupted else report["exit_code"]
 
 
@@ -596,9 +596,13 @@ def environment() -> dict:
     return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
 
 
-def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> None:
+def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> dict:
+    """samples.jsonl, report.json, and the reports rendered from report.json as written (JSON types: the typed
+    readers validate exactly what a later `quantgate report` or `compare` will read). Returns that report."""
     from harness.report import write_reports
 
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
     atomic_write_json(out_dir / "report.json", report)
-    write_reports(out_dir, report)
+    written = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    write_reports(out_dir, written)
+    return written
