@@ -111,10 +111,11 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
                                "prompts": [[p.item_id, list(p.ids), p.max_new_tokens] for p in prompts]})
         path = cache_dir("results") / f"generate-{gen_key}.json"
         generations[evalset.name] = {"path": str(path), "key": gen_key}
-        cached = read_json(path)
+        cached = read_json(path) if endpoint_url is None else None
         if not (reusable(path) and isinstance(cached, dict) and "outputs" in cached):
             pending.append((evalset, prompts, gen_key, path))
-    cached_block = read_json(block_path)
+    # A server the user runs may serve another build tomorrow under the same URL: it is asked anew every run.
+    cached_block = read_json(block_path) if endpoint_url is None else None
     if not pending and reusable(block_path) and isinstance(cached_block, dict) and "status" in cached_block:
         progress.say(f"{served.name}: reusing served results (vLLM)")
         return cached_block
