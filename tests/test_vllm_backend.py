@@ -81,7 +81,7 @@ def test_avx2_cpu_refuses_4bit_before_loading(vllm_install, demo_cache):
 
 @pytest.fixture(scope="session")
 def served_run(vllm_install, demo_run, demo_cache, tmp_path_factory):
-    from test_external import _checkpoint_like
+    from test_pipeline_external import _checkpoint_like
 
     out = tmp_path_factory.mktemp("served-run")
     gptq = next(p for p in (demo_cache / "artifacts").iterdir() if p.name.startswith("gptq-") and p.is_dir())

@@ -1,4 +1,7 @@
-"""Checkpoints quantgate did not make (--candidate NAME=PATH), with real checkpoints: the demo model and the GPTQ
+"""(Named to run after test_pipeline_e2e: its fixture needs demo_run, and test_faults clears the shared cache's
+results, which test_pipeline_e2e's second-identical-run check must find filled.)
+
+Checkpoints quantgate did not make (--candidate NAME=PATH), with real checkpoints: the demo model and the GPTQ
 (AutoGPTQ v1 layout) and AWQ (GEMM) checkpoints GPTQModel wrote in the demo_run fixture's cache, copied without
 quantgate's manifest so that nothing but their own files says what they are."""
 
