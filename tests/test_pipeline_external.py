@@ -104,9 +104,11 @@ def _corrupt_scales(source: Path, target: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def candidates_run(demo_run, demo_cache, tmp_path_factory):
-    artifacts = demo_cache / "artifacts"
-    gptq = next(p for p in artifacts.iterdir() if p.name.startswith("gptq-") and p.is_dir())
-    awq = next(p for p in artifacts.iterdir() if p.name.startswith("awq-") and p.is_dir())
+    # The artifacts demo_run used, which this run's gptq and awq reuse: the cache also holds others by now
+    # (demo_run_no_bf16's float32 calibration), and the first one listed is not necessarily the same.
+    formats = demo_run[1]["formats"]
+    gptq, awq = (Path(formats[name]["artifact"]["path"]) for name in ("gptq", "awq"))
+    assert gptq.is_dir() and awq.is_dir(), (gptq, awq)
     where = tmp_path_factory.mktemp("candidates")
     hub_gptq = _checkpoint_like(gptq, where / "hub-gptq")
     hub_awq = _checkpoint_like(awq, where / "hub-awq")
@@ -128,6 +130,8 @@ def test_candidates_are_judged_like_the_built_in_formats(candidates_run):
         entry = formats[candidate]
         assert entry["status"] == "ok", entry["error"]
         assert "quantize" not in entry["stages_run"]  # evaluated as given, never re-quantized
+        weights = (Path(entry["artifact"]["path"]) / "model.safetensors").resolve()
+        assert weights.parent == Path(formats[built_in]["artifact"]["path"]).resolve()  # the built-in's weights
         assert entry["scores"] == formats[built_in]["scores"] and entry["verdict"] == formats[built_in]["verdict"]
         manifest = entry["artifact"]["manifest"]
         assert manifest["engine"] == "external" and manifest["files"]["model.safetensors"].startswith("sha256:")
