@@ -9,8 +9,22 @@ import pytest
 
 from harness.commands import compare
 from harness.errors import UserError
+from harness.report.schema import parse_report
 
 GIB = 1024**3
+EXAMPLE = Path(__file__).parent / "fixtures" / "run_example" / "report.json"
+
+
+def example(**edits) -> dict:
+    """tests/fixtures/run_example/report.json (int8 GO, gptq INCONCLUSIVE, awq failed), edited in place."""
+    report = json.loads(EXAMPLE.read_text(encoding="utf-8"))
+    for key, value in edits.items():
+        report[key] = value
+    return report
+
+
+def parsed(report: dict):
+    return parse_report(report, "test report")
 
 
 def score(value, delta=None, status=None):
@@ -29,19 +43,22 @@ def fmt(verdict, f1, delta=None, status=None, peak=None, ttft=None, reasons=()):
         "memory": {"device": "cpu", "peak_bytes": peak},
         "latency": {"ttft_ms": {"p50": None, "p95": ttft}, "tpot_ms": {"p50": None, "p95": 20.0}},
         "scores": {"en_faq": {"f1": score(f1, delta, status)}},
+        "artifact": None,
+        "capacity": None,
+        "generation": None,
     }
 
 
-OLD = {
-    "schema_version": 1,
-    "formats": {
+OLD = example(  # a version-1 report (latency as the top-level copies only) with these formats
+    schema_version=1,
+    formats={
         "baseline": fmt("BASELINE", 60.0, peak=2 * GIB, ttft=100.0),
         "int8": fmt("GO", 59.5, -0.5, "pass", peak=GIB, ttft=150.0),
         "gptq": fmt("GO", 59.0, -1.0, "pass", peak=GIB // 2, ttft=80.0),
         "awq": fmt("INCONCLUSIVE", 58.0, -2.0, "inconclusive", peak=GIB // 2, ttft=80.0),
     },
-    "recommendation": {"format": "gptq", "why": "...", "runner_up": "int8"},
-}
+    recommendation={"format": "gptq", "why": "...", "runner_up": "int8"},
+)
 
 
 def new_report():
@@ -121,7 +138,7 @@ def test_a_go_format_missing_from_the_new_report_is_a_regression(tmp_path, capsy
 def test_go_to_inconclusive_also_exits_1():
     new = copy.deepcopy(OLD)
     new["formats"]["int8"]["verdict"] = "INCONCLUSIVE"
-    changes = compare.compare_reports(OLD, new)
+    changes = compare.compare_reports(parsed(OLD), parsed(new))
     assert changes.regressed == ["int8"]
 
 
@@ -151,16 +168,9 @@ def test_missing_report_is_a_user_error(tmp_path):
 
 # --- real reports: comparability, failed formats, trends ------------------------------------------------------
 
-EXAMPLE = Path(__file__).parent / "fixtures" / "run_example" / "report.json"
 ARROW = "\u2192"
-
-
-def example(**edits) -> dict:
-    """tests/fixtures/run_example/report.json (int8 GO, gptq INCONCLUSIVE, awq failed), edited in place."""
-    report = json.loads(EXAMPLE.read_text(encoding="utf-8"))
-    for key, value in edits.items():
-        report[key] = value
-    return report
+CALIBRATION = {"source": "bundled corpus", "texts": 128, "tokens_mean": 301.5, "tokens_min": 257,
+               "hash": "sha256:" + "4" * 64, "overlap": None}
 
 
 def edited(edit) -> dict:
@@ -240,8 +250,9 @@ WARNINGS = [
      f"gptq recipe group_size: 128 {ARROW} 64"),
     (lambda r: r["formats"]["gptq"]["artifact"]["manifest"].__setitem__("calibration_hash", "sha256:" + "2" * 64),
      f"gptq calibration hash: sha256:77a0c1d2e3f4\u2026 {ARROW} sha256:222222222222\u2026"),
-    (lambda r: r["formats"]["gptq"].__setitem__("calibration", {"source": "bundled corpus", "texts": 128}),
-     f'gptq calibration: (not recorded) {ARROW} {{"source": "bundled corpus", "texts": 128}}'),
+    (lambda r: r["formats"]["gptq"].__setitem__("calibration", dict(CALIBRATION)),
+     f'gptq calibration: (not recorded) {ARROW} {{"hash": "sha256:{"4" * 64}", "overlap": null, '
+     f'"source": "bundled corpus", "texts": 128, "tokens_mean": 301.5, "tokens_min": 257}}'),
 ]
 
 
@@ -253,9 +264,6 @@ def test_setting_and_version_changes_are_warnings_printed_first(tmp_path, capsys
     assert lines[-1] == "no changes in verdicts, scores, memory or latency"
 
 
-CALIBRATION = {"source": "bundled corpus", "texts": 128, "tokens_mean": 301.5, "tokens_min": 257, "overlap": 0}
-
-
 def test_calibration_is_compared_when_both_have_it(tmp_path, capsys):
     old, new = example(), example()
     for report in (old, new):
@@ -265,7 +273,7 @@ def test_calibration_is_compared_when_both_have_it(tmp_path, capsys):
     lines = lines_of(capsys.readouterr().out)
     assert lines[1:4] == ["Warnings:", f"gptq calibration source: bundled corpus {ARROW} /data/traffic-sample.jsonl",
                           f"gptq calibration tokens_min: 257 {ARROW} 12"]
-    assert compare.find_differences(old, old) == []  # the same block is no difference
+    assert compare.find_differences(parsed(old), parsed(old)) == []  # the same block is no difference
 
 
 def test_recipe_change_warns_and_reports_the_score_changes(tmp_path, capsys):
@@ -288,6 +296,13 @@ def test_a_go_format_that_failed_is_a_regression_whatever_its_verdict_says(tmp_p
     lines = lines_of(capsys.readouterr().out)
     assert f"int8: GO {ARROW} NO-GO (status failed: int8 measure: worker exited with signal 9)" in lines
     assert lines[-1] == "no longer GO: int8"
+
+
+def test_latency_changes_read_batch_1_before_the_deprecated_top_level_copy(tmp_path, capsys):
+    new = example()
+    new["formats"]["int8"]["latency"]["batch_1"]["ttft_ms"]["p95"] = 84.7  # the copy still says 77.0
+    assert run_compare(write(tmp_path, "old.json", example()), write(tmp_path, "new.json", new)) == 0
+    assert f"int8 TTFT p95: 77.0 ms {ARROW} 84.7 ms (+10.0%)" in lines_of(capsys.readouterr().out)
 
 
 def test_real_report_against_itself_has_no_changes(capsys):

@@ -32,7 +32,7 @@ def render_trend_html(trend: Trend, regressed: list[str], plot: Plot | None = No
 
     plot = render_trend_plot(trend) if plot is None else plot
     last = trend.runs[-1].report
-    model = (last.get("model") or {}).get("source") or (last.get("model") or {}).get("path") or "model"
+    model = last.model.source or last.model.path or "model"
     body = [f"<header><h1>quantgate trend: {e(model)}</h1><p class=\"sub\">{len(trend.runs)} runs, "
             f"{e(trend.runs[0].created_at)} to {e(trend.runs[-1].created_at)}</p></header>"]
     if regressed:
@@ -120,7 +120,7 @@ def render_trend_plot(trend: Trend) -> Plot | None:
 
 def _draw(trend: Trend, formats: list[FormatTrend]) -> Any:
     xs = list(range(1, len(trend.runs) + 1))
-    ticks = [f"#{i}\n{(run.created_at or '')[:10]}" for i, run in zip(xs, trend.runs)]
+    ticks = [f"#{i}\n{run.created_at[:10]}" for i, run in zip(xs, trend.runs)]
     figure = _figure(8.0, 0.8 + 2.4 * len(formats))
     axes = figure.subplots(len(formats), 1, squeeze=False)[:, 0]
     for ax, fmt in zip(axes, formats):

@@ -8,10 +8,9 @@ NO-GO whatever verdict it carries).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from harness.commands.compare.comparability import ARROW, Difference, find_differences
 from harness.decide import format_bytes, format_ms, num, signed
+from harness.report.schema import FormatResult, Latency, LatencyStats, Memory, RunReport, ScoreEntry
 
 VALUE_TOLERANCE = 0.05  # score points; smaller changes print as 0.0 and are float noise
 
@@ -35,22 +34,22 @@ class Comparison:
                 ("Latency", self.latency), ("Recommendation", self.recommendation)]
 
 
-def effective_verdict(entry: dict[str, Any]) -> str:
-    """The verdict, except that a format which did not run to the end ("status" other than "ok") is NO-GO."""
-    return entry["verdict"] if entry.get("status") in (None, "ok") else "NO-GO"
+def effective_verdict(entry: FormatResult) -> str:
+    """The verdict, except that a format which did not run to the end (status other than "ok") is NO-GO."""
+    return entry.verdict if entry.status == "ok" else "NO-GO"
 
 
-def compare_reports(old: dict[str, Any], new: dict[str, Any]) -> Comparison:
+def compare_reports(old: RunReport, new: RunReport) -> Comparison:
     verdicts: list[str] = []
     scores: list[str] = []
     memory: list[str] = []
     latency: list[str] = []
     regressed: list[str] = []
-    old_formats, new_formats = old["formats"], new["formats"]
+    old_formats, new_formats = old.formats, new.formats
     for name in [*old_formats, *(n for n in new_formats if n not in old_formats)]:
         before, after = old_formats.get(name), new_formats.get(name)
         if before is None:
-            verdicts.append(f"{name}: (new) {effective_verdict(after)}")
+            verdicts.append(f"{name}: (new) {effective_verdict(new_formats[name])}")
             continue
         was = effective_verdict(before)
         if after is None:
@@ -63,60 +62,69 @@ def compare_reports(old: dict[str, Any], new: dict[str, Any]) -> Comparison:
             verdicts.append(f"{name}: {was} {ARROW} {now}{_why(after) if now != 'GO' else ''}")
             if was == "GO":
                 regressed.append(name)
-        scores.extend(_score_changes(name, before.get("scores") or {}, after.get("scores") or {}))
-        memory.extend(_memory_changes(name, before.get("memory") or {}, after.get("memory") or {}))
-        latency.extend(_latency_changes(name, before.get("latency") or {}, after.get("latency") or {}))
-    rec_before = (old.get("recommendation") or {}).get("format")
-    rec_after = (new.get("recommendation") or {}).get("format")
+        scores.extend(_score_changes(name, before.scores, after.scores))
+        memory.extend(_memory_changes(name, before.memory, after.memory))
+        latency.extend(_latency_changes(name, before.latency, after.latency))
+    rec_before, rec_after = old.recommendation.format, new.recommendation.format
     recommendation = [] if rec_before == rec_after else [f"{rec_before or 'none'} {ARROW} {rec_after or 'none'}"]
     return Comparison(find_differences(old, new), verdicts, scores, memory, latency, recommendation, regressed)
 
 
-def _why(entry: dict[str, Any]) -> str:
-    reasons = [r for r in entry.get("reasons") or [] if isinstance(r, str)]
-    if not reasons and entry.get("status") not in (None, "ok"):
-        reasons = [f"status {entry['status']}: {entry.get('error') or 'no error message'}"]
+def _why(entry: FormatResult) -> str:
+    reasons = list(entry.reasons)
+    if not reasons and entry.status != "ok":
+        reasons = [f"status {entry.status}: {entry.error or 'no error message'}"]
     return f" ({reasons[0]}{'; …' if len(reasons) > 1 else ''})" if reasons else ""
 
 
-def _score_changes(name: str, before: dict, after: dict) -> list[str]:
+Scores = dict[str, dict[str, ScoreEntry]]
+
+
+def _score_changes(name: str, before: Scores, after: Scores) -> list[str]:
     lines = []
     for evalset in [*before, *(e for e in after if e not in before)]:
-        old_metrics, new_metrics = before.get(evalset) or {}, after.get(evalset) or {}
+        old_metrics, new_metrics = before.get(evalset, {}), after.get(evalset, {})
         for metric in [*old_metrics, *(m for m in new_metrics if m not in old_metrics)]:
-            was, now = old_metrics.get(metric) or {}, new_metrics.get(metric) or {}
+            was, now = old_metrics.get(metric), new_metrics.get(metric)
             label = f"{name} {evalset}/{metric}"
-            if not was or not now:
+            if was is None or now is None:
                 lines.append(f"{label}: {'only in the new report' if now else 'not in the new report'}")
                 continue
             parts = []
-            if _moved(was.get("value"), now.get("value")):
-                parts.append(f"{num(was.get('value'))} {ARROW} {num(now.get('value'))}"
-                             f"{_change(was.get('value'), now.get('value'))}")
-            if _moved(was.get("delta"), now.get("delta")):
-                parts.append(f"delta vs baseline {signed(was.get('delta'))} {ARROW} {signed(now.get('delta'))}")
-            if was.get("status") != now.get("status"):
-                parts.append(f"{was.get('status') or 'not gated'} {ARROW} {now.get('status') or 'not gated'}")
+            if _moved(was.value, now.value):
+                parts.append(f"{num(was.value)} {ARROW} {num(now.value)}{_change(was.value, now.value)}")
+            if _moved(was.delta, now.delta):
+                parts.append(f"delta vs baseline {signed(was.delta)} {ARROW} {signed(now.delta)}")
+            if was.status != now.status:
+                parts.append(f"{was.status or 'not gated'} {ARROW} {now.status or 'not gated'}")
             if parts:
                 lines.append(f"{label}: " + "; ".join(parts))
     return lines
 
 
-def _memory_changes(name: str, before: dict, after: dict) -> list[str]:
-    was, now = before.get("peak_bytes"), after.get("peak_bytes")
+def _memory_changes(name: str, before: Memory | None, after: Memory | None) -> list[str]:
+    was = before.peak_bytes if before else None
+    now = after.peak_bytes if after else None
     if was == now:
         return []
     return [f"{name} peak memory: {format_bytes(was)} {ARROW} {format_bytes(now)}{_percent(was, now)}"]
 
 
-def _latency_changes(name: str, before: dict, after: dict) -> list[str]:
+def _latency_changes(name: str, before: Latency | None, after: Latency | None) -> list[str]:
     lines = []
-    for key, label in (("ttft_ms", "TTFT p95"), ("tpot_ms", "TPOT p95")):
-        was = (before.get(key) or {}).get("p95")
-        now = (after.get(key) or {}).get("p95")
+    for kind, label in (("ttft_ms", "TTFT p95"), ("tpot_ms", "TPOT p95")):
+        was, now = _p95(before, kind), _p95(after, kind)
         if was != now:
             lines.append(f"{name} {label}: {format_ms(was)} {ARROW} {format_ms(now)}{_percent(was, now)}")
     return lines
+
+
+def _p95(latency: Latency | None, kind: str) -> float | None:
+    """The batch-1 p95 of TTFT or TPOT: from batch_1, else the deprecated top-level copy older reports carry."""
+    if latency is None:
+        return None
+    stats: LatencyStats | None = getattr(latency.batch_1, kind) if latency.batch_1 else getattr(latency, kind)
+    return stats.p95 if stats else None
 
 
 def _moved(was: float | None, now: float | None) -> bool:

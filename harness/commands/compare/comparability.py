@@ -25,6 +25,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
+from harness.report.schema import Artifact, Device, EvalsetInfo, FormatResult, Model, RunReport
+
 ARROW = "\u2192"
 INCOMPARABLE, WARNING = True, False
 
@@ -48,85 +52,96 @@ class Difference:
         return f"{self.what}: {show(self.old)} {ARROW} {show(self.new)}"
 
 
-def find_differences(old: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
+def find_differences(old: RunReport, new: RunReport) -> list[Difference]:
     """Every difference between the two runs' inputs and settings, incomparable ones first."""
     found = [
-        *_model(old, new),
+        *_model(old.model, new.model),
         *_evalsets(old, new),
-        *_diff("device", _pick(old.get("device"), "kind", "name", "threads"),
-               _pick(new.get("device"), "kind", "name", "threads"), WARNING),
-        *_diff("environment", old.get("environment"), new.get("environment"), WARNING),
-        *_diff("policy", old.get("policy"), new.get("policy"), WARNING),
-        *_formats(old.get("formats") or {}, new.get("formats") or {}),
+        *_diff("device", _device(old.device), _device(new.device), WARNING),
+        *_diff("environment", old.environment, new.environment, WARNING),
+        *_diff("policy", _recorded_block(old.policy), _recorded_block(new.policy), WARNING),
+        *_formats(old.formats, new.formats),
     ]
     return sorted(found, key=lambda d: not d.incomparable)  # stable: incomparable first, each group in order
 
 
-def _model(old: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
-    before, after = old.get("model") or {}, new.get("model") or {}
-    return [*_diff("model fingerprint", before.get("fingerprint", MISSING), after.get("fingerprint", MISSING),
-                   INCOMPARABLE),
-            *_diff("model dtype", before.get("dtype", MISSING), after.get("dtype", MISSING), WARNING)]
+def _model(before: Model, after: Model) -> list[Difference]:
+    return [*_diff("model fingerprint", before.fingerprint, after.fingerprint, INCOMPARABLE),
+            *_diff("model dtype", before.dtype, after.dtype, WARNING)]
 
 
-def _evalsets(old: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
-    before, after = old.get("evalsets") or {}, new.get("evalsets") or {}
+def _device(device: Device) -> dict[str, Any]:
+    return {"kind": device.kind, "name": device.name, "threads": device.threads}
+
+
+def _evalsets(old: RunReport, new: RunReport) -> list[Difference]:
+    before, after = old.evalsets, new.evalsets
     found = []
     for name in [*before, *(n for n in after if n not in before)]:
         if name not in after or name not in before:
             was, now = (_evaluated(before.get(name)), _evaluated(after.get(name)))
             found.append(Difference(f"evalset {name}", was, now, INCOMPARABLE))
             continue
-        for key, label in (("hash", "contents (hash)"), ("n", "items evaluated"), ("metrics", "metrics"),
-                           ("gate", "gate"), ("tokenizer", "tokenizer")):
-            found += _diff(f"evalset {name} {label}", _field(before[name], key), _field(after[name], key),
-                           INCOMPARABLE)
-        found += _diff(f"evalset {name} max_new_tokens", _max_new_tokens(old, before[name]),
-                       _max_new_tokens(new, after[name]), INCOMPARABLE)
+        was_set, now_set = before[name], after[name]
+        found += _diff(f"evalset {name} contents (hash)", was_set.hash, now_set.hash, INCOMPARABLE)
+        found += _diff(f"evalset {name} items evaluated", was_set.n, now_set.n, INCOMPARABLE)
+        found += _diff(f"evalset {name} metrics", sorted(was_set.metrics), sorted(now_set.metrics),
+                       INCOMPARABLE)  # sorted: their order is no change
+        found += _diff(f"evalset {name} gate", sorted(was_set.gate), sorted(now_set.gate), INCOMPARABLE)
+        found += _diff(f"evalset {name} tokenizer", was_set.tokenizer, now_set.tokenizer, INCOMPARABLE)
+        found += _diff(f"evalset {name} max_new_tokens", _max_new_tokens(old, was_set),
+                       _max_new_tokens(new, now_set), INCOMPARABLE)
     return found
 
 
-def _evaluated(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "not evaluated"
-    return f"evaluated ({entry['n']} items)" if isinstance(entry.get("n"), int) else "evaluated"
+def _evaluated(entry: EvalsetInfo | None) -> str:
+    return "not evaluated" if entry is None else f"evaluated ({entry.n} items)"
 
 
-def _field(entry: dict[str, Any], key: str) -> Any:
-    value = entry.get(key, MISSING)
-    return sorted(value) if key in ("metrics", "gate") and isinstance(value, list) else value  # order is no change
-
-
-def _max_new_tokens(report: dict[str, Any], entry: dict[str, Any]) -> Any:
+def _max_new_tokens(report: RunReport, entry: EvalsetInfo) -> int:
     """What generation was allowed: the spec's max_new_tokens, capped by the run's --max-new-tokens."""
-    spec, cap = entry.get("max_new_tokens", MISSING), (report.get("settings") or {}).get("max_new_tokens")
-    return min(spec, cap) if isinstance(spec, int) and isinstance(cap, int) else spec
+    cap = report.settings.max_new_tokens
+    return entry.max_new_tokens if cap is None else min(entry.max_new_tokens, cap)
 
 
-def _formats(old: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
+def _formats(old: dict[str, FormatResult], new: dict[str, FormatResult]) -> list[Difference]:
     found = []
     for name in (n for n in old if n in new):
         before, after = old[name], new[name]
-        found += _artifact(name, before.get("artifact"), after.get("artifact"))
-        found += _diff(f"{name} compute dtype", before.get("compute_dtype", MISSING),
-                       after.get("compute_dtype", MISSING), WARNING)
-        found += _diff(f"{name} calibration", before.get("calibration"), after.get("calibration"), WARNING)
+        found += _artifact(name, before.artifact, after.artifact)
+        found += _diff(f"{name} compute dtype", _recorded(before, "compute_dtype"),
+                       _recorded(after, "compute_dtype"), WARNING)
+        found += _diff(f"{name} calibration", _recorded_block(before.calibration),
+                       _recorded_block(after.calibration), WARNING)
     return found
 
 
-def _artifact(name: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Difference]:
+def _artifact(name: str, before: Artifact | None, after: Artifact | None) -> list[Difference]:
     """Engine, versions, recipe and calibration of two artifacts; nothing when either format made none (it failed,
     and the verdicts say so)."""
-    if not before or not after:
+    if before is None or after is None:
         return []
-    was, now = before.get("manifest") or {}, after.get("manifest") or {}
-    found = _diff(f"{name} engine", was.get("engine", MISSING), now.get("engine", MISSING), WARNING)
-    found += _diff(f"{name} versions", was.get("versions"), now.get("versions"), WARNING)
-    found += _diff(f"{name} recipe", was.get("recipe"), now.get("recipe"), WARNING)
-    for key, label in (("dtype", "dtype"), ("calibration_hash", "calibration hash"),
-                       ("calibration_texts", "calibration texts")):
-        found += _diff(f"{name} {label}", was.get(key, MISSING), now.get(key, MISSING), WARNING)
+    was, now = before.manifest, after.manifest
+    found = []
+    for key, label in (("engine", "engine"), ("versions", "versions"), ("recipe", "recipe"), ("dtype", "dtype"),
+                       ("calibration_hash", "calibration hash"), ("calibration_texts", "calibration texts")):
+        found += _diff(f"{name} {label}", _recorded(was, key), _recorded(now, key), WARNING)
     return found
+
+
+def _recorded(model: BaseModel | None, key: str) -> Any:
+    """The field as the report has it, MISSING when the report does not carry it (a field with a default that an
+    older report lacks, or a key an open block such as the artifact manifest does not have)."""
+    if model is None:
+        return MISSING
+    if key in model.model_fields_set:
+        return getattr(model, key)
+    return (model.model_extra or {}).get(key, MISSING)
+
+
+def _recorded_block(block: BaseModel | None) -> dict[str, Any] | None:
+    """A block as the JSON the report carries (only the fields it wrote), compared key by key."""
+    return None if block is None else block.model_dump(mode="json", exclude_unset=True)
 
 
 def _diff(label: str, old: Any, new: Any, incomparable: bool) -> list[Difference]:
@@ -160,10 +175,6 @@ def _same(a: Any, b: Any) -> bool:
     numbers = (int, float)
     return (isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool)
             and not isinstance(b, bool) and a == b)
-
-
-def _pick(block: Any, *keys: str) -> dict[str, Any] | None:
-    return {k: block.get(k, MISSING) for k in keys} if isinstance(block, dict) else None
 
 
 def show(value: Any) -> str:

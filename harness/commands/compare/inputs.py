@@ -2,6 +2,10 @@
 
 Each argument is a report.json, a run directory holding one, or a directory of runs (its subdirectories each hold
 a report.json; they are ordered by the report's `created_at`). Every problem is one UserError naming the path.
+
+A report is read through the schema (harness/report/schema.py: a version-1 report is upgraded), after a few
+checks of its own that say what the file is when it is not a quantgate report at all (not JSON, another tool's
+JSON, a schema version this quantgate does not read, formats without verdicts).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.report.schema import READABLE_SCHEMA_VERSIONS
+from harness.report.schema import READABLE_SCHEMA_VERSIONS, RunReport, parse_report
 
 # Report schemas this comparison reads: those the schema reads (the producer writes SCHEMA_VERSION; version 1
 # differs only in the checks' `reason`, which the comparison does not read). A later one is refused, not guessed at.
@@ -25,12 +29,11 @@ PASS_A_REPORT = "pass the report.json of a quantgate run (or its output director
 @dataclass(frozen=True)
 class Run:
     path: Path  # the report.json
-    report: dict[str, Any]
+    report: RunReport
 
     @property
-    def created_at(self) -> str | None:
-        value = self.report.get("created_at")
-        return value if isinstance(value, str) else None
+    def created_at(self) -> str:
+        return self.report.created_at
 
 
 def collect_runs(paths: list[Path]) -> list[Run]:
@@ -66,15 +69,16 @@ def _runs_at(path: Path) -> list[Run]:
 
 def _created_at(run: Run) -> datetime:
     try:
-        when = datetime.fromisoformat(str(run.created_at).replace("Z", "+00:00"))
+        when = datetime.fromisoformat(run.created_at.replace("Z", "+00:00"))
     except ValueError:
         raise UserError(f"{run.path}: field 'created_at': {run.created_at!r} is not an ISO time, so the runs in "
                         f"{run.path.parent.parent} cannot be ordered; pass the reports oldest first instead") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def load_report(path: Path) -> dict[str, Any]:
-    """A quantgate report (schema_version 1 or 2), or a UserError naming the file and what is wrong with it."""
+def load_report(path: Path) -> RunReport:
+    """A quantgate report (schema_version 1 or 2) as the schema reads it, or a UserError naming the file and what
+    is wrong with it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except IsADirectoryError:
@@ -83,6 +87,13 @@ def load_report(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc}); {PASS_A_REPORT}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc}), so not a quantgate report; {PASS_A_REPORT}") from None
+    _check_is_a_report(path, data)
+    return parse_report(data, str(path))
+
+
+def _check_is_a_report(path: Path, data: Any) -> None:
+    """What the schema would word as a missing field, said as what the file is: not a quantgate report, one from
+    a quantgate version this one does not read, or formats that are not results."""
     if not isinstance(data, dict):
         raise UserError(f"{path}: not a quantgate report (expected a JSON object); {PASS_A_REPORT}")
     tool = data.get("tool")
@@ -93,17 +104,7 @@ def load_report(path: Path) -> dict[str, Any]:
         expected = " or ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
         raise UserError(f"{path}: schema_version {version!r} is not supported (expected {expected}); "
                         "compare it with the quantgate version that wrote it")
-    _check_formats(path, data.get("formats"))
-    for field in ("model", "device", "environment", "settings", "policy", "evalsets", "recommendation"):
-        if data.get(field) is not None and not isinstance(data[field], dict):
-            raise UserError(f"{path}: field '{field}': expected an object or null")
-    for name, entry in (data.get("evalsets") or {}).items():
-        if not isinstance(entry, dict):
-            raise UserError(f"{path}: evalsets.{name}: expected an object")
-    return data
-
-
-def _check_formats(path: Path, formats: Any) -> None:
+    formats = data.get("formats")
     if not isinstance(formats, dict):
         raise UserError(f"{path}: field 'formats': expected an object of formats")
     for name, entry in formats.items():

@@ -6,13 +6,12 @@ The records here are what both the text and the HTML (harness/report/trend_html.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from harness.commands.compare.changes import effective_verdict
 from harness.commands.compare.comparability import ARROW, Difference, find_differences
 from harness.commands.compare.inputs import Run
 from harness.decide import num, signed
-from harness.report.view import formats_in_order, gated_scores
+from harness.report.schema import FormatResult, RunReport, ScoreEntry
+from harness.report.view import ordered_format_names
 
 DASH = "\u2014"
 
@@ -64,7 +63,7 @@ class Trend:
 
 
 def build_trend(runs: list[Run]) -> Trend:
-    names = list(dict.fromkeys(name for run in runs for name, _ in formats_in_order(run.report)))
+    names = list(dict.fromkeys(name for run in runs for name in ordered_format_names(run.report)))
     formats = [_format_trend(name, runs) for name in names]
     pairs = [PairDifferences(i, i + 1, find_differences(runs[i].report, runs[i + 1].report))
              for i in range(len(runs) - 1)]
@@ -72,17 +71,33 @@ def build_trend(runs: list[Run]) -> Trend:
 
 
 def _format_trend(name: str, runs: list[Run]) -> FormatTrend:
-    entries: list[dict[str, Any] | None] = [run.report["formats"].get(name) for run in runs]
+    entries = [run.report.formats.get(name) for run in runs]
     verdicts = [effective_verdict(e) if e is not None else None for e in entries]
     metrics: dict[str, list[Point | None]] = {}
     for index, (run, entry) in enumerate(zip(runs, entries)):
-        for gated in gated_scores(run.report, entry) if entry is not None else []:
-            series = metrics.setdefault(f"{gated.evalset}/{gated.metric}", [None] * len(runs))
-            score = gated.score
-            series[index] = Point(score.get("value"), score.get("delta"), score.get("status"))
+        for label, score in _gated(run.report, entry) if entry is not None else []:
+            series = metrics.setdefault(label, [None] * len(runs))
+            series[index] = Point(score.value, score.delta, score.status)
     turns = [Turn(i, verdicts[i - 1], verdicts[i] or "absent") for i in range(1, len(runs))
              if verdicts[i - 1] is not None and verdicts[i] != verdicts[i - 1]]
     return FormatTrend(name, verdicts, metrics, turns)
+
+
+def _gated(report: RunReport, fmt: FormatResult) -> list[tuple[str, ScoreEntry]]:
+    """("evalset/metric", score) of the scores the verdict gated on; for the baseline (never marked gated) those
+    of each evalset's gate metrics (its first metric when it names none), as view.gated_scores picks them."""
+    scores = [(evalset, metric, score) for evalset, metrics in fmt.scores.items() for metric, score in metrics.items()]
+    marked = [(f"{e}/{m}", s) for e, m, s in scores if s.gated]
+    if marked:
+        return marked
+    return [(f"{e}/{m}", s) for e, m, s in scores if m in _gate_metrics(report, e)]
+
+
+def _gate_metrics(report: RunReport, evalset: str) -> list[str]:
+    spec = report.evalsets.get(evalset)
+    if spec is None:
+        return []
+    return spec.gate or spec.metrics[:1]
 
 
 def verdict_cell(fmt: FormatTrend, index: int) -> str:
@@ -99,7 +114,7 @@ def point_cell(point: Point | None) -> str:
 def render_trend(trend: Trend) -> list[str]:
     """The runs, then per format a row of verdicts and one row per gated metric, a column per run."""
     lines = ["Runs (oldest first):"]
-    lines += [f"  #{i + 1}  {run.created_at or '(no created_at)'}  {run.path}" for i, run in enumerate(trend.runs)]
+    lines += [f"  #{i + 1}  {run.created_at}  {run.path}" for i, run in enumerate(trend.runs)]
     lines += ["", "Trend (gated metrics: value (delta vs baseline); A\u2192B marks a verdict that turned):"]
     columns = [f"#{i + 1}" for i in range(len(trend.runs))]
     for fmt in trend.formats:
