@@ -15,7 +15,6 @@ verdict cannot be GO.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Iterable, Sequence
 
 from harness.cache import stable_hash
 from harness.errors import UserError
+from harness.jsonl import read_jsonl_numbered
 from harness.metrics.tokenizers import CJK_RE, detect_language
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "evalsets" / "calibration"
@@ -71,29 +71,34 @@ class CalibrationSet:
                 "overlap": asdict(self.overlap) if self.overlap else None}
 
 
+TEXT_OBJECT = "a JSON object with a 'text' field"
+
+
 def read_text_file(path: Path, what: str) -> list[str]:
-    """JSONL with a `text` field per line, or one text per line; errors name the file and line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} {path}: cannot read it ({exc})") from None
-    texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                value = json.loads(line)["text"]
-            except (ValueError, KeyError, TypeError):
-                raise UserError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
-            if not isinstance(value, str) or not value.strip():
-                raise UserError(f"{path}:{number}: field 'text' must be a non-empty string")
-            texts.append(value)
-        else:
-            texts.append(line)
+    """JSONL with a `text` field per line (read with harness.jsonl: a U+2028 inside a string is no line break), or
+    one text per line (lines split on "\\n" only, so such a character stays in its text); errors name the file and
+    line."""
+    if path.suffix == ".jsonl":
+        texts = [_text_field(path, number, record)
+                 for number, record in read_jsonl_numbered(path, fix=f"each line needs {TEXT_OBJECT}")]
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8-sig").split("\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"{what} {path}: cannot read it ({exc})") from None
+        texts = [line.removesuffix("\r") for line in lines if line.strip()]
     if not texts:
         raise UserError(f"{what} {path}: no calibration texts in it (one text per line, or JSONL with 'text')")
     return texts
+
+
+def _text_field(path: Path, number: int, record: dict) -> str:
+    if "text" not in record:
+        raise UserError(f"{path}:{number}: expected {TEXT_OBJECT}")
+    value = record["text"]
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{path}:{number}: field 'text' must be a non-empty string")
+    return value
 
 
 def bundled_texts(languages: Iterable[str]) -> list[str]:

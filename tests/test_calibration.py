@@ -97,6 +97,27 @@ def test_calibration_file_errors_name_file_and_line(tmp_path):
         read_text_file(empty, "--calibration")
 
 
+def test_calibration_jsonl_with_a_raw_line_separator_in_a_string_is_one_text_per_line(tmp_path):
+    path = tmp_path / "cal.jsonl"  # ensure_ascii=False writes U+2028 raw; str.splitlines() would split there
+    texts = ["first\u2028text", "second text"]
+    path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    assert read_text_file(path, "--calibration") == texts
+    plain = tmp_path / "cal.txt"  # one text per line: split on newlines only
+    plain.write_text("first\u2028text\r\n\nsecond text\n", encoding="utf-8")
+    assert read_text_file(plain, "--calibration") == texts
+
+
+def test_calibration_jsonl_lines_that_are_not_json_objects_name_the_line(tmp_path):
+    bad = tmp_path / "cal.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": "cut\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"cal\.jsonl:2: not valid JSON \(.+\); each line needs a JSON object with a "
+                                        r"'text' field$"):
+        read_text_file(bad, "--calibration")
+    bad.write_text('{"text": "fine"}\n["a list"]\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"cal\.jsonl:2: expected a JSON object, got an array"):
+        read_text_file(bad, "--calibration")
+
+
 @pytest.mark.slow
 def test_run_refuses_an_overlapping_calibration_file_before_quantizing(demo_cache, tmp_path, evalsets):
     summaries = next(e for e in evalsets if e.task == "generation" and e.language == "en")

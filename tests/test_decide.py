@@ -377,3 +377,12 @@ def test_decide_cli_malformed_lines_name_file_and_line(tmp_path, line, expected)
     with pytest.raises(UserError) as err:
         run_decide("--baseline", str(base), "--candidate", str(cand))
     assert expected in str(err.value)
+
+
+def test_score_files_with_a_raw_line_separator_in_a_string_read_one_record_per_line(tmp_path):
+    path = tmp_path / "samples.jsonl"  # ensure_ascii=False writes U+2028 raw; str.splitlines() would split there
+    rows = [{"id": "q0", "prediction": "Paris\u2028is the capital", "f1": 80.0}, {"id": "q1", "f1": 60.0}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    scores, order, _ = decide_command.read_scores(path)
+    assert scores == {"scores": {"q0": {"f1": 80.0}, "q1": {"f1": 60.0}}}
+    assert order == [("scores", "q0"), ("scores", "q1")]

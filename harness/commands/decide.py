@@ -23,6 +23,7 @@ from typing import Any
 from harness import __version__
 from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, num, signed
 from harness.errors import UserError
+from harness.jsonl import ONE_OBJECT_PER_LINE, read_jsonl_numbered
 from harness.metrics import metric_names
 from harness.policy import load_policy
 
@@ -120,28 +121,17 @@ def run(args: argparse.Namespace) -> int:
 # --- input ----------------------------------------------------------------------------------------
 
 
+SCORE_LINE = f'{ONE_OBJECT_PER_LINE}, like {{"id": "q1", "f1": 80.0}}'
+
+
 def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]], dict]:
     """group -> id -> metric -> score, the (group, id) order of the file, and group -> id -> cluster ("group")."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc}); check the path") from exc
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason}); expected JSON lines") from exc
     rows: dict[str, dict[str, dict[str, float]]] = {}
     clusters: dict[str, dict[str, str]] = {}
     first_line: dict[tuple[str, str], int] = {}
     order: list[tuple[str, str]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, record in read_jsonl_numbered(path, fix=SCORE_LINE):
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg}); expected one JSON object per line") from exc
-        if not isinstance(record, dict):
-            raise UserError(f"{where}: expected a JSON object like {{\"id\": \"q1\", \"f1\": 80.0}}")
         item_id = record.get("id")
         if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or item_id == "":
             raise UserError(f"{where}: field 'id': missing or not a string/integer; every line needs an id")
