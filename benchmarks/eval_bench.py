@@ -1,7 +1,7 @@
 """Benchmarks 1 and 2: one evalset evaluated by quantgate, by lm-evaluation-harness, and by a bare generate loop.
 
 Each side runs in its own process on the same checkpoint, dtype, thread count, batch size and max_new_tokens.
-All outputs are scored with quantgate's metric functions (harness.evalsets.score_item), so the scores compare
+All outputs are scored with quantgate's metric functions (harness.metrics.score_item), so the scores compare
 the generations, not two metric implementations.
 """
 
@@ -122,7 +122,7 @@ def profile_quantgate(model_path: Path, evalset_spec: Path, items: int, batch_si
 
 def _side(name: str, runs: list[ChildRun], evalset) -> Side:
     """Best time of each kind over the runs; outputs of the first run (every run must agree)."""
-    from harness.evalsets import score_item
+    from harness.metrics import score_item
 
     items = {item.id: item for item in evalset.items}
     predictions = {o["id"]: o["prediction"] for o in runs[0].result["outputs"]}

@@ -2,7 +2,7 @@
 
 Loads the evalset and renders the prompts (harness.pipeline.prepare_inputs), then hands the generate task that
 harness.pipeline.pending_evaluation builds to a harness.worker subprocess (model load + batched generation) and
-scores the outputs with harness.evalsets.score_item. Only the memory/latency probe is left out: lm-eval has no
+scores the outputs with harness.metrics.score_item. Only the memory/latency probe is left out: lm-eval has no
 such stage, so it would not be the same work.
 """
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"quantgate worker failed (exit {exit_.returncode}); see {exit_.log_path}")
     (evalset,) = inputs.evalsets
     result = plan.generations[evalset.name].read("outputs")
-    from harness.evalsets import score_item
+    from harness.metrics import score_item
 
     items = {item.id: item for item in evalset.items}
     scores = [score_item(evalset, items[o["id"]], o["prediction"]) for o in result["outputs"]]

@@ -18,8 +18,8 @@ from harness.evalsets import (
     load_evalsets,
     render_messages,
     render_plain,
-    score_item,
 )
+from harness.metrics import score_item
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

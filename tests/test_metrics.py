@@ -164,7 +164,7 @@ def test_detect_language_uses_the_30_percent_share():
     assert detect_language("the GPU named 北京") == "en"  # 2 CJK of 15
 
 
-def test_score_item_lives_in_metrics_and_harness_evalsets_reexports_it():
+def test_score_item_lives_in_metrics_only():
     import subprocess
     import sys
     from pathlib import Path
@@ -172,7 +172,7 @@ def test_score_item_lives_in_metrics_and_harness_evalsets_reexports_it():
     from harness import evalsets, metrics
     from harness.metrics.score import score_item
 
-    assert metrics.score_item is score_item and evalsets.score_item is score_item
+    assert metrics.score_item is score_item and not hasattr(evalsets, "score_item")  # the re-export is gone
     # harness.metrics does not import harness.evalsets (which imports it): importing it first works on its own
     code = "import sys, harness.metrics; assert 'harness.evalsets' not in sys.modules; print('ok')"
     root = Path(__file__).resolve().parents[1]

@@ -24,7 +24,6 @@ from harness.evalsets.items import (DEFAULT_ABSTAIN_PHRASES, DEFAULT_MAX_NEW_TOK
 from harness.evalsets.paths import display_path
 from harness.evalsets.prompts import ABSTAIN_REPLY, TEMPLATE_FIELDS, render_messages, render_plain
 from harness.evalsets.spec import LANGUAGES, ROW_FIELDS, SPEC_KEYS, TASKS, bare_spec, read_spec
-from harness.metrics import score_item  # re-exported for benchmarks/ until they import from harness.metrics
 
 MAX_PROBLEMS_PER_SET = 50
 
@@ -92,5 +91,4 @@ __all__ = [
     "ABSTAIN_REPLY", "DATA_FORMATS", "DEFAULT_ABSTAIN_PHRASES", "DEFAULT_MAX_NEW_TOKENS", "FEW_SHOT_KEYS",
     "LANGUAGES", "MAX_PROBLEMS_PER_SET", "ROW_FIELDS", "SPEC_KEYS", "TASKS", "TEMPLATE_FIELDS",
     "EvalItem", "EvalSet", "FewShotExample", "display_path", "load_evalsets", "render_messages", "render_plain",
-    "score_item",
 ]
