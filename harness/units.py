@@ -1,7 +1,7 @@
 """Human-readable bytes, durations and numbers: the one formatter every layer uses.
 
 The report (harness/report/units.py), the verdict reasons (harness/decide.py), the OOM reasons, `quantgate plan`
-and scripts/gpu_check.py all format through here, each with its own defaults for what a missing value reads as
+and scripts/gpu_check/ all format through here, each with its own defaults for what a missing value reads as
 and how many decimals a size gets. Imports nothing from harness, so any module can import it.
 """
 
