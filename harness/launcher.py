@@ -57,7 +57,7 @@ def worker_environment(base: Mapping[str, str]) -> dict[str, str]:
 
 def set_gptqmodel_cpu_workers(env: MutableMapping[str, str]) -> None:
     """GPTQModel asks for more CPU workers than small machines have unless told: one per core, unless `env` says.
-    The one place that sets GPTQMODEL_CPU_WORKERS (quantgate's workers; scripts/gpu_check.py's, in-process)."""
+    The one place that sets GPTQMODEL_CPU_WORKERS (quantgate's workers; scripts/gpu_check's, in-process)."""
     env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
 
 

@@ -1,7 +1,7 @@
 """Human-readable bytes, durations and numbers: the one formatter every layer uses.
 
 The report (harness/report/units.py), the verdict reasons (harness/decide.py), the OOM reasons, `quantgate plan`
-and scripts/gpu_check.py all format through here, each with its own defaults for what a missing value reads as
+and scripts/gpu_check/ all format through here, each with its own defaults for what a missing value reads as
 and how many decimals a size gets. Imports nothing from harness, so any module can import it.
 """
 
@@ -39,13 +39,14 @@ def format_bytes(value: Any, *, missing: str = DASH, digits: int | None = None, 
     return f"{int(size)} {byte_unit}"
 
 
-def format_ms(value: Any, *, missing: str = DASH, seconds: bool = True) -> str:
-    """12.34 -> '12.3 ms'; 1500 -> '1.50 s' (with seconds=False, '1500.0 ms')."""
+def format_ms(value: Any, *, missing: str = DASH, seconds: bool = True, digits: int = 1) -> str:
+    """12.34 -> '12.3 ms'; 1500 -> '1.50 s' (with seconds=False, '1500.0 ms'). `digits`: decimals of a figure
+    in ms (2 for per-token times on a GPU: '0.84 ms')."""
     if not is_number(value):
         return missing
     if seconds and value >= 1000:
         return f"{value / 1000:.2f} s"
-    return f"{value:.1f} ms"
+    return f"{value:.{digits}f} ms"
 
 
 def format_number(value: Any, digits: int = 1, *, missing: str = DASH) -> str:

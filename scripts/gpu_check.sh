@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of quantgate's memory predictions (see scripts/gpu_check.py): offline, at most 8 minutes.
+# GPU check of quantgate's memory predictions (see scripts/gpu_check/): offline, at most 8 minutes.
 # Direct measurements of a random-weight TinyLlama-shaped model (baseline, int8, gptq when GPTQModel's kernels work),
 # then `quantgate run` itself on that model (baseline,int8) with its report.json figures checked.
 # Exit codes: 0 all checks passed; 1 a check failed or a format errored; 3 no CUDA device (nothing to check);
-# 124 the 8-minute timeout hit. Extra arguments go to gpu_check.py (e.g. --formats baseline,int8,
+# 124 the 8-minute timeout hit. Extra arguments go to `python -m scripts.gpu_check` (e.g. --formats baseline,int8,
 # --harness-formats baseline, --keep-model DIR to keep the random model for a rerun).
 # GPU_CHECK_SERVED=1 adds the vLLM backend's check on the kept model (scripts/gpu_check_served.py: vLLM's KV
 # figures within 3% of the prediction, saturation holds, no server left), when a vLLM is installed there.
@@ -14,10 +14,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_
 # The script stops starting direct formats in time to leave the quantgate step 180 s of its 470 s budget, so the
 # hard timeout below is a backstop.
 if [ "${GPU_CHECK_SERVED:-0}" != "1" ]; then
-  exec timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py "$@"
+  exec timeout --kill-after=15 480 "$PYTHON" -m scripts.gpu_check "$@"
 fi
 MODEL_DIR="${GPU_CHECK_MODEL_DIR:-/tmp/quantgate-gpu-check-model}"
-timeout --kill-after=15 480 "$PYTHON" scripts/gpu_check.py --keep-model "$MODEL_DIR" "$@"
+timeout --kill-after=15 480 "$PYTHON" -m scripts.gpu_check --keep-model "$MODEL_DIR" "$@"
 code=$?
 timeout --kill-after=15 300 "$PYTHON" scripts/gpu_check_served.py "$MODEL_DIR"
 served=$?

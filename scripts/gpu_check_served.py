@@ -2,9 +2,10 @@
 
     scripts/gpu_check_served.py MODEL_DIR [--vllm PATH] [--formats baseline]
 
-Runs `quantgate run --backend vllm` on MODEL_DIR (e.g. the random model gpu_check.py --keep-model DIR kept) and
-checks, per served format: the server started, vLLM's logged KV tokens are within 3% of quantgate's prediction,
-the saturation check held, and no server process is left. Exit 0 all passed, 1 a check failed, 3 no vLLM here.
+Runs `quantgate run --backend vllm` on MODEL_DIR (e.g. the random model that `python -m scripts.gpu_check
+--keep-model DIR` kept) and checks, per served format: the server started, vLLM's logged KV tokens are within 3% of
+quantgate's prediction, the saturation check held, and no server process is left. Exit 0 all passed, 1 a check
+failed, 3 no vLLM here.
 """
 
 from __future__ import annotations

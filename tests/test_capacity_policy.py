@@ -80,7 +80,7 @@ def test_float32_host_plans_the_16_bit_serving_size():
 
 def test_int8_prints_no_vllm_flags_and_says_vllm_cannot_serve_it():
     """vLLM 0.32+ has no bitsandbytes: the report no longer prints `--quantization bitsandbytes` (the legacy plan,
-    tests/test_capacity.py, still does for gpu_check.py)."""
+    tests/test_capacity.py, still does for scripts/gpu_check)."""
     entry = format_entry(inputs_for(DEMO_CONFIG), measured("int8", DEMO_WEIGHTS["int8"]), 600)
     cap = entry["capacity"]
     assert cap["vllm_flags"] == "" and cap["servable"] is False and not cap["fits"]

@@ -1,6 +1,7 @@
-"""scripts/gpu_check.py: its CPU smoke (the quantgate step included), its no-GPU exit, and its report checks."""
+"""scripts/gpu_check/: its CPU smoke (the quantgate step included), its no-GPU exit, its report checks, and the
+independence of its direct measurement from harness's measuring code."""
 
-import importlib.util
+import ast
 import os
 import re
 import shutil
@@ -9,16 +10,10 @@ import sys
 
 import pytest
 
+from scripts.gpu_check import model, quantgate_run, render
 from tests.conftest import ROOT
 
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
-
-
-def _script_module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+PACKAGE = ROOT / "scripts" / "gpu_check"
 
 
 def _cuda_available() -> bool:
@@ -32,8 +27,8 @@ def _cuda_available() -> bool:
 def test_cpu_smoke_runs_quantgate_and_prints_the_memory_figures():
     # --formats baseline: the direct int8 measurement is the same code with another loader; the quantgate step
     # keeps baseline,int8, which is what this test is for.
-    result = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--formats", "baseline"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600,
+    result = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--cpu-smoke", "--formats", "baseline"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, QUANTGATE_DEVICE="cpu"))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
@@ -74,7 +69,7 @@ def _entry(**memory):
 
 
 def _failed(report, device="cuda", formats=("baseline",)):
-    checks = _script_module().quantgate_checks(report, list(formats), device)
+    checks = quantgate_run.quantgate_checks(report, list(formats), device)
     return [c["name"] for c in checks if not c["ok"]]
 
 
@@ -97,13 +92,32 @@ def test_quantgate_checks_catch_what_the_gpu_check_is_for():
 
 
 def test_sizes_and_gptqmodel_workers_come_from_harness(monkeypatch):
-    module = _script_module()
-    assert [module._b(v) for v in (None, 512 * 2**10, 1.5 * 2**30, -3 * 2**20)] == [
+    assert [render.size(v) for v in (None, 512 * 2**10, 1.5 * 2**30, -3 * 2**20)] == [
         "-", "0.5 MiB", "1.50 GiB", "-3.0 MiB"]
+    assert [render.ms(v) for v in (None, 0.8412, 12.345)] == ["-", "0.84 ms", "12.35 ms"]
     monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "")  # so that monkeypatch removes what _gptqmodel_env sets
     monkeypatch.delenv("GPTQMODEL_CPU_WORKERS")
-    module._gptqmodel_env()
+    model.gptqmodel_env()
     assert os.environ["GPTQMODEL_CPU_WORKERS"] == str(max(1, os.cpu_count() or 1))
     monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "3")
-    module._gptqmodel_env()
+    model.gptqmodel_env()
     assert os.environ["GPTQMODEL_CPU_WORKERS"] == "3"  # the user's setting stands
+
+
+def test_direct_measurement_shares_only_the_nvml_sampler_with_harness_measure():
+    """The direct measurement checks harness's: it loads, times and counts bytes with its own code, and takes from
+    harness.measure only the predictions it checks (kv, capacity) and the NVML sampler."""
+    allowed = {"harness.measure.kv", "harness.measure.capacity", "harness.measure.memory"}
+    imported = {}
+    for node in ast.walk(ast.parse((PACKAGE / "direct.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.measure"):
+            imported[node.module] = {alias.name for alias in node.names}
+    assert set(imported) <= allowed, imported
+    assert imported.get("harness.measure.memory") == {"NvmlSampler"}
+
+
+def test_runs_as_a_directory_from_anywhere(tmp_path):
+    result = subprocess.run([sys.executable, str(PACKAGE), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--harness-formats" in result.stdout

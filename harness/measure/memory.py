@@ -77,7 +77,12 @@ class _RssSampler(threading.Thread):
         return max(self.peak, current_rss_bytes())
 
 
-class _NvmlSampler(threading.Thread):
+class NvmlSampler(threading.Thread):
+    """Device-level used memory (all processes, what nvidia-smi shows) of the first visible GPU, sampled every
+    10 ms: `start()`, then `stop()` returns the peak. `start_used` is what the device used when it was made.
+    Raises when NVML (nvidia-ml-py) or its driver is missing. Public for scripts/gpu_check, which measures
+    with its own code but samples NVML with this one."""
+
     def __init__(self) -> None:
         super().__init__(daemon=True)
         import pynvml
@@ -85,7 +90,7 @@ class _NvmlSampler(threading.Thread):
         pynvml.nvmlInit()
         self._pynvml = pynvml
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(_cuda_index())
-        self.peak = self.used()
+        self.start_used = self.peak = self.used()
         self._stop_event = threading.Event()
 
     def used(self) -> int:
@@ -126,7 +131,7 @@ class track_peak:
             torch.cuda.reset_peak_memory_stats()
             self.result.cuda_allocated_start_bytes = torch.cuda.memory_allocated()
             try:
-                self._nvml = _NvmlSampler()
+                self._nvml = NvmlSampler()
                 self._nvml.start()
             except Exception:  # noqa: BLE001 - NVML missing: allocator figures still stand
                 self._nvml = None
