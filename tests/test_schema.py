@@ -64,6 +64,21 @@ def test_upgrading_version_1_gives_each_check_the_reason_line_it_had():
     assert all(c.reason == "" for c in gptq.checks if c.status == "pass")
 
 
+def test_latency_copies_at_the_top_are_folded_into_batch_1():
+    """Reports before the copies were dropped: alongside batch_1 they are dropped; alone (the earliest version-1
+    reports) they become batch_1; the nulls of a format that never ran leave no batch_1."""
+    data = load(FIXTURE)
+    at_one = data["formats"]["gptq"]["latency"]["batch_1"]
+    with_copies = copy.deepcopy(data)
+    with_copies["formats"]["gptq"]["latency"].update({k: at_one[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms")})
+    assert schema.report_dict(RunReport.model_validate(with_copies)) == data
+    only_copies = schema.Latency.model_validate({"ttft_ms": {"p50": None, "p95": 80.0}, "tpot_ms": {"p95": 20.0}})
+    assert (only_copies.batch_1.ttft_ms.p95, only_copies.batch_1.tpot_ms.p95, only_copies.batch_1.e2e_ms.p95) == \
+        (80.0, 20.0, None)
+    never_ran = schema.Latency.model_validate({k: {"p50": None, "p95": None} for k in ("ttft_ms", "tpot_ms", "e2e_ms")})
+    assert never_ran.batch_1 is None and "ttft_ms" not in never_ran.model_dump()
+
+
 def test_early_version_1_reports_lack_the_newer_fields():
     """Why calibration, latency max & co. are optional: the committed reports predate them."""
     for path in (FIXTURE, SHARED_BASELINE):

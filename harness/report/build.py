@@ -109,9 +109,7 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
         if batches:  # the evaluation's own batches: every request of every evalset at the evaluation batch size
             latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
         latency.update(device=memory.get("device"), threads=inputs.spec.threads)
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            latency[key] = latency["batch_1"][key]
-    entry["latency"] = latency or {k: {"p50": None, "p95": None} for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    entry["latency"] = latency or None
     entry["capacity"] = entry["serving"] = None
     plans = plan_capacity(inputs, run, max_model_len)
     if plans is not None:

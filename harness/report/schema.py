@@ -263,10 +263,27 @@ class Latency(_Strict):
     warmup_requests: int | None = Field(default=None, description="untimed requests before batch_1 (count)")
     batch_1: LatencyRun | None = Field(default=None, description="requests one at a time")
     batched: LatencyRun | None = Field(default=None, description="requests in batches")
-    ttft_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.ttft_ms (deprecated: read "
-                                                                   "batch_1); placeholders when not measured")
-    tpot_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.tpot_ms (deprecated)")
-    e2e_ms: LatencyStats | None = Field(default=None, description="copy of batch_1.e2e_ms (deprecated)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_top_level_copies(cls, data: Any) -> Any:
+        return fold_latency_copies(data)
+
+
+_LATENCY_KINDS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def fold_latency_copies(latency: Any) -> Any:
+    """Version 1 (and version 2 before they were dropped) also copied batch_1's ttft_ms, tpot_ms and e2e_ms to the
+    top of `latency` (placeholders of nulls for a format that never ran): read as batch_1 where that is absent."""
+    if not isinstance(latency, dict) or not any(key in latency for key in _LATENCY_KINDS):
+        return latency
+    copies = {key: latency[key] for key in _LATENCY_KINDS if key in latency}
+    folded = {key: value for key, value in latency.items() if key not in _LATENCY_KINDS}
+    measured = any(isinstance(v, dict) and (v.get("p50"), v.get("p95")) != (None, None) for v in copies.values())
+    if measured and folded.get("batch_1") is None:
+        folded["batch_1"] = {**{key: {} for key in _LATENCY_KINDS}, **copies, "throughput_tok_s": None}
+    return folded
 
 
 # --- served by vLLM (settings.backend "vllm") -------------------------------------------------------
@@ -742,7 +759,8 @@ REWRITE = "re-run `quantgate run` to rewrite it"
 
 def upgrade_v1(report: dict[str, Any]) -> dict[str, Any]:
     """A version-1 report as version 2: each check gets the `reason` version 1 kept only in the format's `reasons`
-    (the line naming the check and its detail; the detail when none does; '' for a passing check)."""
+    (the line naming the check and its detail; the detail when none does; '' for a passing check), and latency
+    loses its top-level copies of batch_1 (fold_latency_copies)."""
     formats = report.get("formats")
     upgraded = dict(report, schema_version=2)
     if isinstance(formats, dict):
@@ -751,7 +769,11 @@ def upgrade_v1(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _format_v1_to_v2(fmt: Any) -> Any:
-    if not isinstance(fmt, dict) or not isinstance(fmt.get("checks"), list):
+    if not isinstance(fmt, dict):
+        return fmt
+    if isinstance(fmt.get("latency"), dict):
+        fmt = dict(fmt, latency=fold_latency_copies(fmt["latency"]))
+    if not isinstance(fmt.get("checks"), list):
         return fmt
     checks = [c for c in fmt["checks"] if isinstance(c, dict)]
     reasons = [r for r in fmt.get("reasons") or [] if isinstance(r, str)]

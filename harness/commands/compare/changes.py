@@ -120,11 +120,11 @@ def _latency_changes(name: str, before: Latency | None, after: Latency | None) -
 
 
 def _p95(latency: Latency | None, kind: str) -> float | None:
-    """The batch-1 p95 of TTFT or TPOT: from batch_1, else the deprecated top-level copy older reports carry."""
-    if latency is None:
+    """The batch-1 p95 of TTFT or TPOT (older reports' top-level copies are read into batch_1 by the schema)."""
+    if latency is None or latency.batch_1 is None:
         return None
-    stats: LatencyStats | None = getattr(latency.batch_1, kind) if latency.batch_1 else getattr(latency, kind)
-    return stats.p95 if stats else None
+    stats: LatencyStats = getattr(latency.batch_1, kind)
+    return stats.p95
 
 
 def _moved(was: float | None, now: float | None) -> bool:
