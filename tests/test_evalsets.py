@@ -387,7 +387,7 @@ def test_score_item_generation_chinese(tmp_path):
     write_spec(tmp_path / "zh_sum.toml", 'task = "generation"\nlanguage = "zh"\n')
     [evalset] = load_evalsets(["zh_sum.toml"])
     assert score_item(evalset, evalset.items[0], "今天天气很好")["rouge1"] == pytest.approx(200 / 3)
-    assert evalset.summary()["tokenizer"] == "char-cjk+word-latin"
+    assert evalset.tokenizer == "char-cjk+word-latin"  # recorded in report.json evalsets.*.tokenizer
 
 
 # ---------------------------------------------------------------- language and clusters

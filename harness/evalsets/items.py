@@ -90,13 +90,6 @@ class EvalSet:
             return self.language
         return detect_language(" ".join([item.question, item.context, item.instruction, *item.references]))
 
-    def summary(self) -> dict[str, Any]:
-        """The set's entry under report.json "evalsets"."""
-        return {
-            "task": self.task, "language": self.language, "n": len(self.items), "hash": self.content_hash,
-            "spec": display_path(self.spec_path or self.data_path), "metrics": list(self.metrics),
-            "gate": list(self.gate), "tokenizer": self.tokenizer, "max_new_tokens": self.max_new_tokens,
-        }
 
 
 # ---------------------------------------------------------------- the set

@@ -18,10 +18,6 @@ class RougeScorer:
         self.tokenizer = rouge_tokenizer(language)
         self._scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=self.tokenizer)
 
-    @property
-    def tokenizer_name(self) -> str:
-        return self.tokenizer.name
-
     def score(self, prediction: str, references: Sequence[str]) -> dict[str, float]:
         if isinstance(references, str) or not references:
             raise ValueError("references must be a non-empty list of strings")
