@@ -12,7 +12,8 @@ from harness.commands.compare.changes import effective_verdict
 from harness.commands.compare.comparability import ARROW, Difference, find_differences
 from harness.commands.compare.inputs import Run
 from harness.decide import num, signed
-from harness.report.view import formats_in_order, gated_scores
+from harness.report.schema import RunReport, parse_report
+from harness.report.view import gated_scores, ordered_format_names
 
 DASH = "\u2014"
 
@@ -64,22 +65,24 @@ class Trend:
 
 
 def build_trend(runs: list[Run]) -> Trend:
-    names = list(dict.fromkeys(name for run in runs for name, _ in formats_in_order(run.report)))
-    formats = [_format_trend(name, runs) for name in names]
+    parsed = [parse_report(run.report, str(run.path)) for run in runs]
+    names = list(dict.fromkeys(name for report in parsed for name in ordered_format_names(report)))
+    formats = [_format_trend(name, runs, parsed) for name in names]
     pairs = [PairDifferences(i, i + 1, find_differences(runs[i].report, runs[i + 1].report))
              for i in range(len(runs) - 1)]
     return Trend(runs, formats, pairs)
 
 
-def _format_trend(name: str, runs: list[Run]) -> FormatTrend:
+def _format_trend(name: str, runs: list[Run], parsed: list[RunReport]) -> FormatTrend:
     entries: list[dict[str, Any] | None] = [run.report["formats"].get(name) for run in runs]
     verdicts = [effective_verdict(e) if e is not None else None for e in entries]
     metrics: dict[str, list[Point | None]] = {}
-    for index, (run, entry) in enumerate(zip(runs, entries)):
-        for gated in gated_scores(run.report, entry) if entry is not None else []:
+    for index, report in enumerate(parsed):
+        entry = report.formats.get(name)
+        for gated in gated_scores(report, entry) if entry is not None else []:
             series = metrics.setdefault(f"{gated.evalset}/{gated.metric}", [None] * len(runs))
             score = gated.score
-            series[index] = Point(score.get("value"), score.get("delta"), score.get("status"))
+            series[index] = Point(score.value, score.delta, score.status)
     turns = [Turn(i, verdicts[i - 1], verdicts[i] or "absent") for i in range(1, len(runs))
              if verdicts[i - 1] is not None and verdicts[i] != verdicts[i - 1]]
     return FormatTrend(name, verdicts, metrics, turns)
