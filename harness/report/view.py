@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from harness.errors import UserError
+from harness.jsonl import read_jsonl
 from harness.report import schema
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
@@ -135,19 +136,7 @@ def load_samples(path: Path) -> list[dict[str, Any]]:
     """Per-item records; a missing file means no items (e.g. every format failed)."""
     if not path.is_file():
         return []
-    samples: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{line_no}: not valid JSON ({exc.msg}); re-run `quantgate run` to rewrite it") from exc
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{line_no}: expected one JSON object per line")
-            samples.append(record)
-    return samples
+    return read_jsonl(path, fix=schema.REWRITE)
 
 
 def samples_path(run_dir: Path, report: RunReport) -> Path:
