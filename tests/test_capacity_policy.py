@@ -24,7 +24,7 @@ from harness.policy import Policy, ServingTarget, load_policy
 from harness.quantize.base import Recipe
 from harness.report.html import render_html
 from harness.report.markdown import render_markdown
-from harness.report.schema import RunReport
+from harness.report.schema import RunReport, parse_report
 from tests.test_model_configs import LLAMA3_8B
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example"
@@ -117,7 +117,7 @@ def _report_with_serving() -> dict:
 def test_markdown_and_html_print_the_three_engines_beside_each_format():
     report = _report_with_serving()
     RunReport.model_validate(json.loads(json.dumps(report)))  # the contract holds the serving block
-    md = render_markdown(report, [])
+    md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     gptq = md[md.index("## gptq"):md.index("## awq")]
     assert "**Serving on L4 (22.49 GiB) (weights measured, activations measured)**" in gptq
     for title in ("- **vLLM ", "- **SGLang**: ", "- **TensorRT-LLM**: "):
@@ -127,16 +127,16 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     int8 = md[md.index("## int8"):md.index("## gptq")]
     assert "vLLM cannot serve this format" in int8 and "- **vLLM 0.3" in int8 and "cannot serve it: vLLM" in int8
     assert "bitsandbytes\n" not in int8.split("**Serving")[1].split("SGLang")[0]
-    page = render_html(report, [])
+    page = render_html(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     assert "<h3>Serving on L4 (22.49 GiB)" in page and "<td>TensorRT-LLM</td>" in page
     assert "<pre><code>python -m sglang.launch_server" in page
 
 
 def test_reports_without_serving_render_as_before():
     report = json.loads((FIXTURE / "report.json").read_text(encoding="utf-8"))
-    md = render_markdown(report, [])
+    md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     assert "Serving on" not in md and "vllm serve MODEL --quantization gptq_marlin" in md
-    assert "Serving on" not in render_html(report, [])
+    assert "Serving on" not in render_html(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     assert all("serving" not in fmt for fmt in report["formats"].values())
     RunReport.model_validate(report)
 

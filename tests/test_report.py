@@ -24,7 +24,7 @@ from harness.report.junit import render_junit
 from harness.report.markdown import MAX_BYTES, render_markdown
 from harness.report.regressions import worst_regressions
 from harness.report.scores_csv import render_scores_csv
-from harness.report.schema import RunReport
+from harness.report.schema import RunReport, parse_report
 from harness.report.units import fmt_bytes, fmt_delta_interval, prompt_excerpt
 from harness.report.view import load_samples
 
@@ -44,7 +44,7 @@ def samples() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def page(report, samples) -> str:
-    return render_html(report, samples)
+    return render_html(parse_report(report, "report.json"), samples)
 
 
 def _tables(markdown: str) -> list[list[list[str]]]:
@@ -99,7 +99,7 @@ def test_prompt_excerpt_drops_chat_tokens_and_keeps_the_question():
 
 
 def test_markdown_starts_with_the_verdict_table(report, samples):
-    md = render_markdown(report, samples)
+    md = render_markdown(parse_report(report, "report.json"), samples)
     lines = [line for line in md.splitlines() if line.strip()]
     assert lines[0].startswith("# quantgate")
     assert lines[1].startswith("| Format | Verdict | Peak memory | Weights | TPOT p50 |")
@@ -114,7 +114,7 @@ def test_markdown_starts_with_the_verdict_table(report, samples):
 
 
 def test_markdown_order_recommendation_legend_sections_provenance(report, samples):
-    md = render_markdown(report, samples)
+    md = render_markdown(parse_report(report, "report.json"), samples)
     order = [md.index(s) for s in ("| Format |", "**Recommendation:** ship **int8**", "**How to read a verdict**",
                                    "## baseline", "## int8", "## gptq", "## awq", "## Provenance")]
     assert order == sorted(order)
@@ -123,7 +123,7 @@ def test_markdown_order_recommendation_legend_sections_provenance(report, sample
 
 
 def test_markdown_per_format_details(report, samples):
-    md = render_markdown(report, samples)
+    md = render_markdown(parse_report(report, "report.json"), samples)
     gptq = md[md.index("## gptq"):md.index("## awq")]
     assert "straddles -2.0" in gptq  # reasons
     assert "Memory on cuda; peak is torch.cuda.max\\_memory\\_allocated" in gptq
@@ -144,7 +144,7 @@ def test_markdown_per_format_details(report, samples):
 
 
 def test_markdown_provenance(report, samples):
-    prov = render_markdown(report, samples).split("## Provenance", 1)[1]
+    prov = render_markdown(parse_report(report, "report.json"), samples).split("## Provenance", 1)[1]
     for text in ("sha256:5f1c0a9e", "local Hugging Face checkpoint", "NVIDIA H200", "threads 8", "seed 0",
                  "torch 2.13.0+cu128", "gptqmodel 7.6.0", "sha256:3c4d5e6f", "char-cjk+word-latin",
                  "engine: gptqmodel", '"group\\_size": 128'):
@@ -152,7 +152,7 @@ def test_markdown_provenance(report, samples):
 
 
 def test_markdown_escapes_pipes_newlines_and_markup(report, samples):
-    md = render_markdown(report, samples)
+    md = render_markdown(parse_report(report, "report.json"), samples)
     _assert_tables_well_formed(md)
     assert "Settings \\| Billing \\| Plan" in md
     assert "Okta SSO fails for EU users.<br>US is fine." in md
@@ -173,8 +173,8 @@ def _huge_report(report: dict, samples: list[dict]) -> tuple[dict, list[dict]]:
         template = report["formats"][name]["scores"]["en_support_qa"]
         fmt["scores"] = {e: copy.deepcopy(template) for e in evalsets}
         fmt["reasons"] = [f"reason {i}: " + long_text[:300] for i in range(400)]
-        fmt["checks"] = [{"name": f"{e}/f1", "kind": "metric", "status": "inconclusive", "detail": long_text[:200]}
-                         for e in evalsets]
+        fmt["checks"] = [{"name": f"{e}/f1", "kind": "metric", "status": "inconclusive", "detail": long_text[:200],
+                          "reason": long_text[:200]} for e in evalsets]
     big_samples = []
     for name in ("baseline", "int8", "gptq"):
         for e in evalsets:
@@ -188,7 +188,7 @@ def _huge_report(report: dict, samples: list[dict]) -> tuple[dict, list[dict]]:
 
 def test_markdown_stays_under_64_kib_with_a_huge_input(report, samples):
     big, big_samples = _huge_report(report, samples)
-    md = render_markdown(big, big_samples)
+    md = render_markdown(parse_report(big, "report.json"), big_samples)
     assert len(md.encode("utf-8")) < MAX_BYTES
     lines = [line for line in md.splitlines() if line.strip()]
     assert lines[1].startswith("| Format | Verdict")
@@ -209,7 +209,7 @@ def test_markdown_drops_regression_rows_before_anything_else(report, samples):
         for s in template:
             f1 = 100.0 if s["format"] == "baseline" else 40.0 + int(s["id"][-1])
             mid_samples.append(dict(s, evalset=name, f1=f1, prompt=s["prompt"] * 5, prediction=s["prediction"] * 30))
-    md = render_markdown(mid, mid_samples)
+    md = render_markdown(parse_report(mid, "report.json"), mid_samples)
     assert len(md.encode("utf-8")) < MAX_BYTES
     assert [s.split(":")[0] for s in _sections(md)] == ["## baseline", "## int8", "## gptq", "## awq", "## Provenance"]
     assert "rows left out to keep this report under 64 KiB" in md
@@ -227,7 +227,7 @@ def test_markdown_hard_cut_keeps_the_verdict_table(report, samples):
     failed["reasons"] = [failed["error"]] * 50
     for i in range(300):
         many["formats"][f"fmt_{i:03d}"] = failed
-    md = render_markdown(many, samples)
+    md = render_markdown(parse_report(many, "report.json"), samples)
     assert len(md.encode("utf-8")) < MAX_BYTES
     assert md.rstrip().endswith("report.json and report.html hold everything._")
     verdicts = _tables(md)[0]
@@ -263,7 +263,7 @@ def _valid_sparse_report(report: dict) -> dict:
 
 
 def test_sparse_report_renders_everywhere(report):
-    sparse = _sparse_report(report)
+    sparse = parse_report(_valid_sparse_report(report), "report.json")
     md = render_markdown(sparse, [])
     assert "**Recommendation:** no candidate format is GO" in md and "Latency" not in md and "Memory on" not in md
     _assert_tables_well_formed(md)
@@ -314,16 +314,16 @@ def test_html_escapes_hostile_names(report, samples):
     hostile["formats"] = {(name if k == "int8" else k): v for k, v in hostile["formats"].items()}
     hostile["settings"]["formats"] = [name if f == "int8" else f for f in hostile["settings"]["formats"]]
     hostile_samples = [dict(s, format=name) if s["format"] == "int8" else s for s in samples]
-    page = render_html(hostile, hostile_samples, plots=[])
+    page = render_html(parse_report(hostile, "report.json"), hostile_samples, plots=[])
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
-    md = render_markdown(hostile, hostile_samples)
+    md = render_markdown(parse_report(hostile, "report.json"), hostile_samples)
     assert not re.search(r"(?<!\\)<img", md) and "\\<img src=x" in md
     _assert_tables_well_formed(md)
 
 
 def test_html_stays_under_2_mb_with_a_huge_input(report, samples):
     big, big_samples = _huge_report(report, samples)
-    page = render_html(big, big_samples)
+    page = render_html(parse_report(big, "report.json"), big_samples)
     assert len(page.encode("utf-8")) < 2 * 1024 * 1024
     assert 'class="verdicts"' in page and page.count("data:image/png;base64,") == 4
 
@@ -399,13 +399,14 @@ def test_scores_csv_reads_in_pandas(report, samples):
 
 
 def test_worst_regressions_pair_items_and_sort_worst_first(report, samples):
-    groups = {(g.candidate, g.evalset): g for g in worst_regressions(report, samples, limit=5)}
+    parsed = parse_report(report, "report.json")
+    groups = {(g.candidate, g.evalset): g for g in worst_regressions(parsed, samples, limit=5)}
     assert set(groups) == {(c, e) for c in ("int8", "gptq") for e in report["evalsets"]}  # awq has no samples
     en = groups[("gptq", "en_support_qa")]
     assert (en.metric, en.compared, en.regressed) == ("f1", 6, 2)
     assert [(r.item_id, r.change) for r in en.rows] == [("q004", -100.0), ("q002", -20.0)]
     assert en.rows[0].candidate_output == "<script>alert(1)</script>" and en.rows[0].baseline_output == "Within 14 days."
-    assert [r.item_id for r in worst_regressions(report, samples, limit=1)[5].rows] == ["s003"]
+    assert [r.item_id for r in worst_regressions(parsed, samples, limit=1)[5].rows] == ["s003"]
 
 
 # --- write_reports and `quantgate report` --------------------------------------------------
@@ -431,7 +432,8 @@ def test_report_command_rerenders_the_run(run_dir: Path, report, samples, capsys
     assert args.func(args) == 1  # gptq and awq are not GO
     printed = capsys.readouterr().out.split()
     assert printed == [str(run_dir / name) for name in OUTPUT_NAMES]
-    assert (run_dir / "report.md").read_text(encoding="utf-8") == render_markdown(report, samples)
+    parsed = parse_report(report, "report.json")
+    assert (run_dir / "report.md").read_text(encoding="utf-8") == render_markdown(parsed, samples)
     assert ET.parse(run_dir / "junit.xml").getroot().get("tests") == "17"
     assert not list(run_dir.glob(".*.tmp"))
 
@@ -535,12 +537,12 @@ def test_memory_timeline_renders_a_plot_per_format_and_a_peak_line(report, sampl
     RunReport.model_validate(json.loads(json.dumps(timed)))
     peak = timed["formats"]["int8"]["memory"]["timeline"]["peaks"]["rss_bytes"]
     assert peak["stage"] == "generate:en_support_qa"
-    md = render_markdown(timed, samples)
+    md = render_markdown(parse_report(timed, "report.json"), samples)
     line = f"**Memory over time:** peak RSS {fmt_bytes(peak['bytes'])} at {peak['t_s']:.1f} s (generate:en\\_support\\_qa)"
     assert line in md and md.count("**Memory over time:**") == 2
     assert "peak NVML used 9.00 GiB at " in md and "; peak allocated 7.00 GiB" in md
     _assert_tables_well_formed(md)
-    page = render_html(timed, samples)
+    page = render_html(parse_report(timed, "report.json"), samples)
     images = dict(re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page))
     for name in ("baseline", "int8"):
         assert base64.b64decode(images[f"Memory over time: {name}"]).startswith(b"\x89PNG")
@@ -548,4 +550,5 @@ def test_memory_timeline_renders_a_plot_per_format_and_a_peak_line(report, sampl
 
 
 def test_reports_without_a_timeline_have_no_timeline_line_or_plot(report, samples, page):
-    assert "Memory over time" not in render_markdown(report, samples) and "Memory over time" not in page
+    md = render_markdown(parse_report(report, "report.json"), samples)
+    assert "Memory over time" not in md and "Memory over time" not in page

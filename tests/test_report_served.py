@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from harness.report.html import render_html
 from harness.report.markdown import md_fence, md_inline, render_markdown
-from harness.report.schema import RunReport
+from harness.report.schema import RunReport, parse_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example" / "report.json"
 COMMAND = ("VLLM_WORKER_MULTIPROC_METHOD=spawn vllm serve /cache/gptq --quantization gptq_marlin "
@@ -75,12 +75,12 @@ def served(plain) -> dict:
 
 @pytest.fixture(scope="module")
 def md(served) -> str:
-    return render_markdown(served, [])
+    return render_markdown(parse_report(served, "report.json"), [])
 
 
 @pytest.fixture(scope="module")
 def page(served) -> str:
-    return render_html(served, [], plots=[])
+    return render_html(parse_report(served, "report.json"), [], plots=[])
 
 
 def _between(text: str, start: str, end: str) -> str:
@@ -192,8 +192,8 @@ def test_markdown_says_where_scores_and_latency_come_from(md):
 
 
 def test_a_report_without_served_has_no_served_section(plain):
-    md = render_markdown(plain, [])
-    page = render_html(plain, [], plots=[])
+    md = render_markdown(parse_report(plain, "report.json"), [])
+    page = render_html(parse_report(plain, "report.json"), [], plots=[])
     for text in ("Served by vLLM", "Scores come from the vLLM server", "measured in transformers"):
         assert text not in md and text not in page
 
@@ -221,7 +221,7 @@ def test_html_escapes_served_text_and_fetches_nothing(served):
     hostile["formats"]["int8"]["served"]["reason"] = '<script>alert(1)</script> "quoted" & more'
     hostile["formats"]["gptq"]["served"]["command"] = "vllm serve '/m<x>' --api-key $(</etc/passwd)"
     hostile["formats"]["gptq"]["served"]["endpoint"] = "http://h:8000"
-    page = render_html(hostile, [], plots=[])
+    page = render_html(parse_report(hostile, "report.json"), [], plots=[])
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &quot;quoted&quot; &amp; more" in page
     assert "vllm serve &#x27;/m&lt;x&gt;&#x27; --api-key $(&lt;/etc/passwd)" in page
     assert "at http://h:8000" in page
@@ -236,7 +236,7 @@ def test_a_users_endpoint_without_a_prediction_validates_and_renders(served):
                  flags={}, startup_s=None)
     block["kv_cache"] = {key: None for key in block["kv_cache"]} | {"max_model_len": 4096}
     assert RunReport.model_validate(endpoint).formats["gptq"].served.kv_cache.block_size is None
-    md = render_markdown(endpoint, [])
+    md = render_markdown(parse_report(endpoint, "report.json"), [])
     gptq = md[md.index("### gptq: ok"):]
     assert "- **vLLM:** vLLM 0.32.0 from --vllm-endpoint http://h:8000\n" in gptq  # the URL once
     assert "predicted — tokens vs vLLM's — tokens (error —), max concurrency — predicted vs — vLLM at 4,096" in gptq

@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -73,8 +74,9 @@ def test_cli_process_is_confined_before_a_command_runs(env, capsys):
 
 def test_plots_keep_matplotlib_config_in_the_cache(env):
     from harness.report.plots import render_plots
+    from harness.report.schema import load_report
 
-    render_plots({})
+    render_plots(load_report(Path(__file__).parent / "fixtures" / "run_example" / "report.json"))
     assert os.environ["MPLCONFIGDIR"] == str(env / "matplotlib")
 
 

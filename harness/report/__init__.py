@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness.report.schema import RunReport, parse_report, report_dict
+from harness.report.schema import RunReport, parse_report
 from harness.report.view import load_report, load_samples, samples_path
 
 __all__ = ["OUTPUT_NAMES", "load_report", "write_reports"]
@@ -21,7 +21,7 @@ OUTPUT_NAMES = ("report.md", "report.html", "junit.xml", "scores.csv")
 
 def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Path]:
     """Write the four renderings into run_dir and return their paths (in OUTPUT_NAMES order). A dict (what the
-    pipeline writes) is parsed through the schema first; the renderers read the parsed report's JSON."""
+    pipeline writes) is parsed through the schema first; every renderer reads the parsed report."""
     from harness.report.html import render_html
     from harness.report.junit import render_junit
     from harness.report.markdown import render_markdown
@@ -29,11 +29,10 @@ def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Pat
 
     run_dir = Path(run_dir)
     parsed = report if isinstance(report, RunReport) else parse_report(report, str(run_dir / "report.json"))
-    data = report_dict(parsed)
-    samples = load_samples(samples_path(run_dir, data))
+    samples = load_samples(samples_path(run_dir, parsed))
     rendered = {
-        "report.md": render_markdown(data, samples),
-        "report.html": render_html(data, samples),
+        "report.md": render_markdown(parsed, samples),
+        "report.html": render_html(parsed, samples),
         "junit.xml": render_junit(parsed),
         "scores.csv": render_scores_csv(parsed, samples),
     }

@@ -15,10 +15,10 @@ from typing import Any, Iterable
 
 from harness.report.plots import Plot, render_plots
 from harness.report.regressions import RegressionGroup, worst_regressions
+from harness.report.schema import FormatResult, RunReport
 from harness.report.units import (
     DASH,
     clip,
-    dig,
     excerpt,
     fmt_num,
     fmt_signed,
@@ -54,7 +54,6 @@ from harness.report.view import (
     memory_caption,
     memory_rows,
     provenance_items,
-    verdict_of,
     serving_caption,
     serving_rows,
     served_views,
@@ -89,7 +88,7 @@ def e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def render_html(report: dict[str, Any], samples: list[dict[str, Any]], plots: list[Plot] | None = None) -> str:
+def render_html(report: RunReport, samples: list[dict[str, Any]], plots: list[Plot] | None = None) -> str:
     """The page; `plots` defaults to drawing them (pass [] to leave plots out)."""
     if plots is None:
         plots = render_plots(report)
@@ -102,8 +101,8 @@ def render_html(report: dict[str, Any], samples: list[dict[str, Any]], plots: li
     return page
 
 
-def _page(report: dict[str, Any], groups: list[RegressionGroup], plots: list[Plot], layout: _Layout) -> str:
-    model = dig(report, "model", "source") or dig(report, "model", "path") or "model"
+def _page(report: RunReport, groups: list[RegressionGroup], plots: list[Plot], layout: _Layout) -> str:
+    model = report.model.source or report.model.path or "model"
     body = [
         _header(report, model),
         '<section id="verdicts">',
@@ -142,9 +141,8 @@ def _table(columns: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "")
     )
 
 
-def _header(report: dict[str, Any], model: str) -> str:
-    device = report.get("device") or {}
-    bits = [e(report.get("created_at") or ""), e(" ".join(str(device.get(k) or "") for k in ("kind", "name")).strip())]
+def _header(report: RunReport, model: str) -> str:
+    bits = [e(report.created_at), e(f"{report.device.kind} {report.device.name}".strip())]
     sub = " · ".join(b for b in bits if b)
     return f'<header><h1>quantgate report</h1><p class="model">{e(model)}</p><p class="sub">{sub}</p></header>'
 
@@ -152,7 +150,7 @@ def _header(report: dict[str, Any], model: str) -> str:
 # --- verdicts ------------------------------------------------------------------------------
 
 
-def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
+def _verdict_table(report: RunReport, layout: _Layout) -> str:
     rows = [
         [
             f'<a href="#fmt-{row.anchor}">{e(row.name)}</a>',
@@ -198,7 +196,7 @@ def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     return "<br>".join(lines) or DASH
 
 
-def _recommendation(report: dict[str, Any]) -> str:
+def _recommendation(report: RunReport) -> str:
     return f'<p class="recommendation">{"".join(_phrase(p) for p in recommendation_sentence(report))}</p>'
 
 
@@ -232,31 +230,31 @@ def _plots(plots: list[Plot]) -> str:
 
 
 def _format_section(
-    report: dict[str, Any], index: int, name: str, fmt: dict[str, Any], groups: list[RegressionGroup], layout: _Layout
+    report: RunReport, index: int, name: str, fmt: FormatResult, groups: list[RegressionGroup], layout: _Layout
 ) -> str:
-    verdict = verdict_of(fmt)
+    verdict = fmt.verdict
     parts = [f'<section class="format v-border-{_VERDICT_CLASS.get(verdict, "nogo")}" id="fmt-{index}">',
              f"<h2>{e(name)} {_badge(verdict)}</h2>"]
-    if fmt.get("status") == "failed":
-        parts.append(f'<div class="error"><strong>Failed:</strong> {e(fmt.get("error") or "no error recorded")}</div>')
-    reasons = [r for r in fmt.get("reasons") or [] if r]
+    if fmt.status == "failed":
+        parts.append(f'<div class="error"><strong>Failed:</strong> {e(fmt.error or "no error recorded")}</div>')
+    reasons = [r for r in fmt.reasons if r]
     if reasons:
         shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
     parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(fmt),
               _serving(report, fmt), _checks(fmt, layout)]
-    if fmt.get("role") != "baseline":
+    if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
     return "\n".join(p for p in parts if p)
 
 
-def _scores(fmt: dict[str, Any], layout: _Layout) -> str:
+def _scores(fmt: FormatResult, layout: _Layout) -> str:
     scores = score_rows(fmt)
     if not scores:
         return ""
-    baseline = fmt.get("role") == "baseline"
+    baseline = fmt.role == "baseline"
     rows = []
     for score in scores[: layout.list_items]:
         row = [e(score.evalset), f"<strong>{e(score.metric)}</strong>" if score.gated else e(score.metric),
@@ -270,7 +268,7 @@ def _scores(fmt: dict[str, Any], layout: _Layout) -> str:
     return "<h3>Scores <small>(gated metrics in bold)</small></h3>\n" + _table(columns, rows) + more
 
 
-def _memory(fmt: dict[str, Any]) -> str:
+def _memory(fmt: FormatResult) -> str:
     rows = memory_rows(fmt)
     if not rows:
         return ""
@@ -281,12 +279,12 @@ def _memory(fmt: dict[str, Any]) -> str:
     return f"<h3>{e(memory_caption(fmt))}</h3>\n" + _table(("Figure", "Bytes"), cells, cls="narrow")
 
 
-def _timeline(fmt: dict[str, Any]) -> str:
+def _timeline(fmt: FormatResult) -> str:
     text = timeline_peak_text(fmt)
     return f'<p class="timeline"><strong>Memory over time:</strong> {e(text)} (plot under Plots)</p>' if text else ""
 
 
-def _latency(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+def _latency(report: RunReport, fmt: FormatResult) -> str:
     rows = latency_rows(fmt)
     if not rows:
         return ""
@@ -294,7 +292,7 @@ def _latency(report: dict[str, Any], fmt: dict[str, Any]) -> str:
             + _table(LATENCY_COLUMNS, [[e(c) for c in row] for row in rows]))
 
 
-def _capacity(fmt: dict[str, Any]) -> str:
+def _capacity(fmt: FormatResult) -> str:
     text = capacity_text(fmt)
     if not text:
         return ""
@@ -302,7 +300,7 @@ def _capacity(fmt: dict[str, Any]) -> str:
     return f"<h3>Capacity</h3><p>{e(text)}</p>" + (f"<pre><code>{e(command)}</code></pre>" if command else "")
 
 
-def _serving(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+def _serving(report: RunReport, fmt: FormatResult) -> str:
     rows = serving_rows(fmt)
     if not rows:
         return ""
@@ -315,7 +313,7 @@ def _serving(report: dict[str, Any], fmt: dict[str, Any]) -> str:
     return f"<h3>{e(serving_caption(report, fmt))}</h3>\n" + _table(["Engine", "Settings"], cells)
 
 
-def _served(report: dict[str, Any]) -> str:
+def _served(report: RunReport) -> str:
     views = served_views(report)
     if not views:
         return ""
@@ -336,16 +334,16 @@ def _served_format(view: ServedView) -> str:
     return "\n".join(parts)
 
 
-def _checks(fmt: dict[str, Any], layout: _Layout) -> str:
-    checks = [c for c in fmt.get("checks") or [] if isinstance(c, dict)]
+def _checks(fmt: FormatResult, layout: _Layout) -> str:
+    checks = fmt.checks
     if not checks:
         return ""
     rows = [
         [
-            e(c.get("name")),
-            e(c.get("kind")),
-            f'<span class="s-{_STATUS_CLASS.get(c.get("status") or "", "")}">{e(c.get("status"))}</span>',
-            e(c.get("detail")),
+            e(c.name),
+            e(c.kind),
+            f'<span class="s-{_STATUS_CLASS[c.status]}">{e(c.status)}</span>',
+            e(c.detail),
         ]
         for c in checks[: layout.list_items]
     ]
@@ -391,7 +389,7 @@ def _text(value: str) -> str:
 # --- provenance ----------------------------------------------------------------------------
 
 
-def _provenance(report: dict[str, Any], layout: _Layout) -> str:
+def _provenance(report: RunReport, layout: _Layout) -> str:
     items = "".join(f"<li><strong>{e(label)}:</strong> {e(text)}</li>" for label, text in provenance_items(report))
     env = environment_items(report)
     if env:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.report.regressions import RegressionGroup, worst_regressions
+from harness.report.schema import FormatResult, RunReport
 from harness.report.units import (
     DASH,
     clip,
-    dig,
     excerpt,
     fmt_num,
     fmt_signed,
@@ -52,7 +52,6 @@ from harness.report.view import (
     memory_caption,
     memory_rows,
     provenance_items,
-    verdict_of,
     serving_caption,
     serving_rows,
     served_views,
@@ -114,7 +113,7 @@ def md_code(text: Any) -> str:
     return f"`{' '.join(body.split())}`" if body else DASH
 
 
-def render_markdown(report: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+def render_markdown(report: RunReport, samples: list[dict[str, Any]]) -> str:
     groups = worst_regressions(report, samples, limit=max(layout.rows_per_group for layout in _LAYOUTS))
     text = ""
     for layout in _LAYOUTS:
@@ -131,7 +130,7 @@ def _hard_cut(text: str) -> str:
     return head[: head.rfind("\n") + 1 or len(head)].rstrip() + _TRUNCATED_NOTE
 
 
-def _render(report: dict[str, Any], groups: list[RegressionGroup], layout: _Layout) -> str:
+def _render(report: RunReport, groups: list[RegressionGroup], layout: _Layout) -> str:
     parts = [
         _title(report),
         _verdict_table(report, layout),
@@ -146,16 +145,16 @@ def _render(report: dict[str, Any], groups: list[RegressionGroup], layout: _Layo
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
-def _title(report: dict[str, Any]) -> str:
-    model = dig(report, "model", "source") or dig(report, "model", "path") or "model"
-    when = report.get("created_at") or ""
+def _title(report: RunReport) -> str:
+    model = report.model.source or report.model.path or "model"
+    when = report.created_at
     return f"# quantgate: {md_inline(clip(model, 120))}" + (f" ({md_inline(when)})" if when else "")
 
 
 # --- verdict table -------------------------------------------------------------------------
 
 
-def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
+def _verdict_table(report: RunReport, layout: _Layout) -> str:
     rows = ["| " + " | ".join(VERDICT_COLUMNS) + " |", "|" + "---|" * len(VERDICT_COLUMNS)]
     for row in verdict_rows(report):
         cells = [
@@ -171,7 +170,7 @@ def _verdict_table(report: dict[str, Any], layout: _Layout) -> str:
     return "\n".join(rows)
 
 
-def _backend_note(report: dict[str, Any]) -> str:
+def _backend_note(report: RunReport) -> str:
     note = backend_note(report)
     return f"_{md_inline(note)}_" if note else ""
 
@@ -196,7 +195,7 @@ def _gated_cell(row: VerdictRow, layout: _Layout) -> str:
     return "<br>".join(shown)
 
 
-def _recommendation(report: dict[str, Any]) -> str:
+def _recommendation(report: RunReport) -> str:
     return "".join(_phrase(p) for p in recommendation_sentence(report))
 
 
@@ -209,12 +208,12 @@ def _phrase(phrase: Phrase) -> str:
 
 
 def _format_section(
-    report: dict[str, Any], name: str, fmt: dict[str, Any], groups: list[RegressionGroup], layout: _Layout
+    report: RunReport, name: str, fmt: FormatResult, groups: list[RegressionGroup], layout: _Layout
 ) -> str:
-    parts = [f"## {md_inline(name)}: {verdict_of(fmt)}"]
-    if fmt.get("status") == "failed":
-        parts.append(f"**Failed:** {md_inline(clip(fmt.get('error') or 'no error recorded', 2 * layout.cell_chars))}")
-    reasons = [r for r in fmt.get("reasons") or [] if r]
+    parts = [f"## {md_inline(name)}: {fmt.verdict}"]
+    if fmt.status == "failed":
+        parts.append(f"**Failed:** {md_inline(clip(fmt.error or 'no error recorded', 2 * layout.cell_chars))}")
+    reasons = [r for r in fmt.reasons if r]
     if reasons:
         parts.append("**Reasons**\n\n" + _bullets([md_inline(clip(r, layout.cell_chars)) for r in reasons], layout))
     parts += [
@@ -225,7 +224,7 @@ def _format_section(
         _capacity(fmt),
         _serving(report, fmt, layout),
     ]
-    if fmt.get("role") != "baseline":
+    if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     return "\n\n".join(p for p in parts if p)
 
@@ -238,11 +237,11 @@ def _bullets(items: list[str], layout: _Layout) -> str:
     return "\n".join(lines)
 
 
-def _scores_table(fmt: dict[str, Any], layout: _Layout) -> str:
+def _scores_table(fmt: FormatResult, layout: _Layout) -> str:
     scores = score_rows(fmt)
     if not scores:
         return ""
-    baseline = fmt.get("role") == "baseline"
+    baseline = fmt.role == "baseline"
     columns = BASELINE_SCORE_COLUMNS if baseline else [c for c in SCORE_COLUMNS if c != "Method"]
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for score in scores[: layout.list_items]:
@@ -256,7 +255,7 @@ def _scores_table(fmt: dict[str, Any], layout: _Layout) -> str:
     return "**Scores** (gated metrics in bold)\n\n" + "\n".join(rows)
 
 
-def _memory_table(fmt: dict[str, Any]) -> str:
+def _memory_table(fmt: FormatResult) -> str:
     rows = memory_rows(fmt)
     if not rows:
         return ""
@@ -264,12 +263,12 @@ def _memory_table(fmt: dict[str, Any]) -> str:
     return f"**{md_inline(memory_caption(fmt))}**\n\n| Figure | Bytes |\n|---|---|\n" + "\n".join(lines)
 
 
-def _timeline_line(fmt: dict[str, Any]) -> str:
+def _timeline_line(fmt: FormatResult) -> str:
     text = timeline_peak_text(fmt)
     return f"**Memory over time:** {md_inline(text)}" if text else ""
 
 
-def _latency_table(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+def _latency_table(report: RunReport, fmt: FormatResult) -> str:
     rows = latency_rows(fmt)
     if not rows:
         return ""
@@ -284,7 +283,7 @@ def _figure_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
-def _capacity(fmt: dict[str, Any]) -> str:
+def _capacity(fmt: FormatResult) -> str:
     text = capacity_text(fmt)
     if not text:
         return ""
@@ -292,7 +291,7 @@ def _capacity(fmt: dict[str, Any]) -> str:
     return f"**Capacity.** {md_inline(text)}" + (f"\n\n    {command}" if command else "")
 
 
-def _serving(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> str:
+def _serving(report: RunReport, fmt: FormatResult, layout: _Layout) -> str:
     rows = serving_rows(fmt)
     if not rows:
         return ""
@@ -307,7 +306,7 @@ def _serving(report: dict[str, Any], fmt: dict[str, Any], layout: _Layout) -> st
     return "\n".join(lines).rstrip()
 
 
-def _served(report: dict[str, Any], layout: _Layout) -> str:
+def _served(report: RunReport, layout: _Layout) -> str:
     views = served_views(report)
     if not views:
         return ""
@@ -367,7 +366,7 @@ def _excerpt_cell(text: str, limit: int) -> str:
 # --- provenance ----------------------------------------------------------------------------
 
 
-def _provenance(report: dict[str, Any], layout: _Layout) -> str:
+def _provenance(report: RunReport, layout: _Layout) -> str:
     lines = ["## Provenance", ""]
     for label, text in provenance_items(report):
         lines.append(f"- **{label}:** {md_inline(clip(text, 2 * layout.cell_chars))}")

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from harness.cache import cache_dir
+from harness.report.schema import FormatResult, RunReport
 from harness.report.units import is_number
 from harness.report.view import (TIMELINE_LABELS, candidates, formats_in_order, gated_scores, largest_batch_kv,
-                                  latency_run, memory_timeline, timeline_peak_text, verdict_of)
+                                  latency_run, memory_timeline, timeline_peak_text)
 
 GIB = 2**30
 VERDICT_COLOURS = {"GO": "#1a7f37", "NO-GO": "#cf222e", "INCONCLUSIVE": "#bf8700", "BASELINE": "#57606a"}
@@ -34,14 +35,14 @@ class Plot:
     error: str | None = None
 
 
-def render_plots(report: dict[str, Any]) -> list[Plot]:
+def render_plots(report: RunReport) -> list[Plot]:
     # matplotlib writes its font cache into MPLCONFIGDIR when it is first imported: keep it in our cache.
     os.environ["MPLCONFIGDIR"] = str(cache_dir("matplotlib"))
     try:
         import matplotlib  # noqa: F401  (fails here, not halfway through a plot, when missing)
     except ImportError as exc:
         return [Plot("plots", "Plots", "", error=f"matplotlib is not installed ({exc}); the tables hold every figure")]
-    specs: list[tuple[str, str, Callable[[dict[str, Any]], tuple[Any, str] | None]]] = [
+    specs: list[tuple[str, str, Callable[[RunReport], tuple[Any, str] | None]]] = [
         ("accuracy_memory", "Accuracy vs peak memory", _accuracy_vs_memory),
         ("latency", "Latency per format (batch 1)", _latency),
         ("memory", "Memory breakdown", _memory_breakdown),
@@ -94,16 +95,15 @@ def _png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _colour(fmt: dict[str, Any]) -> str:
-    return VERDICT_COLOURS.get(verdict_of(fmt), "#57606a")
+def _colour(fmt: FormatResult) -> str:
+    return VERDICT_COLOURS[fmt.verdict]
 
 
-def _accuracy_vs_memory(report: dict[str, Any]) -> tuple[Any, str] | None:
+def _accuracy_vs_memory(report: RunReport) -> tuple[Any, str] | None:
     points = []
     for name, fmt in formats_in_order(report):
-        peak = (fmt.get("memory") or {}).get("peak_bytes")
-        values = [gs.score.get("value") for gs in gated_scores(report, fmt)]
-        values = [v for v in values if is_number(v)]
+        peak = fmt.memory.peak_bytes if fmt.memory is not None else None
+        values = [gs.score.value for gs in gated_scores(report, fmt) if is_number(gs.score.value)]
         if is_number(peak) and values:
             points.append((name, peak / GIB, sum(values) / len(values), _colour(fmt)))
     if not points:
@@ -122,21 +122,20 @@ def _accuracy_vs_memory(report: dict[str, Any]) -> tuple[Any, str] | None:
     return figure, "Each format's peak memory against the mean of its gated metrics over all evalsets."
 
 
-def _latency(report: dict[str, Any]) -> tuple[Any, str] | None:
+def _latency(report: RunReport) -> tuple[Any, str] | None:
     rows = []
     for name, fmt in formats_in_order(report):
-        run = latency_run(fmt, "batch_1") or {}
-        ttft, tpot = run.get("ttft_ms") or {}, run.get("tpot_ms") or {}
-        if is_number(ttft.get("p50")) or is_number(tpot.get("p50")):
-            rows.append((name, ttft, tpot, _colour(fmt)))
+        run = latency_run(fmt, "batch_1")
+        if run is not None and (is_number(run.ttft_ms.p50) or is_number(run.tpot_ms.p50)):
+            rows.append((name, run.ttft_ms, run.tpot_ms, _colour(fmt)))
     if not rows:
         return None
     figure = _figure(7.0, 3.6)
     axes = figure.subplots(1, 2)
     for ax, key, label in ((axes[0], 1, "TTFT (ms)"), (axes[1], 2, "TPOT (ms)")):
         names = [r[0] for r in rows]
-        p50 = [r[key].get("p50") if is_number(r[key].get("p50")) else 0.0 for r in rows]
-        p95 = [r[key].get("p95") if is_number(r[key].get("p95")) else p for r, p in zip(rows, p50)]
+        p50 = [r[key].p50 if is_number(r[key].p50) else 0.0 for r in rows]
+        p95 = [r[key].p95 if is_number(r[key].p95) else p for r, p in zip(rows, p50)]
         upper = [max(high - low, 0.0) for low, high in zip(p50, p95)]
         ax.bar(names, p50, color=[r[3] for r in rows], yerr=[[0.0] * len(rows), upper], capsize=4)
         ax.set_ylabel(label)
@@ -146,15 +145,15 @@ def _latency(report: dict[str, Any]) -> tuple[Any, str] | None:
     return figure, "Bars are p50 at batch 1, whiskers reach p95; colour is the verdict."
 
 
-def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
+def _memory_breakdown(report: RunReport) -> tuple[Any, str] | None:
     rows = []
     for name, fmt in formats_in_order(report):
-        memory = fmt.get("memory") or {}
-        weights, activations = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
-        if not is_number(weights):
+        memory = fmt.memory
+        if memory is None or not is_number(memory.weights_bytes):
             continue
         kv = largest_batch_kv(memory)[0] or 0.0
-        rows.append((name, weights / GIB, kv / GIB, (activations or 0.0) / GIB, memory.get("peak_bytes")))
+        rows.append((name, memory.weights_bytes / GIB, kv / GIB, (memory.activation_peak_bytes or 0.0) / GIB,
+                     memory.peak_bytes))
     if not rows:
         return None
     figure = _figure(6.0, 4.0)
@@ -178,12 +177,12 @@ def _memory_breakdown(report: dict[str, Any]) -> tuple[Any, str] | None:
                     "the measured peak.")
 
 
-def _forest(report: dict[str, Any]) -> tuple[Any, str] | None:
+def _forest(report: RunReport) -> tuple[Any, str] | None:
     rows = []
     for name, fmt in candidates(report):
         for gs in gated_scores(report, fmt):
             score = gs.score
-            if is_number(score.get("delta")) and is_number(score.get("ci_low")) and is_number(score.get("ci_high")):
+            if is_number(score.delta) and is_number(score.ci_low) and is_number(score.ci_high):
                 rows.append((f"{name} · {gs.evalset}/{gs.metric}", score))
     if not rows:
         return None
@@ -194,11 +193,11 @@ def _forest(report: dict[str, Any]) -> tuple[Any, str] | None:
     ys = list(range(len(rows)))[::-1]
     margin_drawn = False
     for y, (_, score) in zip(ys, rows):
-        colour = STATUS_COLOURS.get(score.get("status") or "", "#57606a")
-        ax.plot([score["ci_low"], score["ci_high"]], [y, y], color=colour, linewidth=2)
-        ax.plot([score["delta"]], [y], marker="o", color=colour)
-        if is_number(score.get("margin")):
-            ax.plot([-score["margin"]] * 2, [y - 0.4, y + 0.4], color="#cf222e", linestyle="--", linewidth=1.5,
+        colour = STATUS_COLOURS.get(score.status or "", "#57606a")
+        ax.plot([score.ci_low, score.ci_high], [y, y], color=colour, linewidth=2)
+        ax.plot([score.delta], [y], marker="o", color=colour)
+        if is_number(score.margin):
+            ax.plot([-score.margin] * 2, [y - 0.4, y + 0.4], color="#cf222e", linestyle="--", linewidth=1.5,
                     label=None if margin_drawn else "−margin")
             margin_drawn = True
     ax.axvline(0.0, color="#57606a", linewidth=0.8)
@@ -221,41 +220,41 @@ TIMELINE_COLOURS = {"rss_bytes": "#0969da", "nvml_used_bytes": "#cf222e", "cuda_
 STAGE_SHADES = ("#f6f8fa", "#eaeef2")
 
 
-def _timeline(name: str, fmt: dict[str, Any]) -> tuple[Any, str] | None:
+def _timeline(name: str, fmt: FormatResult) -> tuple[Any, str] | None:
     """One format's memory over time: a line per sampled figure, a band per stage, each peak marked."""
     timeline = memory_timeline(fmt)
     if timeline is None:
         return None
-    points = timeline["points"]
-    fields = [f for f in timeline.get("fields") or [] if any(is_number(p.get(f)) for p in points)]
+    points = timeline.points
+    fields = [f for f in timeline.fields if any(is_number(getattr(p, f)) for p in points)]
     if not fields:
         return None
     figure = _figure(7.0, 3.4)
     ax = figure.subplots()
-    top = max(p[f] for p in points for f in fields if is_number(p.get(f))) / GIB
-    for index, stage in enumerate(timeline.get("stages") or []):
-        if not (is_number(stage.get("start_s")) and is_number(stage.get("end_s"))):
+    top = max(v for p in points for f in fields if is_number(v := getattr(p, f))) / GIB
+    for index, stage in enumerate(timeline.stages):
+        if not (is_number(stage.start_s) and is_number(stage.end_s)):
             continue
-        ax.axvspan(stage["start_s"], stage["end_s"], color=STAGE_SHADES[index % 2], zorder=0)
-        ax.text((stage["start_s"] + stage["end_s"]) / 2, top * 1.23, str(stage.get("stage", "")), ha="center",
-                va="top", fontsize=7, rotation=90 if len(timeline["stages"]) > 4 else 0, color="#57606a")
+        ax.axvspan(stage.start_s, stage.end_s, color=STAGE_SHADES[index % 2], zorder=0)
+        ax.text((stage.start_s + stage.end_s) / 2, top * 1.23, stage.stage, ha="center",
+                va="top", fontsize=7, rotation=90 if len(timeline.stages) > 4 else 0, color="#57606a")
     for field in fields:
-        series = [(p["t_s"], p[field] / GIB) for p in points if is_number(p.get(field))]
-        colour = TIMELINE_COLOURS.get(field, "#57606a")
+        series = [(p.t_s, v / GIB) for p in points if is_number(v := getattr(p, field))]
+        colour = TIMELINE_COLOURS[field]
         ax.plot([t for t, _ in series], [v for _, v in series], color=colour, linewidth=1.5,
-                label=TIMELINE_LABELS.get(field, field), zorder=2)
-        peak = (timeline.get("peaks") or {}).get(field) or {}
-        if is_number(peak.get("bytes")) and is_number(peak.get("t_s")):
-            ax.scatter([peak["t_s"]], [peak["bytes"] / GIB], marker="v", s=50, color=colour, zorder=3)
-            ax.annotate(f"peak {peak['bytes'] / GIB:.2f} GiB", (peak["t_s"], peak["bytes"] / GIB),
+                label=TIMELINE_LABELS[field], zorder=2)
+        peak = getattr(timeline.peaks, field)
+        if peak is not None and is_number(peak.t_s):
+            ax.scatter([peak.t_s], [peak.bytes / GIB], marker="v", s=50, color=colour, zorder=3)
+            ax.annotate(f"peak {peak.bytes / GIB:.2f} GiB", (peak.t_s, peak.bytes / GIB),
                         textcoords="offset points", xytext=(4, 6), fontsize=7, color=colour)
     ax.set_ylim(bottom=0, top=top * 1.25 if top > 0 else 1)
-    ax.set_xlim(left=0, right=max(timeline.get("duration_s") or 0, points[-1]["t_s"]) or 1)
+    ax.set_xlim(left=0, right=max(timeline.duration_s or 0, points[-1].t_s) or 1)
     ax.set_xlabel("time since the job began (s)")
     ax.set_ylabel("GiB")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"{name}: memory over time (bands = stages, ▼ = peak)")
-    interval = timeline.get("interval_s")
+    interval = timeline.interval_s
     every = f"every {interval * 1000:.0f} ms" if is_number(interval) else "at a fixed interval"
     return figure, f"Sampled {every} in {name}'s own process; {timeline_peak_text(fmt)}."

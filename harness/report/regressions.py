@@ -10,6 +10,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
+from harness.report.schema import RunReport
 from harness.report.units import is_number
 from harness.report.view import baseline_name, candidates, gate_metrics
 
@@ -40,7 +41,7 @@ class RegressionGroup:
 
 
 def worst_regressions(
-    report: dict[str, Any], samples: list[dict[str, Any]], limit: int = 5
+    report: RunReport, samples: list[dict[str, Any]], limit: int = 5
 ) -> list[RegressionGroup]:
     """One group per candidate x evalset that has paired items, in report order."""
     baseline = baseline_name(report)
@@ -51,7 +52,7 @@ def worst_regressions(
         key = (str(record.get("format")), str(record.get("evalset")))
         by_format.setdefault(key, {})[str(record.get("id"))] = record
 
-    evalsets = list(report.get("evalsets") or {})
+    evalsets = list(report.evalsets)
     evalsets += sorted({e for _, e in by_format if e not in evalsets})
     groups: list[RegressionGroup] = []
     for candidate, _ in candidates(report):
@@ -69,7 +70,7 @@ def worst_regressions(
     return groups
 
 
-def _metric_for(report: dict[str, Any], evalset: str, items: dict[str, dict[str, Any]]) -> str | None:
+def _metric_for(report: RunReport, evalset: str, items: dict[str, dict[str, Any]]) -> str | None:
     gated = gate_metrics(report, evalset)
     if gated:
         return gated[0]

@@ -7,21 +7,13 @@ formats leave fields they could not measure null) and returns display text.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from harness.units import DASH, MINUS, format_bytes, format_ms, format_number, format_signed, is_number
 
-__all__ = ["DASH", "MINUS", "clip", "dig", "excerpt", "fmt_bytes", "fmt_delta_interval", "fmt_int", "fmt_ms", "fmt_num",
-           "fmt_signed", "is_number", "prompt_excerpt"]
-
-
-def dig(data: Any, *keys: str) -> Any:
-    """data[k1][k2]... or None when any level is missing or not a dict."""
-    for key in keys:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
+__all__ = ["DASH", "MINUS", "clip", "excerpt", "fmt_bytes", "fmt_delta_interval", "fmt_int", "fmt_interval", "fmt_ms",
+           "fmt_num", "fmt_signed", "is_number", "prompt_excerpt"]
 
 
 # The report's names for the shared formatters, at their defaults: "—" for a missing value, 1536 -> "1.5 KiB",
@@ -32,13 +24,16 @@ fmt_num = format_number
 fmt_signed = format_signed
 
 
-def fmt_delta_interval(score: dict[str, Any]) -> str:
-    """'−1.2 [−3.0, +0.5]' from a scores.<evalset>.<metric> entry."""
-    delta = fmt_signed(score.get("delta"))
-    low, high = score.get("ci_low"), score.get("ci_high")
+def fmt_interval(delta: Any, low: Any, high: Any) -> str:
+    """'−1.2 [−3.0, +0.5]': a delta and its interval; the delta alone when there is no interval."""
     if is_number(low) and is_number(high):
-        return f"{delta} [{fmt_signed(low)}, {fmt_signed(high)}]"
-    return delta
+        return f"{fmt_signed(delta)} [{fmt_signed(low)}, {fmt_signed(high)}]"
+    return fmt_signed(delta)
+
+
+def fmt_delta_interval(score: Mapping[str, Any]) -> str:
+    """fmt_interval of a scores.<evalset>.<metric> entry as JSON (the renderers read ScoreEntry's attributes)."""
+    return fmt_interval(score.get("delta"), score.get("ci_low"), score.get("ci_high"))
 
 
 def fmt_int(value: Any) -> str:

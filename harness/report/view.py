@@ -1,8 +1,8 @@
 """What every renderer reads out of report.json and samples.jsonl, in one place.
 
-report.json is produced by the pipeline (harness/report/schema.py is the contract); the
-renderers only read it. Fields a failed format could not measure are null, so every
-accessor here tolerates missing data instead of raising.
+report.json is produced by the pipeline; the renderers read it parsed (harness/report/schema.py: RunReport,
+FormatResult, ...). Fields a failed format could not measure are None, and every accessor here shows them as a
+dash or leaves their row out instead of raising.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from harness.errors import UserError
+from harness.jsonl import read_jsonl
 from harness.report import schema
-from harness.report.schema import RunReport
-from harness.report.units import (DASH, dig, fmt_bytes, fmt_delta_interval, fmt_int, fmt_ms, fmt_num, fmt_signed,
-                                  is_number)
-
-VERDICTS = ("GO", "NO-GO", "INCONCLUSIVE", "BASELINE")
+from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
+                                   RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
+from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_interval, fmt_ms, fmt_num, fmt_signed, is_number
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
 LEGEND = (
@@ -40,7 +39,7 @@ LEGEND = (
 class GatedScore:
     evalset: str
     metric: str
-    score: dict[str, Any]  # the scores.<evalset>.<metric> entry as written by decide
+    score: ScoreEntry
 
 
 VERDICT_COLUMNS = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]",
@@ -72,23 +71,35 @@ class VerdictRow:
     vllm_flags: str  # "" when none
 
 
-def verdict_rows(report: dict[str, Any]) -> list[VerdictRow]:
+def verdict_rows(report: RunReport) -> list[VerdictRow]:
     return [_verdict_row(report, index, name, fmt) for index, (name, fmt) in enumerate(formats_in_order(report))]
 
 
-def _verdict_row(report: dict[str, Any], index: int, name: str, fmt: dict[str, Any]) -> VerdictRow:
-    memory = fmt.get("memory") or {}
-    peak = fmt_bytes(memory.get("peak_bytes"))
-    if peak != DASH and memory.get("device"):
-        peak += f" ({memory['device']})"
-    tpot = dig(fmt, "latency", "batch_1", "tpot_ms", "p50") or dig(fmt, "latency", "tpot_ms", "p50")
-    baseline = fmt.get("role") == "baseline"
-    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", fmt_num(gs.score.get("value")) if baseline
-                         else fmt_delta_interval(gs.score), "" if baseline else str(gs.score.get("status") or ""))
+def _verdict_row(report: RunReport, index: int, name: str, fmt: FormatResult) -> VerdictRow:
+    memory = fmt.memory
+    peak = fmt_bytes(memory.peak_bytes if memory is not None else None)
+    if peak != DASH and memory is not None and memory.device:
+        peak += f" ({memory.device})"
+    baseline = fmt.role == "baseline"
+    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", fmt_num(gs.score.value) if baseline
+                         else delta_interval(gs.score), "" if baseline else gs.score.status or "")
              for gs in gated_scores(report, fmt)]
-    error = (fmt.get("error") or "no error recorded") if fmt.get("status") == "failed" else None
-    return VerdictRow(index, name, baseline, verdict_of(fmt), peak, fmt_bytes(memory.get("weights_bytes")), fmt_ms(tpot),
-                      error, gated, str(dig(fmt, "capacity", "vllm_flags") or ""))
+    error = (fmt.error or "no error recorded") if fmt.status == "failed" else None
+    weights = memory.weights_bytes if memory is not None else None
+    flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
+    return VerdictRow(index, name, baseline, fmt.verdict, peak, fmt_bytes(weights), fmt_ms(_tpot_p50(fmt)), error,
+                      gated, flags)
+
+
+def _tpot_p50(fmt: FormatResult) -> float | None:
+    """batch_1's TPOT p50 (older reports' top-level copies are read into batch_1 by the schema)."""
+    run = latency_run(fmt, "batch_1")
+    return run.tpot_ms.p50 if run is not None else None
+
+
+def delta_interval(score: ScoreEntry) -> str:
+    """'−1.2 [−3.0, +0.5]': the paired delta and its 95% interval."""
+    return fmt_interval(score.delta, score.ci_low, score.ci_high)
 
 
 @dataclass(frozen=True)
@@ -104,18 +115,17 @@ class Phrase:
 NO_RECOMMENDATION = "no candidate format is GO; keep serving the baseline"
 
 
-def recommendation_sentence(report: dict[str, Any]) -> list[Phrase]:
+def recommendation_sentence(report: RunReport) -> list[Phrase]:
     """'Recommendation: ship FORMAT: WHY. Runner-up: NAME.', built once for both renderers."""
-    rec = report.get("recommendation") or {}
-    choice, why, runner_up = rec.get("format"), str(rec.get("why") or ""), rec.get("runner_up")
+    rec = report.recommendation
     phrases = [Phrase("Recommendation:", strong=True)]
-    if choice:
-        phrases += [Phrase(" ship "), Phrase(str(choice), strong=True, data=True)]
-        phrases += [Phrase(": "), Phrase(why, data=True)] if why else [Phrase(".")]
+    if rec.format:
+        phrases += [Phrase(" ship "), Phrase(rec.format, strong=True, data=True)]
+        phrases += [Phrase(": "), Phrase(rec.why, data=True)] if rec.why else [Phrase(".")]
     else:
-        phrases += [Phrase(" "), Phrase(why, data=True) if why else Phrase(NO_RECOMMENDATION)]
-    if runner_up:
-        phrases += [Phrase(" Runner-up: "), Phrase(str(runner_up), data=True), Phrase(".")]
+        phrases += [Phrase(" "), Phrase(rec.why, data=True) if rec.why else Phrase(NO_RECOMMENDATION)]
+    if rec.runner_up:
+        phrases += [Phrase(" Runner-up: "), Phrase(rec.runner_up, data=True), Phrase(".")]
     return phrases
 
 
@@ -123,70 +133,46 @@ def load_samples(path: Path) -> list[dict[str, Any]]:
     """Per-item records; a missing file means no items (e.g. every format failed)."""
     if not path.is_file():
         return []
-    samples: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{line_no}: not valid JSON ({exc.msg}); re-run `quantgate run` to rewrite it") from exc
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{line_no}: expected one JSON object per line")
-            samples.append(record)
-    return samples
+    return read_jsonl(path, fix=schema.REWRITE)
 
 
-def samples_path(run_dir: Path, report: dict[str, Any]) -> Path:
-    name = report.get("samples") or "samples.jsonl"
-    return run_dir / str(name)
-
-
-def formats_in_order(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Baseline first, then the order the run was asked for, then anything else."""
-    formats: dict[str, Any] = report.get("formats") or {}
-    requested = [f for f in (report.get("settings") or {}).get("formats") or [] if f in formats]
-    order = requested + [f for f in formats if f not in requested]
-    order.sort(key=lambda name: 0 if (formats[name] or {}).get("role") == "baseline" else 1)  # stable
-    return [(name, formats[name]) for name in order]
+def samples_path(run_dir: Path, report: RunReport) -> Path:
+    return run_dir / report.samples
 
 
 def ordered_format_names(report: RunReport) -> list[str]:
-    """formats_in_order for a parsed report: baseline first, then the order the run was asked for."""
+    """Baseline first, then the order the run was asked for, then anything else."""
     requested = [f for f in report.settings.formats if f in report.formats]
     order = requested + [f for f in report.formats if f not in requested]
     return sorted(order, key=lambda name: 0 if report.formats[name].role == "baseline" else 1)  # stable
 
 
-def baseline_name(report: dict[str, Any]) -> str | None:
-    for name, fmt in formats_in_order(report):
-        if fmt.get("role") == "baseline":
-            return name
-    return None
+def formats_in_order(report: RunReport) -> list[tuple[str, FormatResult]]:
+    """(name, result) in ordered_format_names order."""
+    return [(name, report.formats[name]) for name in ordered_format_names(report)]
 
 
-def candidates(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(name, fmt) for name, fmt in formats_in_order(report) if fmt.get("role") != "baseline"]
+def baseline_name(report: RunReport) -> str | None:
+    return next((name for name, fmt in formats_in_order(report) if fmt.role == "baseline"), None)
 
 
-def gate_metrics(report: dict[str, Any], evalset: str) -> list[str]:
-    """The metrics the verdict gates on for this evalset (spec `gate`), else its first metric."""
-    spec = (report.get("evalsets") or {}).get(evalset) or {}
-    gate = [m for m in spec.get("gate") or [] if isinstance(m, str)]
-    if gate:
-        return gate
-    metrics = [m for m in spec.get("metrics") or [] if isinstance(m, str)]
-    return metrics[:1]
+def candidates(report: RunReport) -> list[tuple[str, FormatResult]]:
+    return [(name, fmt) for name, fmt in formats_in_order(report) if fmt.role != "baseline"]
 
 
-def iter_scores(fmt: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    for evalset, metrics in (fmt.get("scores") or {}).items():
-        if not isinstance(metrics, dict):
-            continue
+def gate_metrics(report: RunReport, evalset: str) -> list[str]:
+    """The metrics the verdict gates on for this evalset (spec `gate`), else its first metric; [] for an evalset
+    the report does not describe."""
+    spec = report.evalsets.get(evalset)
+    if spec is None:
+        return []
+    return spec.gate or spec.metrics[:1]
+
+
+def iter_scores(fmt: FormatResult) -> Iterator[tuple[str, str, ScoreEntry]]:
+    for evalset, metrics in fmt.scores.items():
         for metric, score in metrics.items():
-            if isinstance(score, dict):
-                yield evalset, metric, score
+            yield evalset, metric, score
 
 
 BASELINE_SCORE_COLUMNS = ("Evalset", "Metric", "Score", "n")
@@ -210,26 +196,21 @@ class ScoreRow:
     status: str  # "pass", "fail", "inconclusive"; "" when none
 
 
-def score_rows(fmt: dict[str, Any]) -> list[ScoreRow]:
+def score_rows(fmt: FormatResult) -> list[ScoreRow]:
     """Every score of one format, gated metrics first (they decide the verdict)."""
-    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].get("gated") else 1)
-    return [ScoreRow(evalset, metric, bool(score.get("gated")), fmt_num(score.get("value")), fmt_int(score.get("n")),
-                     fmt_delta_interval(score), fmt_num(score.get("margin")), fmt_num(score.get("mde")),
-                     fmt_num(score.get("p_value"), 3), str(score.get("method") or DASH), str(score.get("status") or ""))
+    scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].gated else 1)
+    return [ScoreRow(evalset, metric, score.gated, fmt_num(score.value), fmt_int(score.n), delta_interval(score),
+                     fmt_num(score.margin), fmt_num(score.mde), fmt_num(score.p_value, 3), score.method or DASH,
+                     score.status or "")
             for evalset, metric, score in scores]
 
 
-def gated_scores(report: dict[str, Any], fmt: dict[str, Any]) -> list[GatedScore]:
+def gated_scores(report: RunReport, fmt: FormatResult) -> list[GatedScore]:
     """Scores marked gated by decide; for the baseline (never marked) the spec's gate metrics."""
-    marked = [GatedScore(e, m, s) for e, m, s in iter_scores(fmt) if s.get("gated")]
+    marked = [GatedScore(e, m, s) for e, m, s in iter_scores(fmt) if s.gated]
     if marked:
         return marked
     return [GatedScore(e, m, s) for e, m, s in iter_scores(fmt) if m in gate_metrics(report, e)]
-
-
-def verdict_of(fmt: dict[str, Any]) -> str:
-    verdict = fmt.get("verdict")
-    return verdict if verdict in VERDICTS else "NO-GO" if fmt.get("status") == "failed" else str(verdict or "?")
 
 
 # --- plain-text figures shared by the Markdown and HTML renderers (they escape them) --------
@@ -244,144 +225,143 @@ class MemoryRow:
     is_peak: bool = False
 
 
-def largest_batch_kv(memory: dict[str, Any]) -> tuple[float | None, int | None]:
+def largest_batch_kv(memory: Memory) -> tuple[float | None, int | None]:
     """KV bytes held at the largest measured batch (measured; else predicted per token x tokens), and its tokens."""
-    tokens = (memory.get("largest_batch") or {}).get("tokens")
-    measured, per_token = memory.get("kv_bytes_largest_batch"), memory.get("kv_bytes_per_token")
+    tokens = memory.largest_batch.tokens if memory.largest_batch is not None else None
+    measured, per_token = memory.kv_bytes_largest_batch, memory.kv_bytes_per_token
     if is_number(measured):
         return measured, tokens
     return (per_token * tokens if is_number(per_token) and is_number(tokens) else None), tokens
 
 
-def memory_rows(fmt: dict[str, Any]) -> list[MemoryRow]:
+def memory_rows(fmt: FormatResult) -> list[MemoryRow]:
     """Weights / KV / activations / peak, then the raw device figures that exist; [] if nothing was measured."""
-    memory = fmt.get("memory") or {}
-    if not any(is_number(memory.get(k)) for k in ("peak_bytes", "weights_bytes", "activation_peak_bytes")):
+    memory = fmt.memory
+    if memory is None or not any(is_number(v) for v in (memory.peak_bytes, memory.weights_bytes,
+                                                         memory.activation_peak_bytes)):
         return []
     kv_at_largest, tokens = largest_batch_kv(memory)
     rows = [
-        MemoryRow("Weights", _with_measured(memory, "weights_bytes")),
-        MemoryRow("KV cache per token", _with_measured(memory, "kv_bytes_per_token")),
+        MemoryRow("Weights", _with_measured(memory.weights_bytes, memory.weights_bytes_measured)),
+        MemoryRow("KV cache per token", _with_measured(memory.kv_bytes_per_token, memory.kv_bytes_per_token_measured)),
     ]
     if is_number(kv_at_largest) and is_number(tokens):
         rows.append(MemoryRow(f"KV cache at largest batch ({fmt_int(tokens)} tokens)", fmt_bytes(kv_at_largest)))
-    rows.append(MemoryRow("Activation peak", fmt_bytes(memory.get("activation_peak_bytes"))))
-    rows.append(MemoryRow("Peak", fmt_bytes(memory.get("peak_bytes")), is_peak=True))
-    for key, label in (
-        ("rss_peak_bytes", "Peak RSS"),
-        ("cuda_max_allocated_bytes", "torch.cuda max allocated"),
-        ("cuda_max_reserved_bytes", "torch.cuda max reserved"),
-        ("nvml_peak_used_bytes", "NVML peak used (nvidia-smi)"),
+    rows.append(MemoryRow("Activation peak", fmt_bytes(memory.activation_peak_bytes)))
+    rows.append(MemoryRow("Peak", fmt_bytes(memory.peak_bytes), is_peak=True))
+    for value, label in (
+        (memory.rss_peak_bytes, "Peak RSS"),
+        (memory.cuda_max_allocated_bytes, "torch.cuda max allocated"),
+        (memory.cuda_max_reserved_bytes, "torch.cuda max reserved"),
+        (memory.nvml_peak_used_bytes, "NVML peak used (nvidia-smi)"),
     ):
-        if is_number(memory.get(key)):
-            rows.append(MemoryRow(label, fmt_bytes(memory[key])))
+        if is_number(value):
+            rows.append(MemoryRow(label, fmt_bytes(value)))
     return rows
 
 
-def _with_measured(memory: dict[str, Any], key: str) -> str:
-    value = fmt_bytes(memory.get(key))
-    measured = memory.get(f"{key}_measured")
-    if is_number(measured) and measured != memory.get(key):
-        value += f" (measured {fmt_bytes(measured)})"
-    return value
+def _with_measured(value: int | None, measured: int | None) -> str:
+    text = fmt_bytes(value)
+    if is_number(measured) and measured != value:
+        text += f" (measured {fmt_bytes(measured)})"
+    return text
 
 
-def memory_caption(fmt: dict[str, Any]) -> str:
-    memory = fmt.get("memory") or {}
-    caption = f"Memory on {memory.get('device') or 'unknown device'}"
-    return caption + (f"; peak is {memory['figures']}" if memory.get("figures") else "")
+def memory_caption(fmt: FormatResult) -> str:
+    memory = fmt.memory
+    device = memory.device if memory is not None else None
+    figures = memory.figures if memory is not None else None
+    return f"Memory on {device or 'unknown device'}" + (f"; peak is {figures}" if figures else "")
 
 
 TIMELINE_LABELS = {"rss_bytes": "RSS", "nvml_used_bytes": "NVML used", "cuda_allocated_bytes": "allocated",
                    "cuda_reserved_bytes": "reserved"}
 
 
-def memory_timeline(fmt: dict[str, Any]) -> dict[str, Any] | None:
+def memory_timeline(fmt: FormatResult) -> MemoryTimeline | None:
     """The format's memory.timeline when it has points (reports before it was kept have none)."""
-    timeline = (fmt.get("memory") or {}).get("timeline")
-    return timeline if isinstance(timeline, dict) and timeline.get("points") else None
+    timeline = fmt.memory.timeline if fmt.memory is not None else None
+    return timeline if timeline is not None and timeline.points else None
 
 
-def timeline_peak_text(fmt: dict[str, Any]) -> str:
+def timeline_peak_text(fmt: FormatResult) -> str:
     """'peak RSS 1.42 GiB at 12.3 s (generate:en_faq)', each sampled figure's peak '; '-joined on a GPU
     ('peak NVML used ... ; peak allocated ...'); '' without a timeline."""
     timeline = memory_timeline(fmt)
     if timeline is None:
         return ""
-    peaks = timeline.get("peaks") or {}
     parts = []
-    for field in timeline.get("fields") or list(peaks):
-        peak = peaks.get(field)
-        if not isinstance(peak, dict) or not is_number(peak.get("bytes")):
+    for field in timeline.fields:
+        peak = getattr(timeline.peaks, field)
+        if peak is None:
             continue
-        text = f"peak {TIMELINE_LABELS.get(field, field)} {fmt_bytes(peak['bytes'])}"
-        if is_number(peak.get("t_s")):
-            text += f" at {peak['t_s']:.1f} s"
-        if peak.get("stage"):
-            text += f" ({peak['stage']})"
+        text = f"peak {TIMELINE_LABELS[field]} {fmt_bytes(peak.bytes)}"
+        if is_number(peak.t_s):
+            text += f" at {peak.t_s:.1f} s"
+        if peak.stage:
+            text += f" ({peak.stage})"
         parts.append(text)
     return "; ".join(parts)
 
 
-def latency_run(fmt: dict[str, Any], which: str) -> dict[str, Any] | None:
-    """'batch_1' (falling back to the top-level copies) or 'batched'."""
-    latency = fmt.get("latency") or {}
-    if which == "batched":
-        run = latency.get("batched")
-    else:
-        run = latency.get("batch_1") or {k: latency[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms") if latency.get(k)}
-    if not isinstance(run, dict):
+def latency_run(fmt: FormatResult, which: Literal["batch_1", "batched"]) -> LatencyRun | None:
+    """'batch_1' or 'batched'; None when the format did not measure it."""
+    latency = fmt.latency
+    run = None if latency is None else latency.batch_1 if which == "batch_1" else latency.batched
+    if run is None:
         return None
-    # a format that never ran still carries {"p50": null, ...} placeholders
-    measured = any(is_number(v) for stats in run.values() if isinstance(stats, dict) for v in stats.values())
+    measured = any(is_number(v) for stats in (run.ttft_ms, run.tpot_ms, run.e2e_ms)
+                   for v in (stats.p50, stats.p95, stats.max, stats.mean, stats.stdev, stats.count))
     return run if measured else None
 
 
-def latency_rows(fmt: dict[str, Any]) -> list[list[str]]:
+def latency_rows(fmt: FormatResult) -> list[list[str]]:
     rows = []
     for which in ("batch_1", "batched"):
         run = latency_run(fmt, which)
-        if not run:
+        if run is None:
             continue
-        label = "batch 1" if which == "batch_1" else f"batch {fmt_int(run.get('batch_size'))}"
-        cells = [label, fmt_int(run.get("requests") or (run.get("ttft_ms") or {}).get("count"))]
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            stats = run.get(key) or {}
-            cells += [fmt_ms(stats.get("p50")), p95_text(stats)]
-        tput = run.get("throughput_tok_s")
+        label = "batch 1" if which == "batch_1" else f"batch {fmt_int(run.batch_size)}"
+        cells = [label, fmt_int(run.requests or run.ttft_ms.count)]
+        for stats in (run.ttft_ms, run.tpot_ms, run.e2e_ms):
+            cells += [fmt_ms(stats.p50), p95_text(stats)]
+        tput = run.throughput_tok_s
         cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
         rows.append(cells)
     return rows
 
 
-def p95_text(stats: dict[str, Any]) -> str:
+def p95_text(stats: LatencyStats) -> str:
     """The p95, or 'max of N: X' when N requests are too few for a 95th percentile."""
     return tail_text(stats, "p95")
 
 
-def tail_text(stats: dict[str, Any], key: str) -> str:
-    """A tail percentile (`key`: 'p95', 'p99'), or 'max of N: X' when N requests are too few for it."""
+def tail_text(stats: LatencyStats, key: Literal["p95", "p99"]) -> str:
+    """A tail percentile (`key`: 'p95', or 'p99' of served stats), or 'max of N: X' when N requests are too few
+    for it."""
     from harness.measure.latency import P95_MIN_REQUESTS
 
-    count = stats.get("count")
+    value, count = getattr(stats, key), stats.count
     if is_number(count) and 0 < count < P95_MIN_REQUESTS:
-        if is_number(stats.get("max")):
-            return f"max of {fmt_int(count)}: {fmt_ms(stats['max'])}"
-        return f"{key} of only {fmt_int(count)}: {fmt_ms(stats.get(key))}"  # a report from before "max" was kept
-    return fmt_ms(stats.get(key))
+        if is_number(stats.max):
+            return f"max of {fmt_int(count)}: {fmt_ms(stats.max)}"
+        return f"{key} of only {fmt_int(count)}: {fmt_ms(value)}"  # a report from before "max" was kept
+    return fmt_ms(value)
 
 
-def latency_caption(fmt: dict[str, Any]) -> str:
-    latency = fmt.get("latency") or {}
+def latency_caption(fmt: FormatResult) -> str:
+    latency = fmt.latency
+    if latency is None:
+        return "Latency on unknown device"
     extra = []
-    if is_number(latency.get("threads")):
-        extra.append(f"{latency['threads']} thread(s)")
-    if is_number(latency.get("warmup_requests")):
-        extra.append(f"{latency['warmup_requests']} warm-up requests")
-    return f"Latency on {latency.get('device') or 'unknown device'}" + (f" ({', '.join(extra)})" if extra else "")
+    if is_number(latency.threads):
+        extra.append(f"{latency.threads} thread(s)")
+    if is_number(latency.warmup_requests):
+        extra.append(f"{latency.warmup_requests} warm-up requests")
+    return f"Latency on {latency.device or 'unknown device'}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-# --- served by vLLM (report["formats"][NAME]["served"]; settings.backend "vllm") ---------------------
+# --- served by vLLM (report.formats[NAME].served; settings.backend "vllm") ---------------------------
 
 SERVED_TITLE = "Served by vLLM"
 SERVED_LATENCY_COLUMNS = ("Concurrency", "Requests", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
@@ -401,130 +381,114 @@ class ServedView:
     command: str  # the exact `vllm serve` command; "" when quantgate did not start the server
 
 
-def backend_of(report: dict[str, Any]) -> str:
-    """settings.backend; reports before it was kept ran transformers."""
-    return str(dig(report, "settings", "backend") or "transformers")
-
-
-def served_of(fmt: dict[str, Any]) -> dict[str, Any] | None:
-    served = fmt.get("served")
-    return served if isinstance(served, dict) else None
-
-
-def served_views(report: dict[str, Any]) -> list[ServedView]:
+def served_views(report: RunReport) -> list[ServedView]:
     """Every format with a `served` block, in report order; [] when none has one (no section then)."""
-    return [served_view(name, served) for name, fmt in formats_in_order(report)
-            if (served := served_of(fmt)) is not None]
+    return [served_view(name, fmt.served) for name, fmt in formats_in_order(report) if fmt.served is not None]
 
 
-def served_view(name: str, served: dict[str, Any]) -> ServedView:
+def served_view(name: str, served: Served) -> ServedView:
     lines = [("vLLM", served_engine_text(served))]
-    kernels = [str(k) for k in served.get("kernels") or []]
-    if kernels or served.get("status") == "ok":
-        lines.append(("Kernels", ", ".join(kernels) or "none named in vLLM's log"))
-    if isinstance(served.get("kv_cache"), dict):
-        lines.append(("KV cache", served_kv_text(served["kv_cache"])))
-    if isinstance(served.get("saturation"), dict):
-        lines.append(("Saturation", saturation_text(served["saturation"])))
-    lines.append(("Scores", "from this server" if served.get("scored") is True else "from transformers"))
-    return ServedView(name, str(served.get("status") or "?"), str(served.get("reason") or ""), lines,
-                      served_latency_rows(served), str(served.get("command") or ""))
+    if served.kernels or served.status == "ok":
+        lines.append(("Kernels", ", ".join(served.kernels) or "none named in vLLM's log"))
+    if served.kv_cache is not None:
+        lines.append(("KV cache", served_kv_text(served.kv_cache)))
+    if served.saturation is not None:
+        lines.append(("Saturation", saturation_text(served.saturation)))
+    lines.append(("Scores", "from this server" if served.scored else "from transformers"))
+    return ServedView(name, served.status, served.reason or "", lines, served_latency_rows(served),
+                      served.command or "")
 
 
-def served_engine_text(served: dict[str, Any]) -> str:
+def served_engine_text(served: Served) -> str:
     """'vLLM 0.32.0 from project environment .venv-vllm; started in 41.2 s; peak RSS 1.20 GiB; log PATH'."""
-    version, source, endpoint = served.get("version"), str(served.get("source") or DASH), served.get("endpoint")
-    parts = [f"{ENGINE_TITLES.get(str(served.get('engine')), 'vLLM')} {version or '(version unknown)'} from {source}"
-             + (f" at {endpoint}" if endpoint and str(endpoint) not in source else "")]
-    if is_number(served.get("startup_s")):
-        parts.append(f"started in {fmt_num(served['startup_s'])} s")
-    if is_number(served.get("rss_peak_bytes")):
-        parts.append(f"peak RSS {fmt_bytes(served['rss_peak_bytes'])}")
-    if served.get("log"):
-        parts.append(f"log {served['log']}")
+    source, endpoint = served.source or DASH, served.endpoint
+    parts = [f"{ENGINE_TITLES[served.engine]} {served.version or '(version unknown)'} from {source}"
+             + (f" at {endpoint}" if endpoint and endpoint not in source else "")]
+    if is_number(served.startup_s):
+        parts.append(f"started in {fmt_num(served.startup_s)} s")
+    if is_number(served.rss_peak_bytes):
+        parts.append(f"peak RSS {fmt_bytes(served.rss_peak_bytes)}")
+    if served.log:
+        parts.append(f"log {served.log}")
     return "; ".join(parts)
 
 
-def served_kv_text(kv: dict[str, Any]) -> str:
+def served_kv_text(kv: ServedKvCache) -> str:
     """'predicted 46,592 tokens vs vLLM's 46,592 tokens (error +0.0%), max concurrency 45.50 predicted vs 45.50
     vLLM at 1,024 tokens'; then the block size and vLLM's KV memory."""
-    error = kv.get("relative_error")
-    text = (f"predicted {fmt_int(kv.get('predicted_tokens'))} tokens vs vLLM's {fmt_int(kv.get('vllm_tokens'))} "
+    error = kv.relative_error
+    text = (f"predicted {fmt_int(kv.predicted_tokens)} tokens vs vLLM's {fmt_int(kv.vllm_tokens)} "
             f"tokens (error {fmt_signed(100 * error) + '%' if is_number(error) else DASH}), max concurrency "
-            f"{fmt_num(kv.get('predicted_max_concurrency'), 2)} predicted vs "
-            f"{fmt_num(kv.get('vllm_max_concurrency'), 2)} vLLM at {fmt_int(kv.get('max_model_len'))} tokens")
-    extra = [f"{fmt_int(kv['block_size'])}-token blocks"] if is_number(kv.get("block_size")) else []
-    if is_number(kv.get("vllm_kv_memory_gib")):
-        extra.append(f"vLLM's KV memory {fmt_num(kv['vllm_kv_memory_gib'], 2)} GiB")
+            f"{fmt_num(kv.predicted_max_concurrency, 2)} predicted vs "
+            f"{fmt_num(kv.vllm_max_concurrency, 2)} vLLM at {fmt_int(kv.max_model_len)} tokens")
+    extra = [f"{fmt_int(kv.block_size)}-token blocks"] if is_number(kv.block_size) else []
+    if is_number(kv.vllm_kv_memory_gib):
+        extra.append(f"vLLM's KV memory {fmt_num(kv.vllm_kv_memory_gib, 2)} GiB")
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
-def saturation_text(saturation: dict[str, Any]) -> str:
+def saturation_text(saturation: Saturation) -> str:
     """'holds under load (REASON)' or 'does not hold under load: REASON'."""
-    reason = str(saturation.get("reason") or "")
-    if saturation.get("holds") is True:
+    reason = saturation.reason
+    if saturation.holds:
         return "holds under load" + (f" ({reason})" if reason else "")
     return f"does not hold under load: {reason or 'no reason recorded'}"
 
 
-def served_latency_rows(served: dict[str, Any]) -> list[list[str]]:
-    runs = [run for run in (served.get("latency") or {}).values() if isinstance(run, dict)]
-    runs.sort(key=lambda run: run["concurrency"] if is_number(run.get("concurrency")) else 0)
+def served_latency_rows(served: Served) -> list[list[str]]:
     rows = []
-    for run in runs:
-        cells = [fmt_int(run.get("concurrency")), fmt_int(run.get("requests"))]
-        for key, tails in (("ttft_ms", ("p95", "p99")), ("itl_ms", ("p95",)), ("tpot_ms", ("p95",)),
-                           ("e2e_ms", ("p95",))):
-            stats = run.get(key) if isinstance(run.get(key), dict) else {}
-            cells += [fmt_ms(stats.get("p50"))] + [tail_text(stats, tail) for tail in tails]
-        tput = run.get("output_tokens_per_s")
+    for run in sorted(served.latency.values(), key=lambda run: run.concurrency):
+        cells = [fmt_int(run.concurrency), fmt_int(run.requests)]
+        for stats, tails in ((run.ttft_ms, ("p95", "p99")), (run.itl_ms, ("p95",)), (run.tpot_ms, ("p95",)),
+                             (run.e2e_ms, ("p95",))):
+            cells += [fmt_ms(stats.p50)] + [tail_text(stats, tail) for tail in tails]
+        tput = run.output_tokens_per_s
         cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
         rows.append(cells)
     return rows
 
 
-def backend_note(report: dict[str, Any]) -> str:
+def backend_note(report: RunReport) -> str:
     """The line under the verdict table when the scores came from vLLM; '' with the transformers backend."""
-    if backend_of(report) != "vllm":
+    if report.settings.backend != "vllm":
         return ""
     local = [name for name, fmt in formats_in_order(report)
-             if fmt.get("scores") and (served_of(fmt) or {}).get("scored") is not True]
+             if fmt.scores and not (fmt.served is not None and fmt.served.scored)]
     note = "Scores come from the vLLM server (backend vllm)"
     return note + (f"; {', '.join(local)}: from transformers (not served)." if local else ".")
 
 
-def latency_origin(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+def latency_origin(report: RunReport, fmt: FormatResult) -> str:
     """Where the latency table's figures come from, once any format was served; '' otherwise."""
-    if not any(served_of(f) is not None for _, f in formats_in_order(report)):
+    if all(f.served is None for f in report.formats.values()):
         return ""
-    served = served_of(fmt)
-    if served is None:
+    if fmt.served is None:
         return f"{_IN_TRANSFORMERS}; this format was not served by vLLM."
-    if served.get("latency"):
+    if fmt.served.latency:
         return f"{_IN_TRANSFORMERS}; served figures are in '{SERVED_TITLE}'."
     return f"{_IN_TRANSFORMERS}; vLLM has no figures for this format (see '{SERVED_TITLE}')."
 
 
-def capacity_text(fmt: dict[str, Any]) -> str:
+def capacity_text(fmt: FormatResult) -> str:
     """One sentence: target GPU, KV room, concurrent sequences, whether it fits; '' when not computed."""
-    cap = fmt.get("capacity") or {}
-    if not cap:
+    cap = fmt.capacity
+    if cap is None:
         return ""
-    gib, util = cap.get("gpu_memory_gib"), cap.get("gpu_memory_utilization")
+    gib, util = cap.gpu_memory_gib, cap.gpu_memory_utilization
     target = f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU"
     if is_number(util):
         target += f" at {util:.2f} utilization"
-    fits = cap.get("fits")
-    if cap.get("servable") is False:
-        return f"On a {target}: vLLM cannot serve this format." + (f" {cap['note']}" if cap.get("note") else "")
+    note = f" {cap.note}" if cap.note else ""
+    if cap.servable is False:
+        return f"On a {target}: vLLM cannot serve this format." + note
     text = (
-        f"On a {target}, max-model-len {fmt_int(cap.get('max_model_len'))}: "
-        f"KV room {fmt_bytes(cap.get('kv_room_bytes'))}, "
-        f"max concurrent sequences {fmt_int(cap.get('max_num_seqs'))}, "
-        f"max batched tokens {fmt_int(cap.get('max_num_batched_tokens'))}; "
-        + ("fits." if fits is True else "does not fit." if fits is False else "fit unknown.")
+        f"On a {target}, max-model-len {fmt_int(cap.max_model_len)}: "
+        f"KV room {fmt_bytes(cap.kv_room_bytes)}, "
+        f"max concurrent sequences {fmt_int(cap.max_num_seqs)}, "
+        f"max batched tokens {fmt_int(cap.max_num_batched_tokens)}; "
+        + ("fits." if cap.fits else "does not fit.")
     )
-    return text + (f" {cap['note']}" if cap.get("note") else "")
+    return text + note
 
 
 ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -540,124 +504,104 @@ class ServingRow:
     config_yaml: str  # TensorRT-LLM's --config file; "" when none
 
 
-def serving_caption(report: dict[str, Any], fmt: dict[str, Any]) -> str:
+def serving_caption(report: RunReport, fmt: FormatResult) -> str:
     """'Serving on an L4 (22.49 GiB), weights measured' from the run's target and the plans' memory."""
-    target = dig(report, "settings", "capacity", "target_gpu")
-    plans = [p for p in (fmt.get("serving") or {}).values() if isinstance(p, dict)]
-    memory = next((p["memory"] for p in plans if isinstance(p.get("memory"), dict)), {})
-    size = memory.get("gpu_memory_bytes")
+    capacity = report.settings.capacity
+    target = capacity.target_gpu if capacity is not None else None
+    plans = (fmt.serving or {}).values()
+    memory = next((plan.memory for plan in plans if plan.memory is not None), None)
+    size = memory.gpu_memory_bytes if memory is not None else None
     where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
         f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
-    sources = [f"weights {memory[k]}" if k == "weights_source" else f"activations {memory[k]}"
-               for k in ("weights_source", "activation_source") if isinstance(memory.get(k), str)]
+    sources = ([f"weights {memory.weights_source}", f"activations {memory.activation_source}"] if memory is not None
+               else [])
     return f"Serving on {where}" + (f" ({', '.join(sources)})" if sources else "")
 
 
-def serving_rows(fmt: dict[str, Any]) -> list[ServingRow]:
+def serving_rows(fmt: FormatResult) -> list[ServingRow]:
     """vLLM, SGLang and TensorRT-LLM (in that order, then any other engine) for one format; [] without `serving`
     (reports written before it was kept)."""
-    serving = fmt.get("serving")
-    if not isinstance(serving, dict):
+    serving = fmt.serving
+    if serving is None:
         return []
     order = [e for e in ENGINE_TITLES if e in serving] + [e for e in serving if e not in ENGINE_TITLES]
     rows = []
     for engine in order:
         plan = serving[engine]
-        if not isinstance(plan, dict):
-            continue
-        version = plan.get("engine_version")
-        title = ENGINE_TITLES.get(engine, engine) + (f" {version}" if version else "")
-        reason = str(plan.get("reason") or "")
-        if plan.get("servable") is False:
-            summary = f"cannot serve it: {reason}" if reason else "cannot serve it"
-        elif plan.get("fits") is False:
-            summary = reason or "does not fit"
+        title = ENGINE_TITLES.get(engine, engine) + (f" {plan.engine_version}" if plan.engine_version else "")
+        if not plan.servable:
+            summary = f"cannot serve it: {plan.reason}" if plan.reason else "cannot serve it"
+        elif not plan.fits:
+            summary = plan.reason or "does not fit"
         else:
-            memory = plan.get("memory") or {}
-            held, seqs = plan.get("max_concurrency"), plan.get("max_num_seqs")
-            summary = (f"KV cache {fmt_bytes(memory.get('kv_cache_bytes'))} holds {fmt_int(plan.get('kv_tokens'))} "
-                       f"tokens: {fmt_int(held)} sequences of {fmt_int(plan.get('max_model_len'))} tokens; the "
-                       f"command runs {fmt_int(seqs)} at once")
-        rows.append(ServingRow(title, summary, str(plan.get("command") or ""), str(plan.get("config_yaml") or "")))
+            kv_bytes = plan.memory.kv_cache_bytes if plan.memory is not None else None
+            summary = (f"KV cache {fmt_bytes(kv_bytes)} holds {fmt_int(plan.kv_tokens)} "
+                       f"tokens: {fmt_int(plan.max_concurrency)} sequences of {fmt_int(plan.max_model_len)} tokens; "
+                       f"the command runs {fmt_int(plan.max_num_seqs)} at once")
+        rows.append(ServingRow(title, summary, plan.command, plan.config_yaml))
     return rows
 
 
-def vllm_command(fmt: dict[str, Any]) -> str:
-    flags = (fmt.get("capacity") or {}).get("vllm_flags")
-    return f"vllm serve MODEL {' '.join(str(flags).split())}" if flags else ""
+def vllm_command(fmt: FormatResult) -> str:
+    flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
+    return f"vllm serve MODEL {' '.join(flags.split())}" if flags else ""
 
 
-def manifest_summary(manifest: Any) -> str:
-    """'engine: gptqmodel; versions: {...}; recipe: {...}' from an artifact manifest."""
-    if not isinstance(manifest, dict) or not manifest:
+def manifest_summary(manifest: Manifest | None) -> str:
+    """'engine: gptqmodel; versions: {...}; recipe: {...}' from an artifact manifest: the keys the file has, in
+    its order (the manifest is open-ended: older quantgate versions wrote other keys)."""
+    fields = manifest.model_dump(mode="json", exclude_unset=True) if manifest is not None else {}
+    if not fields:
         return DASH
     bits = []
-    for key, value in manifest.items():
+    for key, value in fields.items():
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
         bits.append(f"{key}: {shown}")
     return "; ".join(bits)
 
 
-def provenance_items(report: dict[str, Any]) -> list[tuple[str, str]]:
+def provenance_items(report: RunReport) -> list[tuple[str, str]]:
     """(label, plain text) lines: model, device, settings, run, environment."""
-    model = report.get("model") or {}
-    device = report.get("device") or {}
-    settings = report.get("settings") or {}
-    tool = report.get("tool") or {}
+    model, device, settings, tool = report.model, report.device, report.settings, report.tool
     model_bits = [
-        f"source {model.get('source') or DASH}",
-        f"path {model.get('path') or DASH}",
-        f"fingerprint {model.get('fingerprint') or DASH}",
+        f"source {model.source or DASH}",
+        f"path {model.path or DASH}",
+        f"fingerprint {model.fingerprint or DASH}",
     ]
-    model_bits += [f"{key} {model[key]}" for key in ("architecture", "dtype") if model.get(key)]
-    if is_number(model.get("num_parameters")):
-        model_bits.append(f"{fmt_int(model['num_parameters'])} parameters")
+    model_bits += [f"{key} {value}" for key, value in (("architecture", model.architecture), ("dtype", model.dtype))
+                   if value]
+    if is_number(model.num_parameters):
+        model_bits.append(f"{fmt_int(model.num_parameters)} parameters")
     items = [("Model", ", ".join(model_bits))]
-    if model.get("note"):
-        items.append(("Model note", str(model["note"])))
-    dev = [str(device.get("kind") or DASH), str(device.get("name") or "")]
-    if is_number(device.get("total_memory_bytes")):
-        dev.append(fmt_bytes(device["total_memory_bytes"]))
-    items.append(("Device", f"{' '.join(d for d in dev if d)}; threads {fmt_int(device.get('threads'))}"))
+    if model.note:
+        items.append(("Model note", model.note))
+    dev = [device.kind, device.name, fmt_bytes(device.total_memory_bytes)]
+    items.append(("Device", f"{' '.join(d for d in dev if d)}; threads {fmt_int(device.threads)}"))
     items.append(
         (
             "Settings",
-            f"seed {settings.get('seed', DASH)}, batch size {settings.get('batch_size', DASH)}, "
-            f"max items {settings.get('max_items') or 'all'}, bootstrap resamples {settings.get('resamples', DASH)}",
+            f"seed {settings.seed}, batch size {settings.batch_size}, "
+            f"max items {settings.max_items or 'all'}, bootstrap resamples {settings.resamples}",
         )
     )
     items.append(
         (
             "Run",
-            f"{tool.get('name') or 'quantgate'} {tool.get('version') or ''}, "
-            f"created {report.get('created_at') or DASH}, wall {fmt_num(report.get('wall_s'))} s",
+            f"{tool.name} {tool.version}, created {report.created_at or DASH}, wall {fmt_num(report.wall_s)} s",
         )
     )
     return items
 
 
-def environment_items(report: dict[str, Any]) -> list[str]:
-    return [f"{k} {v}" for k, v in (report.get("environment") or {}).items()]
+def environment_items(report: RunReport) -> list[str]:
+    return [f"{k} {v}" for k, v in report.environment.items()]
 
 
-def evalset_rows(report: dict[str, Any]) -> list[list[str]]:
+def evalset_rows(report: RunReport) -> list[list[str]]:
     """Evalset, task, language, items, gate, tokenizer, hash, spec."""
-    rows = []
-    for name, spec in (report.get("evalsets") or {}).items():
-        spec = spec if isinstance(spec, dict) else {}
-        rows.append(
-            [
-                str(name),
-                str(spec.get("task") or DASH),
-                str(spec.get("language") or DASH),
-                fmt_int(spec.get("n")),
-                ", ".join(str(g) for g in spec.get("gate") or []) or DASH,
-                str(spec.get("tokenizer") or DASH),
-                str(spec.get("hash") or DASH),
-                str(spec.get("spec") or DASH),
-            ]
-        )
-    return rows
+    return [[name, spec.task, spec.language or DASH, fmt_int(spec.n), ", ".join(spec.gate) or DASH,
+             spec.tokenizer or DASH, spec.hash or DASH, spec.spec or DASH]
+            for name, spec in report.evalsets.items()]
 
 
 EVALSET_COLUMNS = ("Evalset", "Task", "Language", "Items", "Gate", "Tokenizer", "Hash", "Spec")
@@ -665,50 +609,31 @@ ARTIFACT_COLUMNS = ("Format", "Artifact", "Size", "Cached", "Manifest")
 CALIBRATION_COLUMNS = ("Format", "Calibration source", "Texts", "Tokens (mean, min)", "Overlap with evaluated items")
 
 
-def calibration_rows(report: dict[str, Any]) -> list[list[str]]:
+def calibration_rows(report: RunReport) -> list[list[str]]:
     """Per format that calibrates: where its texts came from, how many and how long, and what they overlap."""
-    rows = []
-    for name, fmt in formats_in_order(report):
-        cal = fmt.get("calibration")
-        if not isinstance(cal, dict):
-            continue
-        rows.append([name, str(cal.get("source") or DASH), fmt_int(cal.get("texts")),
-                     f"{fmt_num(cal.get('tokens_mean'), 0)}, {fmt_int(cal.get('tokens_min'))}",
-                     overlap_text(cal.get("overlap"))])
-    return rows
+    return [[name, cal.source or DASH, fmt_int(cal.texts), f"{fmt_num(cal.tokens_mean, 0)}, {fmt_int(cal.tokens_min)}",
+             overlap_text(cal.overlap)]
+            for name, fmt in formats_in_order(report) if (cal := fmt.calibration) is not None]
 
 
-def overlap_text(overlap: Any) -> str:
-    if not isinstance(overlap, dict):
+def overlap_text(overlap: Overlap | None) -> str:
+    if overlap is None:
         return DASH
-    share = overlap.get("calibration_ngram_share")
-    text = (f"{fmt_int(overlap.get('items_overlapping'))} of {fmt_int(overlap.get('items_total'))} items share "
-            f"{overlap.get('ngram', 13)}-grams; {fmt_num(100 * share, 2) if is_number(share) else DASH}% of the "
+    share = overlap.calibration_ngram_share
+    text = (f"{fmt_int(overlap.items_overlapping)} of {fmt_int(overlap.items_total)} items share "
+            f"{overlap.ngram}-grams; {fmt_num(100 * share, 2) if is_number(share) else DASH}% of the "
             "calibration n-grams occur in evaluated items")
-    if overlap.get("items_overlapping") and overlap.get("allowed"):
-        ids = list(overlap.get("overlapping") or [])
+    if overlap.items_overlapping and overlap.allowed:
+        ids = overlap.overlapping
         more = f", ... {len(ids) - 10} more" if len(ids) > 10 else ""
         text += " (allowed by --allow-calibration-overlap: " + ", ".join(ids[:10]) + more + ")"
     return text
 
 
-def artifact_rows(report: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for name, fmt in formats_in_order(report):
-        artifact = fmt.get("artifact") or {}
-        if not artifact:
-            continue
-        cached = artifact.get("cached")
-        rows.append(
-            [
-                name,
-                str(artifact.get("path") or DASH),
-                fmt_bytes(artifact.get("size_bytes")),
-                "yes" if cached is True else "no" if cached is False else DASH,
-                manifest_summary(artifact.get("manifest")),
-            ]
-        )
-    return rows
+def artifact_rows(report: RunReport) -> list[list[str]]:
+    return [[name, artifact.path or DASH, fmt_bytes(artifact.size_bytes), "yes" if artifact.cached else "no",
+             manifest_summary(artifact.manifest)]
+            for name, fmt in formats_in_order(report) if (artifact := fmt.artifact) is not None]
 
 
 def load_report(run_dir: Path) -> RunReport:

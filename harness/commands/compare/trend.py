@@ -10,8 +10,7 @@ from harness.commands.compare.changes import effective_verdict
 from harness.commands.compare.comparability import ARROW, Difference, find_differences
 from harness.commands.compare.inputs import Run
 from harness.decide import num, signed
-from harness.report.schema import FormatResult, RunReport, ScoreEntry
-from harness.report.view import ordered_format_names
+from harness.report.view import gated_scores, ordered_format_names
 
 DASH = "\u2014"
 
@@ -75,29 +74,13 @@ def _format_trend(name: str, runs: list[Run]) -> FormatTrend:
     verdicts = [effective_verdict(e) if e is not None else None for e in entries]
     metrics: dict[str, list[Point | None]] = {}
     for index, (run, entry) in enumerate(zip(runs, entries)):
-        for label, score in _gated(run.report, entry) if entry is not None else []:
-            series = metrics.setdefault(label, [None] * len(runs))
+        for gated in gated_scores(run.report, entry) if entry is not None else []:
+            series = metrics.setdefault(f"{gated.evalset}/{gated.metric}", [None] * len(runs))
+            score = gated.score
             series[index] = Point(score.value, score.delta, score.status)
     turns = [Turn(i, verdicts[i - 1], verdicts[i] or "absent") for i in range(1, len(runs))
              if verdicts[i - 1] is not None and verdicts[i] != verdicts[i - 1]]
     return FormatTrend(name, verdicts, metrics, turns)
-
-
-def _gated(report: RunReport, fmt: FormatResult) -> list[tuple[str, ScoreEntry]]:
-    """("evalset/metric", score) of the scores the verdict gated on; for the baseline (never marked gated) those
-    of each evalset's gate metrics (its first metric when it names none), as view.gated_scores picks them."""
-    scores = [(evalset, metric, score) for evalset, metrics in fmt.scores.items() for metric, score in metrics.items()]
-    marked = [(f"{e}/{m}", s) for e, m, s in scores if s.gated]
-    if marked:
-        return marked
-    return [(f"{e}/{m}", s) for e, m, s in scores if m in _gate_metrics(report, e)]
-
-
-def _gate_metrics(report: RunReport, evalset: str) -> list[str]:
-    spec = report.evalsets.get(evalset)
-    if spec is None:
-        return []
-    return spec.gate or spec.metrics[:1]
 
 
 def verdict_cell(fmt: FormatTrend, index: int) -> str:
