@@ -25,7 +25,7 @@ from harness.report.markdown import MAX_BYTES, render_markdown
 from harness.report.regressions import worst_regressions
 from harness.report.scores_csv import render_scores_csv
 from harness.report.schema import RunReport, parse_report
-from harness.report.units import fmt_bytes, fmt_delta_interval, prompt_excerpt
+from harness.report.units import fmt_bytes, fmt_interval, prompt_excerpt
 from harness.report.view import load_samples
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example"
@@ -84,8 +84,8 @@ def test_bytes_are_human_units():
 
 
 def test_delta_interval_uses_real_minus_and_signs():
-    assert fmt_delta_interval({"delta": -1.23, "ci_low": -3.0, "ci_high": 0.5}) == "−1.2 [−3.0, +0.5]"
-    assert fmt_delta_interval({"delta": 0.0, "ci_low": None, "ci_high": None}) == "0.0"
+    assert fmt_interval(-1.23, -3.0, 0.5) == "−1.2 [−3.0, +0.5]"
+    assert fmt_interval(0.0, None, None) == "0.0"
 
 
 def test_prompt_excerpt_drops_chat_tokens_and_keeps_the_question():

@@ -7,12 +7,11 @@ formats leave fields they could not measure null) and returns display text.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from harness.units import DASH, MINUS, format_bytes, format_ms, format_number, format_signed, is_number
 
-__all__ = ["DASH", "MINUS", "clip", "excerpt", "fmt_bytes", "fmt_delta_interval", "fmt_int", "fmt_interval", "fmt_ms",
+__all__ = ["DASH", "MINUS", "clip", "excerpt", "fmt_bytes", "fmt_int", "fmt_interval", "fmt_ms",
            "fmt_num", "fmt_signed", "is_number", "prompt_excerpt"]
 
 
@@ -29,11 +28,6 @@ def fmt_interval(delta: Any, low: Any, high: Any) -> str:
     if is_number(low) and is_number(high):
         return f"{fmt_signed(delta)} [{fmt_signed(low)}, {fmt_signed(high)}]"
     return fmt_signed(delta)
-
-
-def fmt_delta_interval(score: Mapping[str, Any]) -> str:
-    """fmt_interval of a scores.<evalset>.<metric> entry as JSON (the renderers read ScoreEntry's attributes)."""
-    return fmt_interval(score.get("delta"), score.get("ci_low"), score.get("ci_high"))
 
 
 def fmt_int(value: Any) -> str:
