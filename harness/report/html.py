@@ -20,8 +20,6 @@ from harness.report.units import (
     DASH,
     clip,
     excerpt,
-    fmt_num,
-    fmt_signed,
     prompt_excerpt,
 )
 from harness.report.view import (
@@ -358,8 +356,7 @@ def _checks(fmt: FormatResult, layout: _Layout) -> str:
 
 def _regressions(group: RegressionGroup, layout: _Layout) -> str:
     head = (
-        f"<h3>Worst regressions: {e(group.evalset)} <small>({e(group.metric)}; "
-        f"{group.regressed} of {group.compared} items dropped)</small></h3>"
+        f"<h3>Worst regressions: {e(group.evalset)} <small>({e(group.metric)}; {group.counts_text})</small></h3>"
     )
     if not group.rows:
         return head + "<p>No item scored lower than the baseline.</p>"
@@ -374,7 +371,7 @@ def _regressions(group: RegressionGroup, layout: _Layout) -> str:
                 _text(excerpt(" | ".join(reg.references), layout.output_chars) if reg.references else "(none: abstain)"),
                 _text(excerpt(reg.baseline_output, layout.output_chars)),
                 _text(excerpt(reg.candidate_output, layout.output_chars)),
-                e(f"{fmt_num(reg.baseline_score)} → {fmt_num(reg.candidate_score)} ({fmt_signed(reg.change)})"),
+                e(reg.change_text),
             ]
         )
     columns = ("Item", "Prompt (excerpt)", "Reference", "Baseline output", f"{group.candidate} output",

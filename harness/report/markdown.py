@@ -18,8 +18,6 @@ from harness.report.units import (
     DASH,
     clip,
     excerpt,
-    fmt_num,
-    fmt_signed,
     prompt_excerpt,
 )
 from harness.report.view import (
@@ -328,8 +326,7 @@ def _served_format(view: ServedView, layout: _Layout) -> str:
 
 def _regressions(group: RegressionGroup, layout: _Layout) -> str:
     head = (
-        f"**Worst regressions: {md_inline(group.evalset)}** ({md_inline(group.metric)}; "
-        f"{group.regressed} of {group.compared} items dropped)"
+        f"**Worst regressions: {md_inline(group.evalset)}** ({md_inline(group.metric)}; {group.counts_text})"
     )
     if not group.rows:
         return head + "\n\nNo item scored lower than the baseline."
@@ -348,7 +345,7 @@ def _regressions(group: RegressionGroup, layout: _Layout) -> str:
                     md_cell(prompt_excerpt(reg.prompt, layout.excerpt_chars)) or "_(empty)_",
                     _excerpt_cell(reg.baseline_output, layout.excerpt_chars),
                     _excerpt_cell(reg.candidate_output, layout.excerpt_chars),
-                    f"{fmt_num(reg.baseline_score)} → {fmt_num(reg.candidate_score)} ({fmt_signed(reg.change)})",
+                    reg.change_text,
                 ]
             )
             + " |"

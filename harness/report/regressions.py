@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.report.schema import RunReport
-from harness.report.units import is_number
+from harness.report.units import fmt_num, fmt_signed, is_number
 from harness.report.view import baseline_name, candidates, gate_metrics
 
 
@@ -29,6 +29,11 @@ class Regression:
     def change(self) -> float:
         return self.candidate_score - self.baseline_score
 
+    @property
+    def change_text(self) -> str:
+        """'80.0 → 40.0 (−40.0)', the last column of both renderers' tables."""
+        return f"{fmt_num(self.baseline_score)} → {fmt_num(self.candidate_score)} ({fmt_signed(self.change)})"
+
 
 @dataclass(frozen=True)
 class RegressionGroup:
@@ -38,6 +43,10 @@ class RegressionGroup:
     rows: tuple[Regression, ...]  # worst first
     compared: int  # items present for both formats with a score
     regressed: int  # of those, items whose score dropped
+
+    @property
+    def counts_text(self) -> str:
+        return f"{self.regressed} of {self.compared} items dropped"
 
 
 def worst_regressions(
