@@ -6,7 +6,6 @@ times quantization, measurement and evaluation, not the one-off GGUF conversion.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, children_cpu_s, demo_cache, say
+from harness.report.schema import load_report
 
 FORMATS = "baseline,int8,gptq,awq"
 
@@ -42,8 +42,8 @@ def run_cache_bench(demo_checkpoint: Path, work: Path, max_items: int, calibrati
     cold, cold_cpu = _quantgate(args, cache, work / "cold.log")
     say(f"cache: cold run took {cold:.1f}s ({cold_cpu:.1f}s CPU); repeating it unchanged")
     warm, warm_cpu = _quantgate(args, cache, work / "warm.log")
-    again = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
-    stages = {name: entry.get("stages_run", []) for name, entry in again["formats"].items()}
+    again = load_report(run_dir / "report.json")
+    stages = {name: entry.stages_run or [] for name, entry in again.formats.items()}
     say(f"cache: warm run took {warm:.2f}s ({warm_cpu:.2f}s CPU; stages recomputed: {sum(map(len, stages.values()))})")
     return CacheBench(cold, cold_cpu, warm, warm_cpu, stages, args[:-2], run_dir, cache)
 

@@ -8,7 +8,6 @@ CPU the vLLM path is for fidelity (kernels, capacity, flags), not speed; the num
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, say
+from harness.jsonl import read_jsonl
+from harness.report.schema import load_report
 
 
 @dataclass
@@ -52,15 +53,13 @@ def _run_backend(backend: str, model_path: Path, evalset_spec: Path, items: int,
     wall = time.perf_counter() - started
     if done.returncode not in (0, 1):
         raise RuntimeError(f"quantgate run --backend {backend} failed ({done.returncode}): {done.stderr[-800:]}")
-    entry = json.loads((out / "report.json").read_text(encoding="utf-8"))["formats"]["baseline"]
+    entry = load_report(out / "report.json").formats["baseline"]
     predictions = {}
-    for line in (out / "samples.jsonl").read_text(encoding="utf-8").splitlines():
-        sample = json.loads(line)
+    for sample in read_jsonl(out / "samples.jsonl"):
         predictions[f"{sample['evalset']}/{sample['id']}"] = sample["prediction"]
-    scores = {metric: value["value"] for metrics in entry["scores"].values() for metric, value in metrics.items()}
-    return BackendRun(backend, round(wall, 1), entry["generation"]["wall_s"],
-                      (entry.get("served") or {}).get("startup_s"), scores, entry["generation"]["items"],
-                      predictions)
+    scores = {metric: value.value for metrics in entry.scores.values() for metric, value in metrics.items()}
+    return BackendRun(backend, round(wall, 1), entry.generation.wall_s, entry.served and entry.served.startup_s,
+                      scores, entry.generation.items, predictions)
 
 
 def render_serve_bench(result: dict | None) -> list[str]:

@@ -11,13 +11,15 @@ failed, 3 no vLLM here.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness.report.schema import load_report  # noqa: E402
+
 TOLERANCE = 0.03
 
 
@@ -40,18 +42,18 @@ def main(argv: list[str]) -> int:
         print(f"quantgate run exited {done.returncode} without a report:\n{done.stderr[-2000:]}")
         return 1
     failed = []
-    for name, entry in json.loads((out / "report.json").read_text())["formats"].items():
-        served = entry.get("served") or {}
-        kv = served.get("kv_cache") or {}
-        error = kv.get("relative_error")
-        print(f"{name}: served {served.get('status')} ({served.get('reason') or 'ok'}); KV predicted "
-              f"{kv.get('predicted_tokens')} vs vLLM {kv.get('vllm_tokens')} (error {error}); saturation "
-              f"{(served.get('saturation') or {}).get('reason')}")
-        if served.get("status") == "unsupported":
+    for name, entry in load_report(out / "report.json").formats.items():
+        served = entry.served
+        kv, saturation = (served.kv_cache, served.saturation) if served else (None, None)
+        error = kv.relative_error if kv else None
+        print(f"{name}: served {served.status if served else None} ({(served and served.reason) or 'ok'}); KV "
+              f"predicted {kv and kv.predicted_tokens} vs vLLM {kv and kv.vllm_tokens} (error {error}); saturation "
+              f"{saturation and saturation.reason}")
+        if served is not None and served.status == "unsupported":
             continue
-        if served.get("status") != "ok" or error is None or abs(error) > TOLERANCE:
+        if served is None or served.status != "ok" or error is None or abs(error) > TOLERANCE:
             failed.append(f"{name}: KV prediction not within {TOLERANCE:.0%}")
-        if not (served.get("saturation") or {}).get("holds"):
+        if saturation is None or not saturation.holds:
             failed.append(f"{name}: saturation")
     leftover = subprocess.run(["pgrep", "-f", "vllm.entrypoints|vllm serve|harness.runtime.vllm.supervise"],
                               capture_output=True, text=True).stdout.split()
