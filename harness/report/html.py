@@ -16,48 +16,14 @@ from typing import Any, Iterable
 from harness.report.plots import Plot, render_plots
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
-from harness.report.units import (
-    DASH,
-    clip,
-    excerpt,
-    prompt_excerpt,
-)
-from harness.report.view import (
-    BASELINE_SCORE_COLUMNS,
-    SCORE_COLUMNS,
-    score_rows,
-    VERDICT_COLUMNS,
-    VerdictRow,
-    verdict_rows,
-    Phrase,
-    recommendation_sentence,
-    ARTIFACT_COLUMNS,
-    CALIBRATION_COLUMNS,
-    EVALSET_COLUMNS,
-    LATENCY_COLUMNS,
-    LEGEND,
-    SERVED_LATENCY_COLUMNS,
-    SERVED_TITLE,
-    ServedView,
-    artifact_rows,
-    backend_note,
-    calibration_rows,
-    capacity_text,
-    environment_items,
-    evalset_rows,
-    formats_in_order,
-    latency_caption,
-    latency_origin,
-    latency_rows,
-    memory_caption,
-    memory_rows,
-    provenance_items,
-    serving_caption,
-    serving_rows,
-    served_views,
-    timeline_peak_text,
-    vllm_command,
-)
+from harness.report.units import DASH, clip, excerpt, prompt_excerpt
+from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
+                                 LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, SERVED_TITLE,
+                                 VERDICT_COLUMNS, artifact_rows, backend_note, calibration_rows, capacity_text,
+                                 environment_items, evalset_rows, formats_in_order, latency_caption, latency_origin,
+                                 latency_rows, memory_caption, memory_rows, Phrase, provenance_items,
+                                 recommendation_sentence, score_rows, served_views, ServedView, serving_caption,
+                                 serving_rows, timeline_peak_text, verdict_rows, VerdictRow, vllm_command)
 
 MAX_BYTES = 2 * 1024 * 1024
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
