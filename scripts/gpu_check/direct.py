@@ -14,6 +14,7 @@ import statistics
 import time
 
 from harness.commands.plan import capacity_view
+from harness.formats import format_spec
 from harness.measure.capacity import Target, Workload, gpu_of_size, model_shape, plan_vllm, weight_format
 from harness.measure.kv import estimate_weights_bytes, kv_bytes_per_token
 from harness.measure.memory import NvmlSampler
@@ -23,7 +24,7 @@ BATCH, PROMPT_LEN, NEW_TOKENS = 8, 512, 32
 KV_TOLERANCE = 0.01       # cache tensors vs config arithmetic: should be exact
 ALLOC_TOLERANCE = 0.05    # allocator delta vs prediction: block rounding and the next-token tensor
 WEIGHTS_TOLERANCE = 0.05  # allocator after load vs estimate_weights_bytes
-BITS = {"baseline": 16, "int8": 8, "gptq": 4}
+MEASURED_FORMATS = ("baseline", "int8", "gptq")  # those _load knows how to load
 
 
 def measure_format(job: dict) -> dict:
@@ -48,7 +49,7 @@ def measure_format(job: dict) -> dict:
     load_peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()) if cuda else (0, 0)
     weights_tensors = _tensor_bytes(model)
     group = job["gptq_group"] if fmt == "gptq" else None
-    weights_predicted = estimate_weights_bytes(config, BITS[fmt], group, fmt=fmt)
+    weights_predicted = estimate_weights_bytes(config, format_spec(fmt).bits, group, fmt=fmt)
 
     vocab, batch, prompt_len, new_tokens = config.vocab_size, job["batch"], job["prompt_len"], job["new_tokens"]
     generator = torch.Generator().manual_seed(1)
@@ -115,7 +116,7 @@ def _load(fmt: str, model_dir: str, device: str):
 
         wrapper = GPTQModel.load(gptq_dir(model_dir), device=device)
         return getattr(wrapper, "model", wrapper).eval()
-    raise ValueError(f"unknown format {fmt!r} (known: {', '.join(BITS)})")
+    raise ValueError(f"unknown format {fmt!r} (known: {', '.join(MEASURED_FORMATS)})")
 
 
 def _decode(model, prompt, new_tokens: int, sync, measure_prefill_alloc=None) -> dict:
