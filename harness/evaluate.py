@@ -102,7 +102,7 @@ def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[s
             samples.append({"format": run.name, "evalset": evalset.name, "id": item.id, "prompt": prompts[item.id],
                             "prediction": output["prediction"],
                             "references": list(item.answers if evalset.task == "qa" else item.references),
-                            "new_tokens": output["new_tokens"], **metrics})
+                            "new_tokens": output["new_tokens"], **metrics})  # schema.SAMPLE_FIELDS, then metrics
         items_by_set[evalset.name] = scores
     return items_by_set
 

@@ -10,7 +10,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from harness.report.schema import RunReport
+from harness.report.schema import SAMPLE_FIELDS, RunReport
 from harness.report.units import fmt_num, fmt_signed, is_number
 from harness.report.view import baseline_name, candidates, gate_metrics
 
@@ -84,11 +84,8 @@ def _metric_for(report: RunReport, evalset: str, items: dict[str, dict[str, Any]
     if gated:
         return gated[0]
     sample = next(iter(items.values()))
-    numeric = [k for k, v in sample.items() if k not in _RECORD_FIELDS and is_number(v)]
+    numeric = [k for k, v in sample.items() if k not in SAMPLE_FIELDS and is_number(v)]
     return numeric[0] if numeric else None
-
-
-_RECORD_FIELDS = {"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"}
 
 
 def _group(

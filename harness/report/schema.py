@@ -30,6 +30,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from harness.errors import UserError
 
+# samples.jsonl: one record per scored item, these fields and then the item's metric -> score (0-100)
+SAMPLE_FIELDS = frozenset({"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"})
 SCHEMA_VERSION = 2  # 2: every check carries its `reason` (see upgrade_v1)
 READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)  # a version-1 report is upgraded when it is read
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"

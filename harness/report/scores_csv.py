@@ -11,11 +11,10 @@ import csv
 import io
 from typing import Any
 
-from harness.report.schema import RunReport
+from harness.report.schema import SAMPLE_FIELDS, RunReport
 from harness.report.units import is_number
 
 KEY_COLUMNS = ("format", "evalset", "id", "new_tokens")
-_NOT_METRICS = {"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"}
 
 
 def metric_columns(report: RunReport, samples: list[dict[str, Any]]) -> list[str]:
@@ -23,12 +22,12 @@ def metric_columns(report: RunReport, samples: list[dict[str, Any]]) -> list[str
     columns: list[str] = []
     for spec in report.evalsets.values():
         for metric in spec.metrics:
-            if metric not in columns and metric not in _NOT_METRICS:
+            if metric not in columns and metric not in SAMPLE_FIELDS:
                 columns.append(metric)
     seen = set(columns)
     for record in samples:
         for key, value in record.items():
-            if key not in seen and key not in _NOT_METRICS and is_number(value):
+            if key not in seen and key not in SAMPLE_FIELDS and is_number(value):
                 seen.add(key)
                 columns.append(key)
     return columns
