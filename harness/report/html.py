@@ -33,19 +33,17 @@ _STATUS_CLASS = {"pass": "go", "fail": "nogo", "inconclusive": "inconclusive"}
 
 @dataclass(frozen=True)
 class _Layout:
+    """How much detail fits, shrunk step by step until the page is under MAX_BYTES: characters of a prompt excerpt
+    and of an output, regression rows per group, items per provenance list."""
+
     excerpt_chars: int
     output_chars: int
     rows_per_group: int
     list_items: int
 
 
-_LAYOUTS = (
-    _Layout(600, 800, 5, 200),
-    _Layout(300, 400, 5, 100),
-    _Layout(160, 200, 3, 50),
-    _Layout(80, 100, 1, 20),
-    _Layout(80, 100, 0, 10),
-)
+_LAYOUTS = tuple(_Layout(*sizes) for sizes in ((600, 800, 5, 200), (300, 400, 5, 100), (160, 200, 3, 50),
+                                               (80, 100, 1, 20), (80, 100, 0, 10)))
 
 
 def e(value: Any) -> str:
