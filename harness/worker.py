@@ -110,13 +110,14 @@ def run_evaluate(job: EvaluateJob) -> None:
 
     importlib.import_module("transformers")  # before the load phase, so its RSS is not counted as weights
 
-    from harness.measure.timeline import MemoryTimeline
+    from harness.measure.timeline import MemoryTimeline, whole_job_peaks
 
     measure = job.measure
     with MemoryTimeline(stage="load") if measure else contextlib.nullcontext() as timeline:
         result = _evaluate(job, timeline)
     if measure and result is not None:
         result["memory_timeline"] = timeline.as_dict()
+        result["memory"] = whole_job_peaks(result["memory"], result["memory_timeline"])
         atomic_write_json(Path(measure.result_path), result)
 
 

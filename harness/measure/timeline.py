@@ -26,6 +26,9 @@ INTERVAL_S = 0.1
 MAX_POINTS = 300
 FIELDS_CPU = ("rss_bytes",)
 FIELDS_GPU = ("nvml_used_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes")
+# The measurement's peak figure each sampled field can raise.
+PEAK_FIELD_OF = {"rss_bytes": "rss_peak_bytes", "nvml_used_bytes": "nvml_peak_used_bytes",
+                 "cuda_allocated_bytes": "cuda_max_allocated_bytes", "cuda_reserved_bytes": "cuda_max_reserved_bytes"}
 
 
 def _rss_reader() -> Callable[[], tuple[int, ...]]:
@@ -175,3 +178,20 @@ def downsample(samples: list[tuple], max_points: int, width: int) -> list[tuple]
         lead = max(chunk, key=lambda s: s[1])
         out.append((lead[0], *(max(s[column] for s in chunk) for column in range(1, 1 + width)), lead[-1]))
     return out
+
+
+def whole_job_peaks(memory: dict, series: dict) -> dict:
+    """`memory` (a measurement's) with its peaks raised to the whole job's, from the timeline `series`
+    (as_dict()): the measure stage tracks load and its largest batch, but generating every evalset afterwards can
+    go higher (bitsandbytes int8 on CPU kept growing its RSS through generation). peak_bytes is the figure that
+    runs out first: NVML used on a GPU, else the allocator's reserved peak, RSS on a CPU."""
+    raised = dict(memory)
+    for field, peak in (series.get("peaks") or {}).items():
+        key = PEAK_FIELD_OF.get(field)
+        if key is not None and raised.get(key) is not None:
+            raised[key] = max(raised[key], peak["bytes"])
+    headline = next((raised[k] for k in ("nvml_peak_used_bytes", "cuda_max_reserved_bytes", "rss_peak_bytes")
+                     if raised.get(k) is not None), None)
+    if headline is not None and raised.get("peak_bytes") is not None:
+        raised["peak_bytes"] = max(raised["peak_bytes"], headline)
+    return raised

@@ -193,8 +193,9 @@ class Memory(_Strict):
     device, peak_bytes and weights_bytes (null) and the predicted kv_bytes_per_token."""
 
     device: DeviceKind | None = Field(default=None, description="where it was measured; null when not measured")
-    peak_bytes: int | None = Field(default=None, description="peak memory, bytes: NVML device used on a GPU "
-                                   "(allocator reserved without NVML), peak RSS on a CPU; see `figures`")
+    peak_bytes: int | None = Field(default=None, description="peak memory over the whole measured job (load, "
+                                   "measurement and every evalset's generation), bytes: NVML device used on a "
+                                   "GPU (allocator reserved without NVML), peak RSS on a CPU; see `figures`")
     weights_bytes: int | None = Field(default=None, description="bytes of the loaded weights (parameters and "
                                       "buffers, in the dtype the run computed in)")
     parameters: int | None = Field(default=None, description="number of parameters of the loaded model (count)")
