@@ -33,6 +33,17 @@ class CapacitySettings(BaseModel):
     # Measured CUDA context + non-torch memory per GPU (vLLM logs it as non_torch_memory at start-up); replaces the
     # planners' estimate. None: the estimate (harness.measure.capacity.memory.NON_TORCH_BYTES).
     overhead_gib: float | None = Field(default=None, ge=0)
+    # The vLLM rules the plans follow; None: the vLLM serving the run, else the installed one, else the newest.
+    vllm_version: str | None = None
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _known_version(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from harness.measure.capacity import resolve_version
+
+        return resolve_version(value)[0]  # ValueError names the known versions
 
     @field_validator("target_gpu")
     @classmethod

@@ -152,7 +152,7 @@ def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: t
     overhead = inputs.spec.capacity.overhead_gib
     workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
                         non_torch_bytes=None if overhead is None else int(overhead * 2**30))
-    version, _ = resolve_version(None)
+    version = vllm_rules_of(inputs)
     options = {"vllm_version": version, "gpu_memory_utilization": gpu_memory_utilization}
     try:
         if engines is None:
@@ -161,6 +161,13 @@ def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: t
                 for e in engines}
     except TensorParallelError:
         return None
+
+
+def vllm_rules_of(inputs) -> str:
+    """The vLLM version whose rules plan the run: --vllm-version, else the vLLM serving it (--backend vllm), else
+    the installed one (the project's .venv-vllm included), else the newest known."""
+    served = getattr(getattr(inputs, "vllm", None), "version", None)
+    return resolve_version(inputs.spec.capacity.vllm_version, installed=served)[0]
 
 
 def serving_fit(inputs, run) -> ServingFit | None:

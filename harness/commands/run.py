@@ -51,6 +51,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
                         "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
                         "planners' 0.5 GiB estimate")
+    parser.add_argument("--vllm-version", help="plan vLLM's flags by this version's rules (0.32, 0.33 or 0.34; "
+                        "default: the vLLM that serves the run, else the installed one, else the newest known)")
     parser.add_argument("--candidate", action="append", metavar="NAME=PATH", help="a checkpoint already quantized "
                         "elsewhere (AutoAWQ, AutoGPTQ, GPTQModel, llm-compressor, bitsandbytes, compressed-tensors), "
                         "judged against --model like the built-in formats, without re-quantizing (repeatable)")
@@ -116,7 +118,8 @@ def flag_values(args) -> tuple[dict, dict]:
                                   "gpu_memory_gib": args.gpu_memory_gib,
                                   "gpu_memory_utilization": args.gpu_memory_utilization,
                                   "max_model_len": args.max_model_len,
-                                  "overhead_gib": args.capacity_overhead_gib}.items() if v is not None}
+                                  "overhead_gib": args.capacity_overhead_gib,
+                                  "vllm_version": getattr(args, "vllm_version", None)}.items() if v is not None}
     overrides = {
         "model": args.model, "formats": parse_formats(args.formats) if args.formats else None,
         "evalsets": args.evalsets, "out": args.out, "policy": args.policy, "group_size": args.group_size,

