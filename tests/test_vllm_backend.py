@@ -295,3 +295,15 @@ def test_devices_needs_a_gpu(demo_cache, tmp_path):
     result = quantgate("run", "--model", "demo", "--devices", "0,1", "--out", str(tmp_path), cache=demo_cache,
                        check_codes=(2,))
     assert "no CUDA device here" in result.stderr
+
+
+def test_saturation_prompts_share_no_prefix():
+    """Prefix caching would let identical prompts share KV blocks: every saturation request differs from its
+    first tokens on, whatever the concurrency, and keeps the length that fills max-model-len."""
+    from harness.runtime.vllm.load import distinct_fillers
+
+    for filler, count in (([5, 9, 5, 7], 3), ([5, 9, 5, 7], 40), ([2], 5), ([11, 12, 13], 256)):
+        prompts = distinct_fillers(filler, 64, count)
+        assert len(prompts) == count and {len(p) for p in prompts} == {64}
+        if len(set(filler)) > 1:
+            assert len({p[:8] for p in prompts}) == count

@@ -44,8 +44,8 @@ def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *,
     """max_num_seqs requests at once, each prompt filling max_model_len: the server must answer all of them,
     stay up and preempt nothing (vllm:num_preemptions_total from /metrics, before and after)."""
     prompt_len = max(1, max_model_len - SATURATION_NEW_TOKENS)
-    prompt = tuple((filler_ids * (prompt_len // max(1, len(filler_ids)) + 1))[:prompt_len])
-    requests = [CompletionRequest(prompt, SATURATION_NEW_TOKENS, ignore_eos=True) for _ in range(concurrency)]
+    requests = [CompletionRequest(prompt, SATURATION_NEW_TOKENS, ignore_eos=True)
+                for prompt in distinct_fillers(filler_ids, prompt_len, concurrency)]
     before = _preemptions(endpoint)
     failed, reasons = 0, []
     try:
@@ -55,7 +55,7 @@ def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *,
     up = alive()
     after = _preemptions(endpoint) if up else None
     preempted = None if before is None or after is None else after - before
-    holds = up and not failed and not preempted
+    holds = up and not failed and preempted == 0
     if holds:
         reason = (f"{concurrency} concurrent requests of {prompt_len} + {SATURATION_NEW_TOKENS} tokens: all "
                   "answered, no preemption")
@@ -63,12 +63,36 @@ def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *,
         reason = f"the server died under {concurrency} concurrent requests of {prompt_len} tokens"
     elif failed:
         reason = f"a request failed under {concurrency} concurrent requests of {prompt_len} tokens: {reasons[0]}"
+    elif preempted is None:
+        reason = (f"{concurrency} concurrent requests of {prompt_len} tokens were answered, but the server's /metrics "
+                  f"has no {PREEMPTIONS}, so whether it preempted is unknown (serve with metrics on)")
     else:
         reason = (f"vLLM preempted {preempted:.0f} time(s) under {concurrency} concurrent requests of {prompt_len} "
                   "tokens: the KV cache does not hold max-num-seqs sequences of max-model-len")
     return {"holds": bool(holds), "concurrency": concurrency, "prompt_tokens": prompt_len,
             "new_tokens": SATURATION_NEW_TOKENS, "preemptions": preempted, "failed_requests": failed,
             "server_alive": up, "reason": reason}
+
+
+def distinct_fillers(filler_ids: list[int], length: int, count: int) -> list[tuple[int, ...]]:
+    """`count` different prompts of `length` tokens: the filler repeated, after a few tokens that spell the
+    request's number in the filler's own tokens (base = its distinct ids). vLLM caches shared prefixes by default;
+    identical prompts would share their KV blocks instead of each holding its own, which is what the check is
+    about."""
+    digits = sorted(set(filler_ids)) or [1]
+    width = 1
+    while len(digits) > 1 and len(digits) ** width < count:  # one distinct id cannot spell a number
+        width += 1
+    body = list(filler_ids) or [1]
+    body = body * (length // len(body) + 1)
+    prompts = []
+    for number in range(count):
+        head = []
+        for _ in range(width):
+            number, digit = divmod(number, len(digits))
+            head.append(digits[digit])
+        prompts.append(tuple((head + body)[:length]))
+    return prompts
 
 
 def _preemptions(endpoint: Endpoint) -> float | None:
