@@ -18,7 +18,7 @@ from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.formats import FormatSpec
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFailed, Sampling, complete_all, get_json
-from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_launch, refusal
+from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_defaults_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
 from harness.runtime.vllm.locate import VllmInstall
 from harness.runtime.vllm.server import ServerFailed, ServerLaunch, VllmServer, environment_for_server
@@ -39,6 +39,10 @@ class ServedFormat:
     devices: str | None = None  # --devices: CUDA_VISIBLE_DEVICES of its server
 
 
+class PlanDoesNotFit(Exception):
+    """On a GPU: the format's capacity plan for this device does not fit, so its server is not started."""
+
+
 def served_refusal(install: VllmInstall | None, spec: FormatSpec, endpoint: str | None) -> str | None:
     version = install.version if install else None
     if install is None and endpoint is None:
@@ -51,12 +55,15 @@ def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, r
     spec = inputs.spec
     max_model_len = spec.capacity.max_model_len or longest_request(inputs)
     parallel = (spec.tensor_parallel_size, spec.pipeline_parallel_size)
-    if install is not None and install.device == "cuda" and run is not None:
-        plan = local_gpu_plan(inputs, run, max_model_len)
-        if plan is not None and plan.servable and plan.fits:
-            return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel,
-                              max_num_seqs=spec.max_num_seqs)
     seqs = spec.max_num_seqs or spec.batch_size
+    if install is not None and install.device == "cuda":
+        plan = local_gpu_plan(inputs, run, max_model_len) if run is not None else None
+        if plan is None:
+            return gpu_defaults_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
+                                       max_num_seqs=seqs, seed=spec.seed, parallel=parallel)
+        if not (plan.servable and plan.fits):
+            raise PlanDoesNotFit(f"the capacity plan does not fit this GPU, so no server was started: {plan.reason}")
+        return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel, max_num_seqs=spec.max_num_seqs)
     return cpu_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
                       max_num_seqs=seqs, kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
                       kv_bytes_per_token=served.kv_bytes_per_token,
@@ -66,11 +73,12 @@ def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, r
 def local_gpu_plan(inputs, run, max_model_len: int):
     """The capacity plan for the GPU(s) this server runs on: the report's vLLM plan, on this device."""
     from harness.evaluate import serving_plans
-    from harness.measure.capacity import Target, gpu_of_size
+    from harness.measure.capacity import Target
+    from harness.measure.capacity.gpus import this_gpu
     from harness.runtime.device import device_info
 
     info = device_info(inputs.spec.threads)
-    target = Target(gpu_of_size(info["total_memory_bytes"] / 2**30),
+    target = Target(this_gpu(info["name"], info["total_memory_bytes"], info.get("capability")),
                     num_gpus=inputs.spec.tensor_parallel_size)  # the plan splits by tensor parallelism
     plans = serving_plans(inputs, run, target, max_model_len, engines=("vllm",),
                           gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
@@ -98,7 +106,10 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
     cached). `reusable(path)` says whether a cache entry may be used (--no-cache)."""
     spec = inputs.spec
-    plan = launch_plan_for(inputs, served, install, run)
+    try:
+        plan = launch_plan_for(inputs, served, install, run)
+    except PlanDoesNotFit as exc:
+        return served_block(install, endpoint_url, status="failed", reason=str(exc))
     concurrencies = tuple(dict.fromkeys(spec.concurrency or [1, plan.max_num_seqs]))
     latency_workload = [[list(ids), n] for ids, n in latency_requests(inputs)]
     base = served_key(served, install, endpoint_url, plan, latency_workload, concurrencies)

@@ -307,3 +307,31 @@ def test_saturation_prompts_share_no_prefix():
         assert len(prompts) == count and {len(p) for p in prompts} == {64}
         if len(set(filler)) > 1:
             assert len({p[:8] for p in prompts}) == count
+
+
+def test_a_local_gpu_is_planned_with_its_own_kernels():
+    """The served GPU plan knows the device's compute capability: Marlin on an H200 (9.0), plain GPTQ on a T4."""
+    from harness.measure.capacity import Target, Workload, model_shape, plan_vllm, weight_format
+    from harness.measure.capacity.gpus import this_gpu
+
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    shape, fmt = model_shape(config), weight_format("gptq", 128)
+    h200 = this_gpu("NVIDIA H200", 150_121_545_728, "9.0")
+    assert h200.compute_capability == 9.0 and h200.memory_bytes == 150_121_545_728
+    plan = plan_vllm(shape, fmt, Target(h200), Workload(max_model_len=4096), version="0.32")
+    assert plan.arg("--quantization") == "gptq_marlin"
+    t4 = plan_vllm(shape, fmt, Target(this_gpu("Tesla T4", 15_828_320_256, "7.5")), Workload(max_model_len=4096),
+                   version="0.32")
+    assert t4.arg("--quantization") == "gptq"
+
+
+def test_a_gpu_server_without_a_plan_takes_vllm_defaults():
+    from harness.formats import format_spec
+    from harness.runtime.vllm.launch_plan import gpu_defaults_launch
+
+    launch = gpu_defaults_launch(format_spec("awq"), dtype="float16", max_model_len=2048, max_num_seqs=8, seed=3,
+                                 parallel=(2, 1))
+    words = " ".join(launch.args)
+    assert "--max-model-len 2048" in words and "--max-num-seqs 8" in words and "--tensor-parallel-size 2" in words
+    assert launch.env == {} and launch.kv is None  # nothing predicted: no CPU KV space on a GPU

@@ -81,6 +81,13 @@ def gpu_of_size(gib: float, like: Gpu | None = None) -> Gpu:
     return Gpu(f"{like.name} at {gib:g} GiB", int(gib * 2**30), like.compute_capability, like.nominal)
 
 
+def this_gpu(name: str, total_memory_bytes: int, capability: str | None) -> Gpu:
+    """The GPU a server runs on, as torch describes it: its own memory and compute capability (so the plan picks
+    the kernels vLLM picks there, e.g. Marlin from 8.0)."""
+    cc = float(capability) if capability else None
+    return Gpu(name, int(total_memory_bytes), cc, f"{total_memory_bytes / 2**30:.1f} GiB")
+
+
 def has_capability(gpu: Gpu, minimum: float) -> bool | None:
     """Whether the GPU's compute capability reaches `minimum`; None when it is not known."""
     return None if gpu.compute_capability is None else gpu.compute_capability >= minimum - 1e-9

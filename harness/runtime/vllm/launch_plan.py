@@ -90,6 +90,17 @@ def gpu_launch(plan, *, dtype: str, seed: int, parallel: tuple[int, int], max_nu
     return LaunchPlan(tuple(args), {}, plan.max_model_len, seqs, kv)
 
 
+def gpu_defaults_launch(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_seqs: int, seed: int,
+                        parallel: tuple[int, int]) -> LaunchPlan:
+    """A GPU server where quantgate has no plan (a config its planners cannot read): vLLM sizes its KV cache by its
+    own defaults, and nothing is predicted to compare with."""
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
+    if spec.vllm_quantization:
+        args += ["--quantization", spec.vllm_quantization]
+    return LaunchPlan(tuple(args), {}, max_model_len, max_num_seqs, None)
+
+
 def _parallel_args(parallel: tuple[int, int]) -> list[str]:
     tensor, pipeline = parallel
     return (["--tensor-parallel-size", str(tensor)] if tensor > 1 else []) + (
