@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
-from harness.formats import FORMATS, check_format_names, default_formats
+from harness.formats import check_format_names, default_formats
 
 BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
 
@@ -152,9 +152,14 @@ class RunSpec(BaseModel):
     @field_validator("candidates")
     @classmethod
     def _candidate_names(cls, value: dict[str, str]) -> dict[str, str]:
-        clash = [name for name in value if name.lower() in FORMATS]
-        if clash:
-            raise ValueError(f"candidate '{clash[0]}' has a built-in format's name; call it something else")
+        from harness.external import check_candidate_name
+        from harness.formats import known_formats
+
+        for name in value:
+            try:
+                check_candidate_name(name, f"candidates.{name}", known_formats())
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     def all_formats(self) -> list[str]:
@@ -175,6 +180,18 @@ class RunSpec(BaseModel):
         return settings.calibration_samples if settings and settings.calibration_samples else self.calibration_samples
 
 
+def config_candidates(table: dict, config_dir: Path) -> dict:
+    """[candidates] name = path; a relative path is relative to the config file's directory (not the shell's)."""
+    resolved = {}
+    for name, given in table.items():
+        if isinstance(given, str) and given.strip():
+            path = Path(given.strip()).expanduser()
+            resolved[name] = str(path if path.is_absolute() else config_dir / path)
+        else:
+            resolved[name] = given  # left for the field's own validation to name
+    return resolved
+
+
 def build_spec(config_path: str | None, overrides: dict, source_name: str = "command line") -> RunSpec:
     """Config file values first, CLI flags (non-None overrides) on top."""
     values: dict = {}
@@ -189,8 +206,13 @@ def build_spec(config_path: str | None, overrides: dict, source_name: str = "com
         if isinstance(values.get("formats"), dict):  # [formats.gptq] tables: names and per-format settings
             values["format_settings"] = values["formats"]
             values["formats"] = list(values["formats"])
+        if isinstance(values.get("candidates"), dict):
+            values["candidates"] = config_candidates(values["candidates"], path.parent)
         source_name = str(path)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values.update({k: v for k, v in overrides.items() if v is not None and k != "candidates"})
+    if overrides.get("candidates"):  # --candidate adds to [candidates], and replaces the entry of the same name
+        table = values.get("candidates")
+        values["candidates"] = {**(table if isinstance(table, dict) else {}), **overrides["candidates"]}
     if values.get("candidates") and "formats" not in values:
         values["formats"] = ["baseline"]  # judging checkpoints made elsewhere: quantize nothing unless asked
     try:

