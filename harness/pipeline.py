@@ -21,28 +21,17 @@ from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir
 from harness.config import RunSpec
 from harness.errors import UserError
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
-from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
+from harness.environment import environment
+from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
 from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
+from harness.measure.probe import ProbeWorkload, probe_workload
 from harness.metrics import metric_names
 from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
 from harness.external import check_baseline_is_full_precision
-from harness.quantize.base import Recipe, package_versions
+from harness.quantize.base import Recipe
 from harness.source import ModelSource, check_remote_code, resolve_source
-
-ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
-                        "numpy", "nvidia-ml-py")
-
-
-@dataclass
-class Prompt:
-    evalset: str
-    item_id: str
-    text: str
-    tokens: int
-    max_new_tokens: int
-    ids: tuple[int, ...] = ()  # the token ids both backends generate from
 
 
 @dataclass
@@ -74,6 +63,11 @@ class RunInputs:
     vllm: object | None = None  # backend vllm: the VllmInstall quantgate starts servers from (None: endpoints only)
     candidates: dict = field(default_factory=dict)  # name -> harness.external.ExternalCheckpoint
     candidate_notes: dict = field(default_factory=dict)  # name -> notes the report carries (tokenizer mismatch)
+
+    def probe_workload(self) -> ProbeWorkload:
+        """What memory and latency are measured on (measure.probe.probe_workload), from this run's prompts."""
+        return probe_workload([self.prompts[e.name] for e in self.evalsets], self.spec.latency_requests,
+                              self.spec.batch_size)
 
 
 def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
@@ -452,7 +446,7 @@ def evaluation_settings(spec: RunSpec) -> dict:
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 
-def measure_key(artifact_key: str, settings: dict, workload: tuple, warmup: int) -> str:
+def measure_key(artifact_key: str, settings: dict, workload: ProbeWorkload, warmup: int) -> str:
     batch1, batched, batched_new = workload
     return stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
                         "batched_max_new_tokens": batched_new, "warmup": warmup})
@@ -467,7 +461,7 @@ def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: 
 def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
     spec = inputs.spec
     settings = evaluation_settings(spec)
-    batch1, batched, batched_new = workload = probe_workload(inputs)
+    batch1, batched, batched_new = workload = inputs.probe_workload()
     key = measure_key(artifact_key, settings, workload, spec.warmup_requests)
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
@@ -484,21 +478,6 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
             generate_tasks.append(GenerateTask(evalset.name, gen_key, prompts[0].max_new_tokens if prompts else 1,
                                                tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
     return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations)
-
-
-def probe_workload(inputs: RunInputs):
-    """The fixed workload that memory and latency are measured on, derived from the evalsets' prompts:
-    the first prompts of each set, round-robin, one at a time; and the longest prompts as one full batch."""
-    per_set = [inputs.prompts[e.name] for e in inputs.evalsets]
-    batch1: list[list] = []
-    for index in range(max((len(p) for p in per_set), default=0)):
-        for prompts in per_set:
-            if index < len(prompts) and len(batch1) < inputs.spec.latency_requests:
-                batch1.append([prompts[index].text, prompts[index].max_new_tokens])
-    everything = sorted((p for prompts in per_set for p in prompts), key=lambda p: (-p.tokens, p.evalset, p.item_id))
-    longest = everything[: inputs.spec.batch_size]
-    batched_new = max((p.max_new_tokens for p in everything), default=1)
-    return batch1, [p.text for p in longest], batched_new
 
 
 def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
@@ -588,12 +567,6 @@ def measure_device_key(threads: int) -> dict:
     from harness.runtime.device import device_key
 
     return device_key(threads)
-
-
-def environment() -> dict:
-    import platform
-
-    return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
 
 
 def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> dict:

@@ -7,6 +7,7 @@ import time
 from harness import __version__
 from harness.commands.plan import capacity_view
 from harness.decide import baseline_scores, exit_code, recommend
+from harness.environment import environment
 from harness.evaluate import ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
@@ -16,7 +17,6 @@ from harness.runtime.base import BatchTiming
 
 def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
     from harness.metrics import tokenizer_name
-    from harness.pipeline import environment
     from harness.runtime.device import device_info
 
     spec = inputs.spec

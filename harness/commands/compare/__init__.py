@@ -115,7 +115,7 @@ def _print_changes(comparison: Comparison) -> None:
 
 
 def _write_html(path: Path, trend: Trend | None, regressed: list[str]) -> None:
-    from harness.report.trend_html import render_trend_html
+    from harness.commands.compare.trend_html import render_trend_html
 
     assert trend is not None  # built whenever --html is given
     page = render_trend_html(trend, regressed)
