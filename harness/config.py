@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
-from harness.formats import FORMATS, check_format_names, default_formats
+from harness.formats import check_format_names, default_formats, known_formats
 
 BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
 
@@ -141,7 +141,7 @@ class RunSpec(BaseModel):
     @field_validator("candidates")
     @classmethod
     def _candidate_names(cls, value: dict[str, str]) -> dict[str, str]:
-        clash = [name for name in value if name.lower() in FORMATS]
+        clash = [name for name in value if name.lower() in known_formats()]
         if clash:
             raise ValueError(f"candidate '{clash[0]}' has a built-in format's name; call it something else")
         return value

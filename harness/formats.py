@@ -60,10 +60,10 @@ register(FormatSpec("gptq", engine="gptqmodel", bits=4, quantizer="harness.quant
 register(FormatSpec("awq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
                     vllm_quantization="awq", four_bit_kernel=True))
-FORMATS = tuple(FORMAT_SPECS)  # the built-in formats, in report order
 
 
 def known_formats() -> tuple[str, ...]:
+    """Every registered format, the plugins' included once they are loaded (harness.plugins), in report order."""
     return tuple(FORMAT_SPECS)
 
 
@@ -78,8 +78,8 @@ def format_spec(name: str) -> FormatSpec:
         raise UserError(f"unknown format '{name}' (known: {', '.join(FORMAT_SPECS)})") from None
 
 
-def check_format_names(names: list[str], where: str) -> list[str]:
-    """Known names, baseline first, each once; `where` names the flag or field in the error."""
+def parse_format_names(names: list[str], where: str) -> list[str]:
+    """Registered names, each once, in the order given; `where` names the flag or field in the error."""
     cleaned = [n.strip().lower() for n in names if n.strip()]
     unknown = [n for n in cleaned if n not in FORMAT_SPECS]
     if unknown:
@@ -87,4 +87,9 @@ def check_format_names(names: list[str], where: str) -> list[str]:
                         f"(known: {', '.join(FORMAT_SPECS)})")
     if not cleaned:
         raise UserError(f"{where}: name at least one format (e.g. {where} int8,gptq,awq)")
-    return ["baseline"] + [n for n in dict.fromkeys(cleaned) if n != "baseline"]
+    return list(dict.fromkeys(cleaned))
+
+
+def check_format_names(names: list[str], where: str) -> list[str]:
+    """The formats of a run: registered names, baseline first, each once."""
+    return ["baseline"] + [n for n in parse_format_names(names, where) if n != "baseline"]

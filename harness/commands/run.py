@@ -134,10 +134,10 @@ def flag_values(args) -> tuple[dict, dict]:
 
 def candidate_values(args) -> dict:
     from harness.external import parse_candidates
-    from harness.formats import FORMATS
+    from harness.formats import known_formats
 
     given = getattr(args, "candidate", None)
-    return {"candidates": parse_candidates(given, FORMATS) if given else None,
+    return {"candidates": parse_candidates(given, known_formats()) if given else None,
             "baseline_is_quantized": True if getattr(args, "baseline_is_quantized", False) else None,
             "allow_tokenizer_mismatch": True if getattr(args, "allow_tokenizer_mismatch", False) else None}
 
