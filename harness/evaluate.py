@@ -126,9 +126,10 @@ def serving_sizes(run) -> tuple[int | None, int | None]:
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
 
-def _weight_format(inputs, name: str):
-    """The storage the planners size: a built-in format's, or a candidate's from its quantization_config (its
-    real bits and group size; a method the memory model has no layout for counts as its bits per weight)."""
+def _weight_format(inputs, name: str) -> WeightFormat:
+    """The storage the planners size, with how each engine serves it: a registered format's, or a candidate's from
+    its quantization_config (its real bits and group size; the registered format of the same storage where there is
+    one, else its own FormatSpec, its method counting as its bits per weight)."""
     recipe = inputs.recipes.get(name)
     if recipe is not None and recipe.extra.get("external"):
         kind = recipe.extra.get("kind")
@@ -136,8 +137,8 @@ def _weight_format(inputs, name: str):
             return weight_format(kind, recipe.group_size)
         if kind == "int8":
             return weight_format("int8")
-        return WeightFormat(name, recipe.bits or 16, recipe.group_size)
-    return weight_format(name, recipe.group_size if recipe is not None and name in ("gptq", "awq") else None)
+        return WeightFormat(name, recipe.bits or 16, recipe.group_size, spec=inputs.candidates[name].format_spec())
+    return weight_format(name, recipe.group_size if recipe is not None else None)
 
 
 def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,

@@ -1,7 +1,8 @@
 """docs/extending.md's worked example: a toy format and a toy metric (tests/plugins/quantgate_toy.py) added
 through the seams alone (harness.formats.register, harness.metrics.register_metric, QUANTGATE_PLUGINS), then
-run through the real pipeline on the demo model."""
+planned for the serving engines and run through the real pipeline on the demo model."""
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -37,6 +38,56 @@ def test_the_toy_plugin_registers_a_format_and_a_metric(monkeypatch):
     finally:
         FORMAT_SPECS.pop("toy8", None)
         METRIC_SPECS.pop("length_ratio", None)
+
+
+TOY8_REFUSAL = "toy8 is fake-quantized 16-bit weights: serve the baseline instead"  # the toy spec's vllm_refusal
+
+
+def test_plan_takes_a_plugin_format_and_follows_its_serving_fields(tmp_path):
+    """`quantgate plan --format toy8` through the seam alone: the registry knows toy8 once the plugin has loaded,
+    and every engine's plan follows the toy spec (its vllm_refusal, no serving entry of its own): nothing serves it,
+    so no command and no --quantization made up from its name."""
+    result = quantgate("plan", "--format", "baseline,toy8", "--target-gpu", "L4", "--json", cache=tmp_path,
+                       check_codes=(0,), env=_plugin_env())
+    plan = json.loads(result.stdout)
+    toy = plan["formats"]["toy8"]
+    assert (toy["bits"], toy["group_size"]) == (8, None)
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert plan["formats"]["baseline"]["engines"][engine]["servable"]
+        entry = toy["engines"][engine]
+        assert (entry["servable"], entry["command"], entry["reason"]) == (False, "", TOY8_REFUSAL), engine
+    assert "--quantization toy8" not in result.stdout  # nor toy8_marlin
+    unknown = quantgate("plan", "--format", "toy8", cache=tmp_path, check_codes=(2,))  # without the plugin
+    assert "unknown format 'toy8'" in unknown.stderr
+
+
+def test_the_planners_ask_the_spec_not_the_name(tmp_path, capsys):
+    """A plugin's 4-bit format that vLLM and SGLang serve as plain awq (no Marlin variant) and TensorRT-LLM does not
+    take at all: each engine's plan says what the spec says, and its group size follows `grouped`."""
+    from harness.commands import plan as plan_command
+    from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec, register
+
+    register(FormatSpec("toy4", engine="toy-rounding", bits=4, grouped=True, vllm_quantization="awq", default=False,
+                        serving={"trtllm": EngineServing(refusal="TensorRT-LLM: no toy4 layout")}))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    parser = argparse.ArgumentParser(prog="quantgate")
+    plan_command.add_parser(parser.add_subparsers())
+    try:
+        args = parser.parse_args(["plan", "--model", str(tmp_path), "--format", "toy4", "--target-gpu", "L4",
+                                  "--json"])
+        assert args.func(args) == 0
+    finally:
+        FORMAT_SPECS.pop("toy4", None)
+    toy = json.loads(capsys.readouterr().out)["formats"]["toy4"]
+    assert toy["group_size"] == 128  # chosen because the spec is grouped
+    engines = toy["engines"]
+    for engine in ("vllm", "sglang"):
+        assert ["--quantization", "awq"] in engines[engine]["args"], engine  # plain: no Marlin variant declared
+    assert (engines["trtllm"]["servable"], engines["trtllm"]["reason"]) == (False, "TensorRT-LLM: no toy4 layout")
 
 
 def test_a_missing_plugin_is_one_line(demo_cache, tmp_path):
