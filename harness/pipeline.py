@@ -33,6 +33,10 @@ from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe
 from harness.source import ModelSource, check_remote_code, resolve_source
 
+# The runtime of the device stage's worker (harness.runtime.registry). With --backend vllm it still measures every
+# format (and generates for one vLLM cannot serve); the server's generations are keyed by served.served_key.
+DEVICE_RUNTIME = "transformers"
+
 
 @dataclass
 class FormatRun:
@@ -362,7 +366,7 @@ def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: Meas
     spec = inputs.spec
     return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
                        trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
-                       batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       runtime=DEVICE_RUNTIME, batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
                        failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
@@ -441,8 +445,10 @@ def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifac
 
 def evaluation_settings(spec: RunSpec) -> dict:
     """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
-    included: an upgraded torch or transformers reruns every format's measure and generate stages."""
-    return {"backend": "transformers", "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+    included: an upgraded torch or transformers reruns every format's measure and generate stages. "backend" is the
+    runtime that measures and generates, whatever --backend says (a served format's generations have keys of their
+    own)."""
+    return {"backend": DEVICE_RUNTIME, "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 

@@ -90,6 +90,58 @@ def test_the_planners_ask_the_spec_not_the_name(tmp_path, capsys):
     assert (engines["trtllm"]["servable"], engines["trtllm"]["reason"]) == (False, "TensorRT-LLM: no toy4 layout")
 
 
+class EchoRuntime:
+    """A runtime that answers each prompt with its last token: the Runtime protocol and nothing else."""
+
+    dtype = "float32"
+    preload = ()
+
+    @classmethod
+    def load(cls, artifact_path, *, dtype="auto", trust_remote_code=False):
+        return cls()
+
+    def encode(self, prompt):
+        return [len(word) for word in prompt.split()]
+
+    def generate(self, prompts, max_new_tokens):
+        from harness.runtime.base import BatchTiming, Generation
+
+        return ([Generation(str(p[-1]), len(p), 1) for p in prompts],
+                BatchTiming(len(prompts), max(map(len, prompts)), 1, 0.001, 0.002))
+
+    def generate_with_cache_bytes(self, prompts, max_new_tokens):
+        return (*self.generate(prompts, max_new_tokens), 0)
+
+    def weights_bytes(self):
+        return 0
+
+    def parameter_count(self):
+        return 0
+
+
+def test_a_runtime_is_one_registry_entry(tmp_path):
+    """The worker loads the runtime its job names through harness.runtime.registry, then drives it through the
+    Runtime protocol alone."""
+    from harness import worker
+    from harness.errors import UserError
+    from harness.jobs import EvaluateJob, GenerateItem, GenerateTask
+    from harness.runtime.registry import RUNTIMES, register_runtime, runtime_class
+    from harness.runtime.transformers_backend import LoadedModel
+
+    assert runtime_class("transformers") is LoadedModel
+    with pytest.raises(UserError, match="unknown runtime 'echo' \\(known: transformers"):
+        runtime_class("echo")
+    register_runtime("echo", f"{__name__}:EchoRuntime")
+    task = GenerateTask("faq", "k", 4, (GenerateItem("a", "one three"), GenerateItem("b", "seven")),
+                        str(tmp_path / "faq.json"))
+    try:
+        worker.run_evaluate(EvaluateJob(str(tmp_path), batch_size=2, generate=(task,), runtime="echo"))
+    finally:
+        RUNTIMES.pop("echo")
+    outputs = json.loads((tmp_path / "faq.json").read_text(encoding="utf-8"))["outputs"]
+    assert [(o["id"], o["prediction"]) for o in outputs] == [("a", "5"), ("b", "5")]
+
+
 def test_a_missing_plugin_is_one_line(demo_cache, tmp_path):
     result = quantgate("run", "--out", str(tmp_path), cache=demo_cache, check_codes=(2,),
                        env={"QUANTGATE_PLUGINS": "no_such_plugin"})

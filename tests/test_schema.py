@@ -229,6 +229,11 @@ class _FakeModel:
     """What worker.measure_format and generate_evalset call on a loaded model, without a model."""
 
     dtype = "float32"
+    preload = ()
+
+    @classmethod
+    def load(cls, *args, **kwargs) -> "_FakeModel":
+        return cls(*args, **kwargs)
 
     def __init__(self, *_args, **_kwargs) -> None:
         weights = [SimpleNamespace(numel=lambda: 1000, element_size=lambda: 1) for _ in range(3)]
