@@ -31,6 +31,7 @@ from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
 from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe
+from harness.report.schema import RunReport, report_json
 from harness.source import ModelSource, check_remote_code, resolve_source
 
 # The runtime of the device stage's worker (harness.runtime.registry). With --backend vllm it still measures every
@@ -74,7 +75,7 @@ class RunInputs:
                               self.spec.batch_size)
 
 
-def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
+def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
     started = time.time()
     inputs = prepare_inputs(spec)
     runs: dict[str, FormatRun] = {}
@@ -93,8 +94,8 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
     evaluation = evaluate_formats(inputs, runs)
     report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
-    report = write_outputs(inputs.out_dir, report, evaluation.samples)
-    return report, 130 if interrupted else report["exit_code"]
+    write_outputs(inputs.out_dir, report, evaluation.samples)
+    return report, 130 if interrupted else report.exit_code
 
 
 def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
@@ -575,13 +576,11 @@ def measure_device_key(threads: int) -> dict:
     return device_key(threads)
 
 
-def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> dict:
-    """samples.jsonl, report.json, and the reports rendered from report.json as written (JSON types: the typed
-    readers validate exactly what a later `quantgate report` or `compare` will read). Returns that report."""
+def write_outputs(out_dir: Path, report: RunReport, samples: tuple[dict, ...]) -> None:
+    """samples.jsonl, report.json (the typed report as built, schema.report_json) and the reports rendered from
+    that same report."""
     from harness.report import write_reports
 
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
-    atomic_write_json(out_dir / "report.json", report)
-    written = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
-    write_reports(out_dir, written)
-    return written
+    atomic_write_text(out_dir / "report.json", report_json(report))
+    write_reports(out_dir, report)

@@ -275,7 +275,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
-    from harness.report.build import build_report
+    from harness.report.build import build_report, report_document
     from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
 
@@ -333,7 +333,11 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     }
     evaluation = evaluate_formats(inputs, runs)
     report, samples = build_report(inputs, runs, evaluation, wall_s=12.34), evaluation.samples
-    data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
+    data = json.loads(schema.report_json(report))  # report.json as written
+    # The typed report writes back the producer's document byte for byte: keys in its order, integers as integers.
+    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s=12.34)))
+    assert schema.report_json(RunReport.model_validate(document)) == json.dumps(document, indent=2,
+                                                                                ensure_ascii=False) + "\n"
 
     parsed = RunReport.model_validate(data)
     assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)

@@ -1,7 +1,9 @@
-"""report.json's dict, built from the stages' results and their evaluation (harness.evaluate)."""
+"""The run's typed report (harness.report.schema.RunReport), built from the stages' results and their evaluation
+(harness.evaluate)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from harness import __version__
@@ -11,11 +13,20 @@ from harness.environment import environment
 from harness.evaluate import ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
-from harness.report.schema import SCHEMA_VERSION
+from harness.report.schema import SCHEMA_VERSION, RunReport
 from harness.runtime.base import BatchTiming
 
 
-def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
+def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> RunReport:
+    """The report, validated as report.json will hold it: the document in JSON's own types (a record's tuples become
+    lists, as every later reader gets them), each block keeping its keys' order (schema.report_json writes it back
+    byte for byte)."""
+    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s), default=str))
+    return RunReport.model_validate(document)
+
+
+def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
+    """report.json's fields, in the order the file lists them."""
     from harness.metrics import tokenizer_name
     from harness.runtime.device import device_info
 

@@ -4,10 +4,9 @@
 `quantgate schema` prints `schema_text()`, and docs/report.schema.json is a copy of it (a test keeps them equal;
 regenerate with `python -m harness schema > docs/report.schema.json`). docs/report.md says what each field means.
 
-The models follow what the producer writes today (harness/assemble.py, decide.py, measure/latency.py,
-measure/capacity.py, calibration.py, the artifact manifest of pipeline.py and worker.py, the `served` block of
-runtime/vllm/) and what version-1
-reports written earlier carry, so both validate:
+The models follow what the producer writes today (harness/report/build.py, which returns a RunReport, from
+decide.py, measure/latency.py, measure/capacity/, calibration.py, the artifact manifest of pipeline.py and
+worker.py, the `served` block of served.py) and what version-1 reports written earlier carry, so both validate:
 - extra="forbid" everywhere a fixed set of keys is written, so that a renamed or misspelled field fails
   validation and names itself; extra="allow" only where the dict is open-ended by nature: the artifact manifest
   (read back from cached artifacts that older quantgate versions wrote) and the policy (a report records the
@@ -15,6 +14,8 @@ reports written earlier carry, so both validate:
   name -> version maps.
 - strict types: a count is an integer, not 2.0 or "2" or true; a float field accepts an integer. Validate the
   parsed JSON (lists, not tuples).
+- every block remembers the form it was read in (key order, integers), so report_json writes a report back as it
+  was built or read, byte for byte; report_dict gives the declared order.
 - A field the producer can write as null is `X | None`; a field that early version-1 reports lack (the
   `calibration` block, latency `max`, capacity `budget_bytes`, ...) has a default and says so.
 """
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
-                      model_serializer, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SerializationInfo,
+                      StringConstraints, ValidationError, model_serializer, model_validator)
 
 from harness.errors import UserError
 
@@ -52,30 +53,50 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+AS_READ = "as_read"  # the serialization context key of report_json: dump each block as it was read
 
 
-class _Open(BaseModel):
-    """Open-ended keys: dumped back in the order they were read (pydantic puts the declared fields first), so a
-    renderer lists a manifest's keys as the file has them."""
+class _ReadForm(BaseModel):
+    """Remembers the form a block was read in: its keys' order, and which numbers were written as integers (a float
+    field reads 2 as 2.0). A dump with context {AS_READ: True} writes the block back that way (report_json)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
     _read_order: list[str] = PrivateAttr(default_factory=list)
+    _read_ints: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _always_in_read_order: ClassVar[bool] = False
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_read_order(cls, data: Any, handler: Any) -> Any:
+    def _remember_read_form(cls, data: Any, handler: Any) -> Any:
         model = handler(data)
         if isinstance(data, dict):
             model._read_order = list(data)
+            model._read_ints = frozenset(key for key, value in data.items() if type(value) is int)
         return model
 
     @model_serializer(mode="wrap")
-    def _dump_in_read_order(self, handler: Any) -> dict[str, Any]:
+    def _dump(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
         dumped = handler(self)
-        first = [key for key in self._read_order if key in dumped]
-        return {key: dumped[key] for key in first + [key for key in dumped if key not in first]}
+        as_read = bool(info.context and info.context.get(AS_READ))
+        if as_read or self._always_in_read_order:
+            first = [key for key in self._read_order if key in dumped]
+            dumped = {key: dumped[key] for key in first + [key for key in dumped if key not in first]}
+        if as_read:
+            for key in self._read_ints:
+                if isinstance(dumped.get(key), float) and dumped[key].is_integer():
+                    dumped[key] = int(dumped[key])
+        return dumped
+
+
+class _Strict(_ReadForm):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Open(_ReadForm):
+    """Open-ended keys: always dumped back in the order they were read (pydantic puts the declared fields first), so
+    a renderer lists a manifest's keys as the file has them."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    _always_in_read_order: ClassVar[bool] = True
 
 
 # --- per-format blocks ------------------------------------------------------------------------------
@@ -840,3 +861,10 @@ def load_report(path: Path) -> RunReport:
 def report_dict(report: RunReport) -> dict[str, Any]:
     """The report as the JSON it was read from (version 2): only the fields the file carried."""
     return report.model_dump(mode="json", exclude_unset=True)
+
+
+def report_json(report: RunReport) -> str:
+    """report.json's text: the report as it was built (or read), byte for byte: the fields it was given and no
+    others, each block's keys in their order, integers as integers; indent 2, one trailing newline."""
+    dumped = report.model_dump(exclude_unset=True, context={AS_READ: True})
+    return json.dumps(dumped, indent=2, ensure_ascii=False) + "\n"
