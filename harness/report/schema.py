@@ -778,6 +778,7 @@ def schema_text() -> str:
 # --- reading a report -------------------------------------------------------------------------------
 
 REWRITE = "re-run `quantgate run` to rewrite it"
+PASS_A_REPORT = "pass the report.json of a quantgate run (or its output directory)"
 
 
 def upgrade_v1(report: dict[str, Any]) -> dict[str, Any]:
@@ -823,13 +824,9 @@ def _v1_reason(check: dict[str, Any], checks: list[dict[str, Any]], reasons: lis
 
 def parse_report(data: Any, where: str) -> RunReport:
     """report.json's parsed JSON as a RunReport (a version-1 report upgraded first); a one-line UserError naming
-    `where` and the first bad field, with any further problems listed under it."""
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a JSON object at the top level; {REWRITE}")
-    version = data.get("schema_version")
-    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
-        readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
-        raise UserError(f"{where}: field 'schema_version': is {version!r}, this quantgate reads {readable}; {REWRITE}")
+    `where`: what the data is when it is not a quantgate report at all (check_is_a_report), else the first bad
+    field, with a count of any further problems."""
+    check_is_a_report(data, where)
     try:
         return RunReport.model_validate(data)
     except ValidationError as exc:
@@ -838,23 +835,53 @@ def parse_report(data: Any, where: str) -> RunReport:
         raise UserError(f"{where}: {problems[0]}{more}; {REWRITE}") from None
 
 
+def check_is_a_report(data: Any, where: str) -> None:
+    """What the schema would word as a missing field, said as what the data is: not a quantgate report (another
+    tool's JSON), one of a schema version this quantgate does not read, or formats that are not results."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: not a quantgate report (expected a JSON object); {PASS_A_REPORT}")
+    tool = data.get("tool")
+    if isinstance(tool, dict) and tool.get("name") not in (None, "quantgate"):
+        raise UserError(f"{where}: not a quantgate report (written by {tool['name']!r}); {PASS_A_REPORT}")
+    if "schema_version" not in data:
+        raise UserError(f"{where}: not a quantgate report (no 'schema_version' field); {PASS_A_REPORT}")
+    version = data["schema_version"]
+    if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:
+        readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        raise UserError(f"{where}: field 'schema_version': is {version!r}; schema_version {version!r} is not "
+                        f"supported (expected {readable}): read it with the quantgate version that wrote it")
+    formats = data.get("formats")
+    if not isinstance(formats, dict):
+        raise UserError(f"{where}: field 'formats': expected an object of formats; {REWRITE}")
+    for name, entry in formats.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("verdict"), str):
+            raise UserError(f"{where}: formats.{name}: expected an object with a 'verdict' string; {REWRITE}")
+        for field in ("scores", "memory", "latency", "artifact", "calibration"):
+            if entry.get(field) is not None and not isinstance(entry[field], dict):
+                raise UserError(f"{where}: formats.{name}.{field}: expected an object or null; {REWRITE}")
+
+
 def _problem(error: Any) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "(top level)"
     return f"field '{field}': {error['msg']}"
 
 
 def load_report(path: Path) -> RunReport:
-    """The RunReport in the file at path; every problem (missing, unreadable, not JSON, a bad field) one UserError."""
+    """The RunReport in the file at path, for every reader (`quantgate report`, `compare`, the benchmarks and GPU
+    checks); every problem (unreadable, not JSON, not a quantgate report, a schema version this quantgate does not
+    read, a bad field) one UserError naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {REWRITE}") from exc
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {REWRITE}") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc}); {PASS_A_REPORT}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); {REWRITE}") from exc
+        where = f"{path}:{exc.lineno}" if exc.lineno > 1 else str(path)  # a one-line file needs no line number
+        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}), so not a quantgate report; "
+                        f"{PASS_A_REPORT}") from None
     return parse_report(data, str(path))
 
 
