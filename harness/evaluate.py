@@ -120,8 +120,7 @@ def serving_sizes(run) -> tuple[int | None, int | None]:
 
     A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
     memory = memory_of(run)
-    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
-    upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    upcast = ELEMENT_BYTES.get(run.measurement.compute_dtype, 2) / 2
     weights, activation = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
@@ -194,11 +193,11 @@ def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
 
 
 def memory_of(run) -> dict:
-    return ((run.measurement or {}).get("result") or {}).get("memory") or {}
+    return run.measurement.memory
 
 
 def latency_of(run) -> dict:
-    return ((run.measurement or {}).get("result") or {}).get("latency") or {}
+    return run.measurement.latency
 
 
 def _longest_request(inputs) -> int:

@@ -25,7 +25,7 @@ from harness.environment import environment
 from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
 from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
-from harness.measure.probe import ProbeWorkload, probe_workload
+from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
 from harness.metrics import metric_names
 from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
@@ -47,7 +47,7 @@ class FormatRun:
     status: str = "ok"  # ok | failed | interrupted
     error: str | None = None
     artifact: dict | None = None
-    measurement: dict | None = None
+    measurement: Measurement = field(default_factory=Measurement)
     generations: dict[str, dict] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
     served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
@@ -399,7 +399,8 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
     generations: dict[str, dict] = {}
     # The server is planned before the measurement is read back (the format as run_served has always seen it).
-    planned = FormatRun(fmt, artifact=artifact.entry, measurement=device.measurement.as_dict(), devices=devices)
+    planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
+                        devices=devices)
     block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
                        planned)
     error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
@@ -493,13 +494,13 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     generations = {**device.generations, **(served.generations if served else {})}
     error = device.error or (served.error if served else None)
     run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
-                    measurement=dict(device.measurement.as_dict(), result=device.measurement.read()),
+                    measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
                     generations={name: dict(file.as_dict(), result=file.read("outputs"))
                                  for name, file in generations.items()},
                     stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
                     served=served.block if served else None, devices=devices)
     missing = [n for n, e in run.generations.items() if e["result"] is None]
-    if run.status == "ok" and (missing or run.measurement["result"] is None):
+    if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
                        error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
     return run

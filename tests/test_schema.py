@@ -272,6 +272,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.evalsets import load_evalsets
     from harness.jobs import EvaluateJob
     from harness.measure import memory
+    from harness.measure.probe import Measurement
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
@@ -316,7 +317,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
-                         measurement={"path": "m.json", "key": "m", "result": measurement},
+                         measurement=Measurement("m.json", "m", measurement),
                          generations={"faq": {"path": "g.json", "key": "g", "result": generation}})
     manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",
                 "recipe": inputs.recipes["int8"].as_dict(), "source": "sha256:abc", "calibration_hash": "sha256:0",

@@ -4,7 +4,8 @@ and activation bytes)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from harness import progress
 from harness.measure.latency import latency_block
@@ -20,6 +21,36 @@ class ProbeWorkload(NamedTuple):
     batch1: list[list]  # [prompt text, max new tokens], measured one at a time
     batched: list[str]  # the longest prompts, as one full batch
     batched_max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A format's probe as the run read it back: its result file (path, cache key) and what the worker wrote there
+    (measure_format's dict; None when nothing was read)."""
+
+    path: str = ""
+    key: str = ""
+    result: dict | None = None
+
+    @property
+    def memory(self) -> dict:
+        return self._part("memory") or {}
+
+    @property
+    def latency(self) -> dict:
+        return self._part("latency") or {}
+
+    @property
+    def compute_dtype(self) -> str | None:
+        return self._part("compute_dtype")
+
+    @property
+    def timeline(self) -> dict | None:
+        """The memory timeline of the job that measured (none in measurements cached before it was kept)."""
+        return self._part("memory_timeline")
+
+    def _part(self, name: str) -> Any:
+        return self.result.get(name) if self.result else None
 
 
 def probe_workload(prompts_per_set: Sequence[Sequence[Prompt]], latency_requests: int,

@@ -91,7 +91,7 @@ def comparison_notes(inputs, name: str) -> list[str]:
 def format_entry(inputs, run, max_model_len: int) -> dict:
     memory = dict(memory_of(run))
     latency = dict(latency_of(run))
-    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    compute_dtype = run.measurement.compute_dtype
     # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
     # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
     upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
@@ -108,9 +108,8 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
                                if memory.get("nvml_peak_used_bytes") is not None else
                                "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
                                else "peak RSS of the format's subprocess (CPU)"))
-        timeline = ((run.measurement or {}).get("result") or {}).get("memory_timeline")
-        if timeline:  # the measured run's series (measurements cached before it was kept have none)
-            memory["timeline"] = timeline
+        if run.measurement.timeline:
+            memory["timeline"] = run.measurement.timeline
     else:
         memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
     entry["memory"] = memory
