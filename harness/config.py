@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UserError
-from harness.formats import check_format_names, default_formats
+from harness.formats import check_format_names, default_formats, known_formats
 
 BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
 
@@ -153,7 +153,6 @@ class RunSpec(BaseModel):
     @classmethod
     def _candidate_names(cls, value: dict[str, str]) -> dict[str, str]:
         from harness.external import check_candidate_name
-        from harness.formats import known_formats
 
         for name in value:
             try:

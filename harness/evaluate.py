@@ -120,15 +120,15 @@ def serving_sizes(run) -> tuple[int | None, int | None]:
 
     A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
     memory = memory_of(run)
-    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
-    upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
+    upcast = ELEMENT_BYTES.get(run.measurement.compute_dtype, 2) / 2
     weights, activation = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
 
-def _weight_format(inputs, name: str):
-    """The storage the planners size: a built-in format's, or a candidate's from its quantization_config (its
-    real bits and group size; a method the memory model has no layout for counts as its bits per weight)."""
+def _weight_format(inputs, name: str) -> WeightFormat:
+    """The storage the planners size, with how each engine serves it: a registered format's, or a candidate's from
+    its quantization_config (its real bits and group size; the registered format of the same storage where there is
+    one, else its own FormatSpec, its method counting as its bits per weight)."""
     recipe = inputs.recipes.get(name)
     if recipe is not None and recipe.extra.get("external"):
         kind = recipe.extra.get("kind")
@@ -136,8 +136,8 @@ def _weight_format(inputs, name: str):
             return weight_format(kind, recipe.group_size)
         if kind == "int8":
             return weight_format("int8")
-        return WeightFormat(name, recipe.bits or 16, recipe.group_size)
-    return weight_format(name, recipe.group_size if recipe is not None and name in ("gptq", "awq") else None)
+        return WeightFormat(name, recipe.bits or 16, recipe.group_size, spec=inputs.candidates[name].format_spec())
+    return weight_format(name, recipe.group_size if recipe is not None else None)
 
 
 def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
@@ -200,11 +200,11 @@ def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
 
 
 def memory_of(run) -> dict:
-    return ((run.measurement or {}).get("result") or {}).get("memory") or {}
+    return run.measurement.memory
 
 
 def latency_of(run) -> dict:
-    return ((run.measurement or {}).get("result") or {}).get("latency") or {}
+    return run.measurement.latency
 
 
 def _longest_request(inputs) -> int:

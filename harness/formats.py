@@ -3,9 +3,9 @@
 A FormatSpec says which engine makes the format (`quantizer`: "module:Class", imported only when used), its
 weight bits and whether it takes a group size, the packages recorded for provenance, how vLLM serves it
 (`vllm_quantization`: its --quantization value, None for an unquantized checkpoint; `vllm_refusal`: why vLLM cannot
-serve it at all, so no vLLM flags are printed and the vLLM backend reports it before loading anything), and
-whether a run without --formats includes it. Adding a format is one engine module plus one entry here
-(docs/extending.md).
+serve it at all, so the vLLM backend reports it before loading anything), how each serving engine the capacity
+planners know takes it (`serving_on`: from `serving`, else from the vLLM fields), and whether a run without
+--formats includes it. Adding a format is one engine module plus one entry here (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -14,6 +14,22 @@ import importlib
 from dataclasses import dataclass, field
 
 from harness.errors import UserError
+
+
+@dataclass(frozen=True)
+class EngineServing:
+    """How one serving engine takes a format's checkpoint, as the capacity planners (harness.measure.capacity) plan
+    it: its --quantization value (None for a 16-bit checkpoint), whether the engine also has the value's Marlin
+    variant ("<quantization>_marlin", the fast 4-bit kernel of compute capability 8.0+), or why it cannot serve the
+    checkpoint at all; and a caveat its plan carries."""
+
+    quantization: str | None = None
+    marlin: bool = False
+    refusal: str | None = None  # "{version}" in it stands for the engine version planned for
+    note: str | None = None
+
+    def refusal_at(self, version: str = "") -> str | None:
+        return self.refusal.replace("{version}", version) if self.refusal else None
 
 
 @dataclass(frozen=True)
@@ -27,9 +43,25 @@ class FormatSpec:
     packages: tuple[str, ...] = ()  # recorded in the artifact's provenance
     vllm_quantization: str | None = None
     vllm_refusal: str | None = None
-    four_bit_kernel: bool = False  # vLLM serves it through its 4-bit W4A16 kernels (Marlin, cpu_gemm_wna16)
+    # vLLM serves it through its 4-bit W4A16 kernels: Marlin ("<vllm_quantization>_marlin" on CUDA) and
+    # cpu_gemm_wna16 on a CPU
+    four_bit_kernel: bool = False
     default: bool = True  # run when --formats is not given
     recipe_extra: dict = field(default_factory=dict)  # engine settings every recipe of it carries
+    serving: dict[str, EngineServing] = field(default_factory=dict)  # engine -> how it serves it, see serving_on
+
+    def serving_on(self, engine: str) -> EngineServing:
+        """How a serving engine ("vllm", "sglang", "trtllm") takes this format: the spec's own entry for it; else a
+        16-bit checkpoint as it is; else vLLM's --quantization value (the GPTQ and AWQ names are the engines' shared
+        vocabulary), with its Marlin variant when four_bit_kernel; else refused with vllm_refusal."""
+        if engine in self.serving:
+            return self.serving[engine]
+        if self.bits >= 16:
+            return EngineServing()
+        if self.vllm_quantization and not self.vllm_refusal:
+            return EngineServing(self.vllm_quantization, marlin=self.four_bit_kernel)
+        return EngineServing(refusal=self.vllm_refusal or f"no serving engine is known to take the {self.name} "
+                                                          "checkpoint (its FormatSpec names no --quantization)")
 
     def make_quantizer(self):
         if self.quantizer is None:
@@ -47,23 +79,42 @@ def register(spec: FormatSpec) -> FormatSpec:
     return spec
 
 
+def _trtllm_w4a16(method: str) -> EngineServing:
+    return EngineServing(note=f"TensorRT-LLM serves 4-bit weight-only (W4A16) {method.upper()} checkpoints in its own "
+                              "(ModelOpt) layout: convert this checkpoint, or quantize the baseline with ModelOpt and "
+                              "judge that one; the memory here is planned for the same 4-bit weights")
+
+
 register(FormatSpec("baseline", engine="none", bits=16))
 register(FormatSpec(
     "int8", engine="bitsandbytes", bits=8, quantizer="harness.quantize.bnb_int8:BnbInt8Quantizer",
     packages=("bitsandbytes", "transformers", "torch"), recipe_extra={"llm_int8_threshold": 6.0},
     vllm_refusal="bitsandbytes LLM.int8 is not a vLLM quantization method (vLLM 0.32 and later have no "
                  "bitsandbytes): transformers serves it; to serve 8-bit weights with vLLM use a compressed-tensors "
-                 "INT8 checkpoint or --quantization int8_per_channel_weight_only"))
+                 "INT8 checkpoint or --quantization int8_per_channel_weight_only",
+    serving={
+        # The planned version's wording, as the serving plans have always printed it (vllm_refusal is the vLLM
+        # backend's, about the vLLM it runs).
+        "vllm": EngineServing(refusal="vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: "
+                                      "bitsandbytes is not among its quantization methods (none since 0.32); serve "
+                                      "int8 with transformers, or plan gptq/awq for vLLM"),
+        "sglang": EngineServing("bitsandbytes", note="SGLang: bitsandbytes is among its --quantization choices "
+                                                     "(server_args.py); quantgate has not run an LLM.int8 checkpoint "
+                                                     "on SGLang: check it starts and answers before relying on it"),
+        "trtllm": EngineServing(refusal="TensorRT-LLM cannot load a bitsandbytes (LLM.int8) checkpoint; its 8-bit "
+                                        "weight-only mode (W8A16) is a different checkpoint, quantized from the "
+                                        "baseline with TensorRT-LLM's tools, which quantgate has not judged"),
+    }))
 register(FormatSpec("gptq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, g_idx=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
-                    vllm_quantization="gptq", four_bit_kernel=True))
+                    vllm_quantization="gptq", four_bit_kernel=True, serving={"trtllm": _trtllm_w4a16("gptq")}))
 register(FormatSpec("awq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
-                    vllm_quantization="awq", four_bit_kernel=True))
-FORMATS = tuple(FORMAT_SPECS)  # the built-in formats, in report order
+                    vllm_quantization="awq", four_bit_kernel=True, serving={"trtllm": _trtllm_w4a16("awq")}))
 
 
 def known_formats() -> tuple[str, ...]:
+    """Every registered format, the plugins' included once they are loaded (harness.plugins), in report order."""
     return tuple(FORMAT_SPECS)
 
 
@@ -78,8 +129,8 @@ def format_spec(name: str) -> FormatSpec:
         raise UserError(f"unknown format '{name}' (known: {', '.join(FORMAT_SPECS)})") from None
 
 
-def check_format_names(names: list[str], where: str) -> list[str]:
-    """Known names, baseline first, each once; `where` names the flag or field in the error."""
+def parse_format_names(names: list[str], where: str) -> list[str]:
+    """Registered names, each once, in the order given; `where` names the flag or field in the error."""
     cleaned = [n.strip().lower() for n in names if n.strip()]
     unknown = [n for n in cleaned if n not in FORMAT_SPECS]
     if unknown:
@@ -87,4 +138,9 @@ def check_format_names(names: list[str], where: str) -> list[str]:
                         f"(known: {', '.join(FORMAT_SPECS)})")
     if not cleaned:
         raise UserError(f"{where}: name at least one format (e.g. {where} int8,gptq,awq)")
-    return ["baseline"] + [n for n in dict.fromkeys(cleaned) if n != "baseline"]
+    return list(dict.fromkeys(cleaned))
+
+
+def check_format_names(names: list[str], where: str) -> list[str]:
+    """The formats of a run: registered names, baseline first, each once."""
+    return ["baseline"] + [n for n in parse_format_names(names, where) if n != "baseline"]

@@ -91,6 +91,7 @@ class EvaluateJob:
     trust_remote_code: bool = False
     threads: int = 1
     seed: int = 0
+    runtime: str = "transformers"  # the Runtime that loads the artifact (harness.runtime.registry)
     failure_path: str = ""
     kind: str = "evaluate"
 

@@ -21,28 +21,22 @@ from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir
 from harness.config import RunSpec
 from harness.errors import UserError
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
-from harness.evalsets import EvalSet, load_evalsets, render_messages, render_plain
+from harness.environment import environment
+from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
 from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
+from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
 from harness.metrics import metric_names
 from harness.policy import Policy, load_policy
 from harness.quantize import quantizer_for, recipe_for
 from harness.external import check_baseline_is_full_precision
-from harness.quantize.base import Recipe, package_versions
+from harness.quantize.base import Recipe
+from harness.report.schema import RunReport, report_json
 from harness.source import ModelSource, check_remote_code, resolve_source
 
-ENVIRONMENT_PACKAGES = ("torch", "transformers", "bitsandbytes", "gptqmodel", "optimum", "rouge-score", "datasets",
-                        "numpy", "nvidia-ml-py")
-
-
-@dataclass
-class Prompt:
-    evalset: str
-    item_id: str
-    text: str
-    tokens: int
-    max_new_tokens: int
-    ids: tuple[int, ...] = ()  # the token ids both backends generate from
+# The runtime of the device stage's worker (harness.runtime.registry). With --backend vllm it still measures every
+# format (and generates for one vLLM cannot serve); the server's generations are keyed by served.served_key.
+DEVICE_RUNTIME = "transformers"
 
 
 @dataclass
@@ -53,7 +47,7 @@ class FormatRun:
     status: str = "ok"  # ok | failed | interrupted
     error: str | None = None
     artifact: dict | None = None
-    measurement: dict | None = None
+    measurement: Measurement = field(default_factory=Measurement)
     generations: dict[str, dict] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
     served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
@@ -75,8 +69,13 @@ class RunInputs:
     candidates: dict = field(default_factory=dict)  # name -> harness.external.ExternalCheckpoint
     candidate_notes: dict = field(default_factory=dict)  # name -> notes the report carries (tokenizer mismatch)
 
+    def probe_workload(self) -> ProbeWorkload:
+        """What memory and latency are measured on (measure.probe.probe_workload), from this run's prompts."""
+        return probe_workload([self.prompts[e.name] for e in self.evalsets], self.spec.latency_requests,
+                              self.spec.batch_size)
 
-def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
+
+def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
     started = time.time()
     inputs = prepare_inputs(spec)
     runs: dict[str, FormatRun] = {}
@@ -95,8 +94,8 @@ def run_pipeline(spec: RunSpec) -> tuple[dict, int]:
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
     evaluation = evaluate_formats(inputs, runs)
     report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
-    report = write_outputs(inputs.out_dir, report, evaluation.samples)
-    return report, 130 if interrupted else report["exit_code"]
+    write_outputs(inputs.out_dir, report, evaluation.samples)
+    return report, 130 if interrupted else report.exit_code
 
 
 def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
@@ -368,7 +367,7 @@ def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: Meas
     spec = inputs.spec
     return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
                        trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
-                       batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       runtime=DEVICE_RUNTIME, batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
                        failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
@@ -400,7 +399,8 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
     generations: dict[str, dict] = {}
     # The server is planned before the measurement is read back (the format as run_served has always seen it).
-    planned = FormatRun(fmt, artifact=artifact.entry, measurement=device.measurement.as_dict(), devices=devices)
+    planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
+                        devices=devices)
     block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
                        planned)
     error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
@@ -447,12 +447,14 @@ def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifac
 
 def evaluation_settings(spec: RunSpec) -> dict:
     """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
-    included: an upgraded torch or transformers reruns every format's measure and generate stages."""
-    return {"backend": "transformers", "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+    included: an upgraded torch or transformers reruns every format's measure and generate stages. "backend" is the
+    runtime that measures and generates, whatever --backend says (a served format's generations have keys of their
+    own)."""
+    return {"backend": DEVICE_RUNTIME, "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 
-def measure_key(artifact_key: str, settings: dict, workload: tuple, warmup: int) -> str:
+def measure_key(artifact_key: str, settings: dict, workload: ProbeWorkload, warmup: int) -> str:
     batch1, batched, batched_new = workload
     return stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
                         "batched_max_new_tokens": batched_new, "warmup": warmup})
@@ -467,7 +469,7 @@ def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: 
 def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
     spec = inputs.spec
     settings = evaluation_settings(spec)
-    batch1, batched, batched_new = workload = probe_workload(inputs)
+    batch1, batched, batched_new = workload = inputs.probe_workload()
     key = measure_key(artifact_key, settings, workload, spec.warmup_requests)
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
@@ -486,34 +488,19 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
     return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations)
 
 
-def probe_workload(inputs: RunInputs):
-    """The fixed workload that memory and latency are measured on, derived from the evalsets' prompts:
-    the first prompts of each set, round-robin, one at a time; and the longest prompts as one full batch."""
-    per_set = [inputs.prompts[e.name] for e in inputs.evalsets]
-    batch1: list[list] = []
-    for index in range(max((len(p) for p in per_set), default=0)):
-        for prompts in per_set:
-            if index < len(prompts) and len(batch1) < inputs.spec.latency_requests:
-                batch1.append([prompts[index].text, prompts[index].max_new_tokens])
-    everything = sorted((p for prompts in per_set for p in prompts), key=lambda p: (-p.tokens, p.evalset, p.item_id))
-    longest = everything[: inputs.spec.batch_size]
-    batched_new = max((p.max_new_tokens for p in everything), default=1)
-    return batch1, [p.text for p in longest], batched_new
-
-
 def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
                     devices: str | None) -> FormatRun:
     """The format's result: its stages' records with the measurement and the generations read back."""
     generations = {**device.generations, **(served.generations if served else {})}
     error = device.error or (served.error if served else None)
     run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
-                    measurement=dict(device.measurement.as_dict(), result=device.measurement.read()),
+                    measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
                     generations={name: dict(file.as_dict(), result=file.read("outputs"))
                                  for name, file in generations.items()},
                     stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
                     served=served.block if served else None, devices=devices)
     missing = [n for n, e in run.generations.items() if e["result"] is None]
-    if run.status == "ok" and (missing or run.measurement["result"] is None):
+    if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
                        error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
     return run
@@ -590,19 +577,11 @@ def measure_device_key(threads: int) -> dict:
     return device_key(threads)
 
 
-def environment() -> dict:
-    import platform
-
-    return {"python": platform.python_version(), **package_versions(*ENVIRONMENT_PACKAGES)}
-
-
-def write_outputs(out_dir: Path, report: dict, samples: tuple[dict, ...]) -> dict:
-    """samples.jsonl, report.json, and the reports rendered from report.json as written (JSON types: the typed
-    readers validate exactly what a later `quantgate report` or `compare` will read). Returns that report."""
+def write_outputs(out_dir: Path, report: RunReport, samples: tuple[dict, ...]) -> None:
+    """samples.jsonl, report.json (the typed report as built, schema.report_json) and the reports rendered from
+    that same report."""
     from harness.report import write_reports
 
     atomic_write_text(out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
-    atomic_write_json(out_dir / "report.json", report)
-    written = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
-    write_reports(out_dir, written)
-    return written
+    atomic_write_text(out_dir / "report.json", report_json(report))
+    write_reports(out_dir, report)

@@ -137,11 +137,9 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
 
 
 def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
-    """The transformers backend's batch-1 workload (pipeline.probe_workload), as token ids."""
+    """The transformers backend's batch-1 workload (RunInputs.probe_workload), as token ids."""
     by_text = {p.text: p for prompts in inputs.prompts.values() for p in prompts}
-    from harness.pipeline import probe_workload
-
-    batch1, _, _ = probe_workload(inputs)
+    batch1, _, _ = inputs.probe_workload()
     return [(by_text[text].ids, max_new) for text, max_new in batch1]
 
 

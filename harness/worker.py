@@ -18,6 +18,7 @@ from pathlib import Path
 from harness import progress
 from harness.cache import atomic_write_json, remove_tree
 from harness.jobs import EvaluateJob, GenerateTask, QuantizeJob, read_job
+from harness.runtime.base import Runtime
 
 
 def main(argv: list[str]) -> int:
@@ -108,26 +109,27 @@ def run_evaluate(job: EvaluateJob) -> None:
     import contextlib
     import importlib
 
-    importlib.import_module("transformers")  # before the load phase, so its RSS is not counted as weights
-
     from harness.measure.timeline import MemoryTimeline, whole_job_peaks
+    from harness.runtime.registry import runtime_class
 
+    runtime = runtime_class(job.runtime)
+    for library in runtime.preload:  # before the load phase, so their RSS is not counted as weights
+        importlib.import_module(library)
     measure = job.measure
     with MemoryTimeline(stage="load") if measure else contextlib.nullcontext() as timeline:
-        result = _evaluate(job, timeline)
+        result = _evaluate(job, runtime, timeline)
     if measure and result is not None:
         result["memory_timeline"] = timeline.as_dict()
         result["memory"] = whole_job_peaks(result["memory"], result["memory_timeline"])
         atomic_write_json(Path(measure.result_path), result)
 
 
-def _evaluate(job: EvaluateJob, timeline) -> dict | None:
+def _evaluate(job: EvaluateJob, runtime: type[Runtime], timeline) -> dict | None:
     from harness.measure.memory import memory_in_use, track_peak
     from harness.measure.probe import measure_format
-    from harness.runtime.transformers_backend import LoadedModel
 
     with track_peak() as load_peak:
-        model = LoadedModel(Path(job.artifact_path), job.dtype, trust_remote_code=job.trust_remote_code)
+        model = runtime.load(Path(job.artifact_path), dtype=job.dtype, trust_remote_code=job.trust_remote_code)
     loaded_bytes = memory_in_use() - load_peak.in_use_start_bytes
     progress.say("model loaded")
     encoded: dict[str, list[int]] = {}

@@ -19,6 +19,7 @@ from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
 from harness.errors import UserError
 from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
 from harness.measure.kv import DEMO_CONFIG, text_config
+from harness.measure.probe import Measurement
 from harness.pipeline import FormatRun
 from harness.policy import Policy, ServingTarget, load_policy
 from harness.quantize.base import Recipe
@@ -46,7 +47,8 @@ def measured(name: str, weights: int | None, *, compute_dtype: str = "bfloat16",
     memory = {} if weights is None else {"weights_bytes": weights * scale, "activation_peak_bytes": activation * scale,
                                          "peak_bytes": weights * scale + activation * scale,
                                          "rss_peak_bytes": weights * scale + activation * scale}
-    return FormatRun(name, measurement={"result": {"memory": memory, "latency": {}, "compute_dtype": compute_dtype}})
+    return FormatRun(name, measurement=Measurement(result={"memory": memory, "latency": {},
+                                                           "compute_dtype": compute_dtype}))
 
 
 # --- the report's serving block -------------------------------------------------------------------

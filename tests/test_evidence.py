@@ -13,6 +13,7 @@ from harness import stats
 from harness.decide import FormatOutcome, decide_format
 from harness.errors import UserError
 from harness.measure.latency import P95_MIN_REQUESTS
+from harness.measure.probe import Measurement
 from harness.policy import Policy, load_policy
 from harness.stats import compare_paired, items_needed
 from test_decide import run_decide, write_jsonl
@@ -280,7 +281,7 @@ def test_evaluate_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
     [evalset] = load_evalsets([tmp_path / "faq.toml"])
     timings = [BatchTiming(batch_size=1, prompt_tokens=12, steps=10, ttft_s=0.1, e2e_s=0.3) for _ in range(5)]
-    measurement = {"result": {"latency": {"batch_1": latency_block(timings)}, "memory": {}}}
+    measurement = Measurement(result={"latency": {"batch_1": latency_block(timings)}, "memory": {}})
     outputs = [{"id": r["id"], "prediction": "x", "new_tokens": 1} for r in rows]
     run = SimpleNamespace(name="baseline", status="ok", error=None, measurement=measurement,
                           generations={"faq": {"result": {"outputs": outputs}}})

@@ -1,7 +1,8 @@
 """docs/extending.md's worked example: a toy format and a toy metric (tests/plugins/quantgate_toy.py) added
 through the seams alone (harness.formats.register, harness.metrics.register_metric, QUANTGATE_PLUGINS), then
-run through the real pipeline on the demo model."""
+planned for the serving engines and run through the real pipeline on the demo model."""
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -37,6 +38,108 @@ def test_the_toy_plugin_registers_a_format_and_a_metric(monkeypatch):
     finally:
         FORMAT_SPECS.pop("toy8", None)
         METRIC_SPECS.pop("length_ratio", None)
+
+
+TOY8_REFUSAL = "toy8 is fake-quantized 16-bit weights: serve the baseline instead"  # the toy spec's vllm_refusal
+
+
+def test_plan_takes_a_plugin_format_and_follows_its_serving_fields(tmp_path):
+    """`quantgate plan --format toy8` through the seam alone: the registry knows toy8 once the plugin has loaded,
+    and every engine's plan follows the toy spec (its vllm_refusal, no serving entry of its own): nothing serves it,
+    so no command and no --quantization made up from its name."""
+    result = quantgate("plan", "--format", "baseline,toy8", "--target-gpu", "L4", "--json", cache=tmp_path,
+                       check_codes=(0,), env=_plugin_env())
+    plan = json.loads(result.stdout)
+    toy = plan["formats"]["toy8"]
+    assert (toy["bits"], toy["group_size"]) == (8, None)
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert plan["formats"]["baseline"]["engines"][engine]["servable"]
+        entry = toy["engines"][engine]
+        assert (entry["servable"], entry["command"], entry["reason"]) == (False, "", TOY8_REFUSAL), engine
+    assert "--quantization toy8" not in result.stdout  # nor toy8_marlin
+    unknown = quantgate("plan", "--format", "toy8", cache=tmp_path, check_codes=(2,))  # without the plugin
+    assert "unknown format 'toy8'" in unknown.stderr
+
+
+def test_the_planners_ask_the_spec_not_the_name(tmp_path, capsys):
+    """A plugin's 4-bit format that vLLM and SGLang serve as plain awq (no Marlin variant) and TensorRT-LLM does not
+    take at all: each engine's plan says what the spec says, and its group size follows `grouped`."""
+    from harness.commands import plan as plan_command
+    from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec, register
+
+    register(FormatSpec("toy4", engine="toy-rounding", bits=4, grouped=True, vllm_quantization="awq", default=False,
+                        serving={"trtllm": EngineServing(refusal="TensorRT-LLM: no toy4 layout")}))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    parser = argparse.ArgumentParser(prog="quantgate")
+    plan_command.add_parser(parser.add_subparsers())
+    try:
+        args = parser.parse_args(["plan", "--model", str(tmp_path), "--format", "toy4", "--target-gpu", "L4",
+                                  "--json"])
+        assert args.func(args) == 0
+    finally:
+        FORMAT_SPECS.pop("toy4", None)
+    toy = json.loads(capsys.readouterr().out)["formats"]["toy4"]
+    assert toy["group_size"] == 128  # chosen because the spec is grouped
+    engines = toy["engines"]
+    for engine in ("vllm", "sglang"):
+        assert ["--quantization", "awq"] in engines[engine]["args"], engine  # plain: no Marlin variant declared
+    assert (engines["trtllm"]["servable"], engines["trtllm"]["reason"]) == (False, "TensorRT-LLM: no toy4 layout")
+
+
+class EchoRuntime:
+    """A runtime that answers each prompt with its last token: the Runtime protocol and nothing else."""
+
+    dtype = "float32"
+    preload = ()
+
+    @classmethod
+    def load(cls, artifact_path, *, dtype="auto", trust_remote_code=False):
+        return cls()
+
+    def encode(self, prompt):
+        return [len(word) for word in prompt.split()]
+
+    def generate(self, prompts, max_new_tokens):
+        from harness.runtime.base import BatchTiming, Generation
+
+        return ([Generation(str(p[-1]), len(p), 1) for p in prompts],
+                BatchTiming(len(prompts), max(map(len, prompts)), 1, 0.001, 0.002))
+
+    def generate_with_cache_bytes(self, prompts, max_new_tokens):
+        return (*self.generate(prompts, max_new_tokens), 0)
+
+    def weights_bytes(self):
+        return 0
+
+    def parameter_count(self):
+        return 0
+
+
+def test_a_runtime_is_one_registry_entry(tmp_path):
+    """The worker loads the runtime its job names through harness.runtime.registry, then drives it through the
+    Runtime protocol alone."""
+    from harness import worker
+    from harness.errors import UserError
+    from harness.jobs import EvaluateJob, GenerateItem, GenerateTask
+    from harness.runtime.registry import RUNTIMES, register_runtime, runtime_class
+    from harness.runtime.transformers_backend import LoadedModel
+
+    assert runtime_class("transformers") is LoadedModel
+    with pytest.raises(UserError, match="unknown runtime 'echo' \\(known: transformers"):
+        runtime_class("echo")
+    register_runtime("echo", f"{__name__}:EchoRuntime")
+    task = GenerateTask("faq", "k", 4, (GenerateItem("a", "one three"), GenerateItem("b", "seven")),
+                        str(tmp_path / "faq.json"))
+    try:
+        worker.run_evaluate(EvaluateJob(str(tmp_path), batch_size=2, generate=(task,), runtime="echo"))
+    finally:
+        RUNTIMES.pop("echo")
+    outputs = json.loads((tmp_path / "faq.json").read_text(encoding="utf-8"))["outputs"]
+    assert [(o["id"], o["prediction"]) for o in outputs] == [("a", "5"), ("b", "5")]
 
 
 def test_a_missing_plugin_is_one_line(demo_cache, tmp_path):

@@ -1,7 +1,8 @@
-"""No import cycles among harness modules: every module's module-level imports, read with ast (nothing is imported).
+"""No import cycles among harness modules: every module's imports, read with ast (nothing is imported).
 
-Imports inside functions (the lazy imports of heavy or optional libraries, and the deliberate late imports that break
-a dependency) and under `if TYPE_CHECKING:` do not run when a module is imported, so they are not edges.
+Imports inside functions count: a lazy import (of a heavy or optional library, or to keep start-up quick) still
+makes the function depend on that module, and a late import that only hides a cycle leaves the cycle there. Only
+imports under `if TYPE_CHECKING:` (read by type checkers, never run) are not edges.
 """
 
 from __future__ import annotations
@@ -43,25 +44,25 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _module_level(body: list[ast.stmt]):
-    """The import statements that run when the module is imported: the top level and the blocks of if/try/with/
-    for and class bodies there; not function bodies, and not `if TYPE_CHECKING:`."""
+def _imports(body: list[ast.stmt]):
+    """Every import statement in these statements and the blocks nested in them (if/try/with/for/match, class and
+    function bodies), but those under `if TYPE_CHECKING:`."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _module_level(node.orelse)
+            yield from _imports(node.orelse)
         else:
             for block in ("body", "orelse", "finalbody"):
-                yield from _module_level(getattr(node, block, []))
+                yield from _imports(getattr(node, block, []))
             for handler in getattr(node, "handlers", []):
-                yield from _module_level(handler.body)
+                yield from _imports(handler.body)
+            for case in getattr(node, "cases", []):
+                yield from _imports(case.body)
 
 
 def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The harness modules `name` imports at module level. `from harness.x import y` is an edge to harness.x.y
+    """The harness modules `name` imports, in functions too. `from harness.x import y` is an edge to harness.x.y
     when that is a module, else to harness.x; `import harness.x.y` to harness.x.y. Importing harness.x.y first
     runs harness.x's __init__, so that package is an edge too, unless it is one of `name`'s own packages (whose
     __init__ is already running or done by the time `name` runs)."""
@@ -69,7 +70,7 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
     package = name if is_package else name.rpartition(".")[0]
     own_packages = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     found: set[str] = set()
-    for node in _module_level(ast.parse(path.read_text(encoding="utf-8"), str(path)).body):
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path)).body):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -125,6 +126,7 @@ def test_the_graph_sees_every_module_and_its_imports():
     assert "harness.units" in graph["harness.report.units"]  # `from harness.units import ...`
     assert graph["harness.units"] == set()
     assert "harness.runtime.vllm.client" in graph["harness.served"]  # a namespace package's module
+    assert "harness.commands.compare.trend_html" in graph["harness.commands.compare"]  # imported in a function
     on_disk = {p.relative_to(ROOT.parent).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
                for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
     assert on_disk == set(graph)
@@ -141,16 +143,17 @@ def test_relative_imports_resolve(tmp_path):
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from . import b\nfrom .sub import c\nfrom .sub.c import name\n"
                                   "def f():\n    from . import d\n"
-                                  "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\n")
+                                  "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.e\n")
     (package / "sub" / "__init__.py").write_text("from .. import a\nfrom . import c\n")
     modules = {"pkg": package / "__init__.py", "pkg.a": package / "a.py", "pkg.b": package / "a.py",
-               "pkg.d": package / "a.py", "pkg.sub": package / "sub" / "__init__.py",
+               "pkg.d": package / "a.py", "pkg.e": package / "a.py", "pkg.sub": package / "sub" / "__init__.py",
                "pkg.sub.c": package / "a.py"}
-    # pkg.sub.c's import runs pkg.sub's __init__ first; pkg's own __init__ is no edge of its submodules
-    assert imported_modules("pkg.a", package / "a.py", modules) == {"pkg.b", "pkg.sub", "pkg.sub.c"}
+    # pkg.sub.c's import runs pkg.sub's __init__ first; pkg's own __init__ is no edge of its submodules; the import
+    # in f() is an edge, the one under TYPE_CHECKING is not
+    assert imported_modules("pkg.a", package / "a.py", modules) == {"pkg.b", "pkg.d", "pkg.sub", "pkg.sub.c"}
     assert imported_modules("pkg.sub", package / "sub" / "__init__.py", modules) == {"pkg.a", "pkg.sub.c"}
 
 
 def test_no_import_cycles_among_harness_modules():
     cycle = find_cycle(import_graph())
-    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+    assert cycle is None, "import cycle (imports inside functions included): " + " -> ".join(cycle)

@@ -19,7 +19,7 @@ from harness.measure.capacity.memory import (CUDA_GRAPH_BYTES, GIB, HEADROOM_BYT
                                              activation_peak_bytes, weights_bytes)
 from harness.measure.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
-from harness.quantize import FORMATS
+from harness.formats import known_formats
 from test_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA3_8B, MIXTRAL_8X7B, QWEN25_7B
 
 L4 = gpu_by_name("L4")
@@ -299,7 +299,7 @@ def test_no_printed_command_violates_the_engines_checks():
     for _ in range(400):
         config = rng.choice(MODELS)
         shape = model_shape(config)
-        fmt = weight_format(rng.choice(FORMATS), rng.choice([32, 64, 128, None]))
+        fmt = weight_format(rng.choice(known_formats()), rng.choice([32, 64, 128, None]))
         gpu, tp = rng.choice(gpus), rng.choice([1, 1, 1, 2, 4, 8])
         length = rng.choice([128, 1000, 2048, 4096, 8192, 32768, 131072])
         length = min(length, shape.max_len or length)

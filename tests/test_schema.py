@@ -229,6 +229,11 @@ class _FakeModel:
     """What worker.measure_format and generate_evalset call on a loaded model, without a model."""
 
     dtype = "float32"
+    preload = ()
+
+    @classmethod
+    def load(cls, *args, **kwargs) -> "_FakeModel":
+        return cls(*args, **kwargs)
 
     def __init__(self, *_args, **_kwargs) -> None:
         weights = [SimpleNamespace(numel=lambda: 1000, element_size=lambda: 1) for _ in range(3)]
@@ -267,10 +272,11 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.evalsets import load_evalsets
     from harness.jobs import EvaluateJob
     from harness.measure import memory
+    from harness.measure.probe import Measurement
     from harness.pipeline import FormatRun, Prompt
     from harness.policy import Policy
     from harness.quantize.base import Recipe
-    from harness.report.build import build_report
+    from harness.report.build import build_report, report_document
     from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
 
@@ -311,7 +317,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
-                         measurement={"path": "m.json", "key": "m", "result": measurement},
+                         measurement=Measurement("m.json", "m", measurement),
                          generations={"faq": {"path": "g.json", "key": "g", "result": generation}})
     manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",
                 "recipe": inputs.recipes["int8"].as_dict(), "source": "sha256:abc", "calibration_hash": "sha256:0",
@@ -328,7 +334,11 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     }
     evaluation = evaluate_formats(inputs, runs)
     report, samples = build_report(inputs, runs, evaluation, wall_s=12.34), evaluation.samples
-    data = json.loads(json.dumps(report))  # as report.json holds it (tuples become lists)
+    data = json.loads(schema.report_json(report))  # report.json as written
+    # The typed report writes back the producer's document byte for byte: keys in its order, integers as integers.
+    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s=12.34)))
+    assert schema.report_json(RunReport.model_validate(document)) == json.dumps(document, indent=2,
+                                                                                ensure_ascii=False) + "\n"
 
     parsed = RunReport.model_validate(data)
     assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)

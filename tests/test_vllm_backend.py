@@ -264,10 +264,11 @@ def test_latency_budgets_judge_the_figures_the_policy_names():
     from types import SimpleNamespace
 
     from harness.evaluate import budget_latency_of
+    from harness.measure.probe import Measurement
 
     transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
     served = {"ttft_ms": {"p95": 80.0}, "requests": 20}
-    run = SimpleNamespace(measurement={"result": {"latency": {"batch_1": transformers}}},
+    run = SimpleNamespace(measurement=Measurement(result={"latency": {"batch_1": transformers}}),
                           served={"status": "ok", "latency": {"concurrency_1": served}})
     assert budget_latency_of(run, "served") == (served, "vLLM server, concurrency 1")
     assert budget_latency_of(run, "transformers") == (transformers, "transformers")

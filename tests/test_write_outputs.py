@@ -1,12 +1,17 @@
-"""The run writes its reports from report.json as written: the in-memory report holds tuples (frozen records) that
-the strict typed readers would refuse, and a run once ended in exit 2 after every stage had finished."""
+"""The run writes report.json from its typed report exactly as the producer built it, and renders the other reports
+from that same report. The in-memory document holds tuples (frozen records) that the strict typed readers would
+refuse, and a run once ended in exit 2 after every stage had finished: the report is built from the document in
+JSON's own types."""
 
 import json
 from pathlib import Path
 
 from harness.pipeline import write_outputs
+from harness.report import build
+from harness.report.schema import RunReport
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example" / "report.json"
+OUTPUTS = ("report.json", "report.md", "report.html", "junit.xml", "scores.csv")
 
 
 def _tuples(value):
@@ -17,9 +22,22 @@ def _tuples(value):
     return value
 
 
-def test_reports_render_from_a_report_that_holds_tuples(tmp_path):
-    report = json.loads(FIXTURE.read_text(encoding="utf-8"))
-    written = write_outputs(tmp_path, _tuples(report), ())
-    assert written == report
-    for name in ("report.json", "report.md", "report.html", "junit.xml", "scores.csv"):
+def test_a_report_document_that_holds_tuples_is_built_and_written(tmp_path, monkeypatch):
+    document = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    monkeypatch.setattr(build, "report_document", lambda *args: _tuples(document))
+    report = build.build_report(None, {}, None, 0.0)
+    write_outputs(tmp_path, report, ())
+    assert json.loads((tmp_path / "report.json").read_text(encoding="utf-8")) == document
+    for name in OUTPUTS:
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_report_json_is_the_typed_report_byte_for_byte(tmp_path):
+    """Fields as given (none added, none dropped), each block's keys in the order built, and integers as integers
+    (a float field reads 2875 as 2875.0)."""
+    document = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    document["wall_s"] = 2875
+    document["model"] = dict(reversed(document["model"].items()))
+    write_outputs(tmp_path, RunReport.model_validate(document), ())
+    assert (tmp_path / "report.json").read_text(encoding="utf-8") == json.dumps(document, indent=2,
+                                                                                ensure_ascii=False) + "\n"

@@ -8,13 +8,14 @@ import json
 from pathlib import Path
 
 from harness.errors import UserError
+from harness.formats import default_formats, format_spec, parse_format_names
 from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu, ModelShape, Target,
                                       TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       plan_engines, resolve_version, weight_format)
 from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
-from harness.quantize import FORMATS, choose_group_size
+from harness.quantize import choose_group_size
 from harness.units import format_bytes
 
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -29,8 +30,9 @@ def add_parser(subparsers) -> None:
                     "(by version), SGLang and TensorRT-LLM, or why nothing fits and what would.")
     parser.add_argument("--model", default="demo", metavar="PATH_OR_CONFIG_JSON",
                         help="a Hugging Face model directory, its config.json, or 'demo' (SmolLM2-135M; default)")
-    parser.add_argument("--format", default=",".join(FORMATS), metavar="NAME[,NAME...]",
-                        help=f"format(s) to plan, comma-separated, of {', '.join(FORMATS)} (default: all)")
+    parser.add_argument("--format", default=None, metavar="NAME[,NAME...]",
+                        help="format(s) to plan, comma-separated: baseline, int8, gptq, awq or a plugin's "
+                             "(default: the formats a run includes by default)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="gptq/awq group size (default: the largest of 128/64/32 dividing the layer widths)")
     parser.add_argument("--engine", default="all", choices=(*ENGINES, "all"),
@@ -69,7 +71,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, described = load_model_config(args.model)
-    formats = _parse_formats(args.format)
+    formats = parse_format_names(args.format.split(","), "--format") if args.format is not None else default_formats()
     _check_numbers(args)
     try:
         shape = model_shape(config)
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--vllm-version {args.vllm_version}: {exc}") from None
     plans = {}
     for name in formats:
-        group = choose_group_size(config, args.group_size, name) if name in ("gptq", "awq") else None
+        group = choose_group_size(config, args.group_size, name) if format_spec(name).grouped else None
         fmt = weight_format(name, group)
         try:
             plans[name] = (fmt, plan_engines(shape, fmt, target, workload, engines, vllm_version=version,
@@ -116,15 +118,6 @@ def load_model_config(model: str) -> tuple[dict, str]:
     if not isinstance(raw, dict):
         raise UserError(f"{config_path}: expected a JSON object (a model's config.json)")
     return text_config(raw), str(config_path)
-
-
-def _parse_formats(text: str) -> list[str]:
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FORMATS]
-    if unknown or not names:
-        raise UserError(f"--format: unknown format {', '.join(repr(u) for u in unknown) or '(none given)'} "
-                        f"(known: {', '.join(FORMATS)})")
-    return list(dict.fromkeys(names))
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -6,8 +6,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import UserError
+
+if TYPE_CHECKING:
+    from harness.report.schema import RunReport
 
 
 def add_parser(subparsers) -> None:
@@ -137,10 +141,10 @@ def flag_values(args) -> tuple[dict, dict]:
 
 def candidate_values(args) -> dict:
     from harness.external import parse_candidates
-    from harness.formats import FORMATS
+    from harness.formats import known_formats
 
     given = getattr(args, "candidate", None)
-    return {"candidates": parse_candidates(given, FORMATS) if given else None,
+    return {"candidates": parse_candidates(given, known_formats()) if given else None,
             "baseline_is_quantized": True if getattr(args, "baseline_is_quantized", False) else None,
             "allow_tokenizer_mismatch": True if getattr(args, "allow_tokenizer_mismatch", False) else None}
 
@@ -238,18 +242,15 @@ def run(args) -> int:
     return code
 
 
-def print_summary(report: dict, out_dir: Path) -> None:
-    """The console table of verdicts, read through the report schema (report is what run_pipeline returns)."""
-    from harness.report.schema import parse_report
-
-    parsed = parse_report(report, str(out_dir / "report.json"))
+def print_summary(report: RunReport, out_dir: Path) -> None:
+    """The console table of verdicts (report is what run_pipeline returns)."""
     lines = ["", f"{'format':<10} {'verdict':<13} {'peak memory':>12}  reason"]
-    for name, entry in parsed.formats.items():
+    for name, entry in report.formats.items():
         peak = entry.memory.peak_bytes if entry.memory else None
         peak_text = f"{peak / 2**20:,.0f} MiB" if peak else "-"
         reason = entry.reasons[0] if entry.reasons else ""
         lines.append(f"{name:<10} {entry.verdict:<13} {peak_text:>12}  {reason[:110]}")
-    rec = parsed.recommendation
+    rec = report.recommendation
     lines.append(f"recommendation: {rec.format or 'none'} - {rec.why}")
     lines.append(f"report: {out_dir / 'report.md'}  (also report.html, report.json, junit.xml, scores.csv)")
     print("\n".join(lines))

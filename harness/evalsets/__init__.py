@@ -22,7 +22,7 @@ from harness.evalsets.data import DATA_FORMATS
 from harness.evalsets.items import (DEFAULT_ABSTAIN_PHRASES, DEFAULT_MAX_NEW_TOKENS, FEW_SHOT_KEYS, EvalItem,
                                     EvalSet, FewShotExample, build_set)
 from harness.evalsets.paths import display_path
-from harness.evalsets.prompts import ABSTAIN_REPLY, TEMPLATE_FIELDS, render_messages, render_plain
+from harness.evalsets.prompts import ABSTAIN_REPLY, TEMPLATE_FIELDS, Prompt, render_messages, render_plain
 from harness.evalsets.spec import LANGUAGES, ROW_FIELDS, SPEC_KEYS, TASKS, bare_spec, read_spec
 
 MAX_PROBLEMS_PER_SET = 50
@@ -90,5 +90,6 @@ def _capped(problems: list[str], where: str) -> list[str]:
 __all__ = [
     "ABSTAIN_REPLY", "DATA_FORMATS", "DEFAULT_ABSTAIN_PHRASES", "DEFAULT_MAX_NEW_TOKENS", "FEW_SHOT_KEYS",
     "LANGUAGES", "MAX_PROBLEMS_PER_SET", "ROW_FIELDS", "SPEC_KEYS", "TASKS", "TEMPLATE_FIELDS",
-    "EvalItem", "EvalSet", "FewShotExample", "display_path", "load_evalsets", "render_messages", "render_plain",
+    "EvalItem", "EvalSet", "FewShotExample", "Prompt", "display_path", "load_evalsets", "render_messages",
+    "render_plain",
 ]

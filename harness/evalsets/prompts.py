@@ -1,9 +1,10 @@
-"""Prompts: the default template of a set that names none, checking a template's fields, and rendering an item as
-chat messages or as one plain prompt that ends with the answer cue."""
+"""Prompts: the default template of a set that names none, checking a template's fields, rendering an item as
+chat messages or as one plain prompt that ends with the answer cue, and the rendered prompt a run sends (`Prompt`)."""
 
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.evalsets.data import Row
@@ -15,6 +16,18 @@ if TYPE_CHECKING:
 
 TEMPLATE_FIELDS = ("question", "context", "instruction")
 ABSTAIN_REPLY = {"en": "cannot be answered", "zh": "无法回答"}
+
+
+@dataclass
+class Prompt:
+    """One item as the model gets it: rendered through its chat template (or plain), with its token count."""
+
+    evalset: str
+    item_id: str
+    text: str
+    tokens: int
+    max_new_tokens: int
+    ids: tuple[int, ...] = ()  # the token ids both backends generate from
 
 
 def default_template_for(task: str, language: str, rows: list[Row], columns: dict[str, str]) -> str:

@@ -1,13 +1,72 @@
-"""The memory and latency probe on a loaded runtime: warm-up, batch-1 latency, then the largest batch under a
-peak tracker (peak, weights, KV cache and activation bytes)."""
+"""The memory and latency probe: its fixed workload, derived from a run's prompts (probe_workload), and the probe
+on a loaded runtime: warm-up, batch-1 latency, then the largest batch under a peak tracker (peak, weights, KV cache
+and activation bytes)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from harness import progress
 from harness.measure.latency import latency_block
 from harness.measure.memory import track_peak
 from harness.jobs import MeasureTask
 from harness.runtime.base import Runtime
+
+if TYPE_CHECKING:
+    from harness.evalsets.prompts import Prompt
+
+
+class ProbeWorkload(NamedTuple):
+    batch1: list[list]  # [prompt text, max new tokens], measured one at a time
+    batched: list[str]  # the longest prompts, as one full batch
+    batched_max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A format's probe as the run read it back: its result file (path, cache key) and what the worker wrote there
+    (measure_format's dict; None when nothing was read)."""
+
+    path: str = ""
+    key: str = ""
+    result: dict | None = None
+
+    @property
+    def memory(self) -> dict:
+        return self._part("memory") or {}
+
+    @property
+    def latency(self) -> dict:
+        return self._part("latency") or {}
+
+    @property
+    def compute_dtype(self) -> str | None:
+        return self._part("compute_dtype")
+
+    @property
+    def timeline(self) -> dict | None:
+        """The memory timeline of the job that measured (none in measurements cached before it was kept)."""
+        return self._part("memory_timeline")
+
+    def _part(self, name: str) -> Any:
+        return self.result.get(name) if self.result else None
+
+
+def probe_workload(prompts_per_set: Sequence[Sequence[Prompt]], latency_requests: int,
+                   batch_size: int) -> ProbeWorkload:
+    """The fixed workload that memory and latency are measured on, from the evalsets' prompts (in evalset order):
+    the first prompts of each set, round-robin, one at a time; and the longest prompts as one full batch."""
+    batch1: list[list] = []
+    for index in range(max((len(p) for p in prompts_per_set), default=0)):
+        for prompts in prompts_per_set:
+            if index < len(prompts) and len(batch1) < latency_requests:
+                batch1.append([prompts[index].text, prompts[index].max_new_tokens])
+    everything = sorted((p for prompts in prompts_per_set for p in prompts),
+                        key=lambda p: (-p.tokens, p.evalset, p.item_id))
+    longest = everything[:batch_size]
+    batched_new = max((p.max_new_tokens for p in everything), default=1)
+    return ProbeWorkload(batch1, [p.text for p in longest], batched_new)
 
 
 def measure_format(model: Runtime, measure: MeasureTask, tokens, load_peak, weights: int, loaded_bytes: int, *,

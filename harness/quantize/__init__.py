@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.formats import FORMATS, check_format_names, format_spec  # noqa: F401 - FORMATS re-exported
+from harness.formats import check_format_names, format_spec
 from harness.quantize.base import Quantizer, Recipe
 
 GROUP_SIZE_CHOICES = (128, 64, 32)

@@ -1,22 +1,33 @@
-"""report.json's dict, built from the stages' results and their evaluation (harness.evaluate)."""
+"""The run's typed report (harness.report.schema.RunReport), built from the stages' results and their evaluation
+(harness.evaluate)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from harness import __version__
 from harness.commands.plan import capacity_view
 from harness.decide import baseline_scores, exit_code, recommend
+from harness.environment import environment
 from harness.evaluate import ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
-from harness.report.schema import SCHEMA_VERSION
+from harness.report.schema import SCHEMA_VERSION, RunReport
 from harness.runtime.base import BatchTiming
 
 
-def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
+def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> RunReport:
+    """The report, validated as report.json will hold it: the document in JSON's own types (a record's tuples become
+    lists, as every later reader gets them), each block keeping its keys' order (schema.report_json writes it back
+    byte for byte)."""
+    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s), default=str))
+    return RunReport.model_validate(document)
+
+
+def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
+    """report.json's fields, in the order the file lists them."""
     from harness.metrics import tokenizer_name
-    from harness.pipeline import environment
     from harness.runtime.device import device_info
 
     spec = inputs.spec
@@ -80,7 +91,7 @@ def comparison_notes(inputs, name: str) -> list[str]:
 def format_entry(inputs, run, max_model_len: int) -> dict:
     memory = dict(memory_of(run))
     latency = dict(latency_of(run))
-    compute_dtype = ((run.measurement or {}).get("result") or {}).get("compute_dtype")
+    compute_dtype = run.measurement.compute_dtype
     # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
     # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
     upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
@@ -97,9 +108,8 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
                                if memory.get("nvml_peak_used_bytes") is not None else
                                "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
                                else "peak RSS of the format's subprocess (CPU)"))
-        timeline = ((run.measurement or {}).get("result") or {}).get("memory_timeline")
-        if timeline:  # the measured run's series (measurements cached before it was kept have none)
-            memory["timeline"] = timeline
+        if run.measurement.timeline:
+            memory["timeline"] = run.measurement.timeline
     else:
         memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
     entry["memory"] = memory

@@ -4,10 +4,9 @@
 `quantgate schema` prints `schema_text()`, and docs/report.schema.json is a copy of it (a test keeps them equal;
 regenerate with `python -m harness schema > docs/report.schema.json`). docs/report.md says what each field means.
 
-The models follow what the producer writes today (harness/assemble.py, decide.py, measure/latency.py,
-measure/capacity.py, calibration.py, the artifact manifest of pipeline.py and worker.py, the `served` block of
-runtime/vllm/) and what version-1
-reports written earlier carry, so both validate:
+The models follow what the producer writes today (harness/report/build.py, which returns a RunReport, from
+decide.py, measure/latency.py, measure/capacity/, calibration.py, the artifact manifest of pipeline.py and
+worker.py, the `served` block of served.py) and what version-1 reports written earlier carry, so both validate:
 - extra="forbid" everywhere a fixed set of keys is written, so that a renamed or misspelled field fails
   validation and names itself; extra="allow" only where the dict is open-ended by nature: the artifact manifest
   (read back from cached artifacts that older quantgate versions wrote) and the policy (a report records the
@@ -15,6 +14,8 @@ reports written earlier carry, so both validate:
   name -> version maps.
 - strict types: a count is an integer, not 2.0 or "2" or true; a float field accepts an integer. Validate the
   parsed JSON (lists, not tuples).
+- every block remembers the form it was read in (key order, integers), so report_json writes a report back as it
+  was built or read, byte for byte; report_dict gives the declared order.
 - A field the producer can write as null is `X | None`; a field that early version-1 reports lack (the
   `calibration` block, latency `max`, capacity `budget_bytes`, ...) has a default and says so.
 """
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
-                      model_serializer, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SerializationInfo,
+                      StringConstraints, ValidationError, model_serializer, model_validator)
 
 from harness.errors import UserError
 
@@ -52,30 +53,50 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+AS_READ = "as_read"  # the serialization context key of report_json: dump each block as it was read
 
 
-class _Open(BaseModel):
-    """Open-ended keys: dumped back in the order they were read (pydantic puts the declared fields first), so a
-    renderer lists a manifest's keys as the file has them."""
+class _ReadForm(BaseModel):
+    """Remembers the form a block was read in: its keys' order, and which numbers were written as integers (a float
+    field reads 2 as 2.0). A dump with context {AS_READ: True} writes the block back that way (report_json)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
     _read_order: list[str] = PrivateAttr(default_factory=list)
+    _read_ints: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _always_in_read_order: ClassVar[bool] = False
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_read_order(cls, data: Any, handler: Any) -> Any:
+    def _remember_read_form(cls, data: Any, handler: Any) -> Any:
         model = handler(data)
         if isinstance(data, dict):
             model._read_order = list(data)
+            model._read_ints = frozenset(key for key, value in data.items() if type(value) is int)
         return model
 
     @model_serializer(mode="wrap")
-    def _dump_in_read_order(self, handler: Any) -> dict[str, Any]:
+    def _dump(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
         dumped = handler(self)
-        first = [key for key in self._read_order if key in dumped]
-        return {key: dumped[key] for key in first + [key for key in dumped if key not in first]}
+        as_read = bool(info.context and info.context.get(AS_READ))
+        if as_read or self._always_in_read_order:
+            first = [key for key in self._read_order if key in dumped]
+            dumped = {key: dumped[key] for key in first + [key for key in dumped if key not in first]}
+        if as_read:
+            for key in self._read_ints:
+                if isinstance(dumped.get(key), float) and dumped[key].is_integer():
+                    dumped[key] = int(dumped[key])
+        return dumped
+
+
+class _Strict(_ReadForm):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Open(_ReadForm):
+    """Open-ended keys: always dumped back in the order they were read (pydantic puts the declared fields first), so
+    a renderer lists a manifest's keys as the file has them."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    _always_in_read_order: ClassVar[bool] = True
 
 
 # --- per-format blocks ------------------------------------------------------------------------------
@@ -758,6 +779,7 @@ def schema_text() -> str:
 # --- reading a report -------------------------------------------------------------------------------
 
 REWRITE = "re-run `quantgate run` to rewrite it"
+PASS_A_REPORT = "pass the report.json of a quantgate run (or its output directory)"
 
 
 def upgrade_v1(report: dict[str, Any]) -> dict[str, Any]:
@@ -803,13 +825,9 @@ def _v1_reason(check: dict[str, Any], checks: list[dict[str, Any]], reasons: lis
 
 def parse_report(data: Any, where: str) -> RunReport:
     """report.json's parsed JSON as a RunReport (a version-1 report upgraded first); a one-line UserError naming
-    `where` and the first bad field, with any further problems listed under it."""
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a JSON object at the top level; {REWRITE}")
-    version = data.get("schema_version")
-    if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
-        readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
-        raise UserError(f"{where}: field 'schema_version': is {version!r}, this quantgate reads {readable}; {REWRITE}")
+    `where`: what the data is when it is not a quantgate report at all (check_is_a_report), else the first bad
+    field, with a count of any further problems."""
+    check_is_a_report(data, where)
     try:
         return RunReport.model_validate(data)
     except ValidationError as exc:
@@ -818,26 +836,63 @@ def parse_report(data: Any, where: str) -> RunReport:
         raise UserError(f"{where}: {problems[0]}{more}; {REWRITE}") from None
 
 
+def check_is_a_report(data: Any, where: str) -> None:
+    """What the schema would word as a missing field, said as what the data is: not a quantgate report (another
+    tool's JSON), one of a schema version this quantgate does not read, or formats that are not results."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: not a quantgate report (expected a JSON object); {PASS_A_REPORT}")
+    tool = data.get("tool")
+    if isinstance(tool, dict) and tool.get("name") not in (None, "quantgate"):
+        raise UserError(f"{where}: not a quantgate report (written by {tool['name']!r}); {PASS_A_REPORT}")
+    if "schema_version" not in data:
+        raise UserError(f"{where}: not a quantgate report (no 'schema_version' field); {PASS_A_REPORT}")
+    version = data["schema_version"]
+    if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:
+        readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        raise UserError(f"{where}: field 'schema_version': is {version!r}; schema_version {version!r} is not "
+                        f"supported (expected {readable}): read it with the quantgate version that wrote it")
+    formats = data.get("formats")
+    if not isinstance(formats, dict):
+        raise UserError(f"{where}: field 'formats': expected an object of formats; {REWRITE}")
+    for name, entry in formats.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("verdict"), str):
+            raise UserError(f"{where}: formats.{name}: expected an object with a 'verdict' string; {REWRITE}")
+        for field in ("scores", "memory", "latency", "artifact", "calibration"):
+            if entry.get(field) is not None and not isinstance(entry[field], dict):
+                raise UserError(f"{where}: formats.{name}.{field}: expected an object or null; {REWRITE}")
+
+
 def _problem(error: Any) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "(top level)"
     return f"field '{field}': {error['msg']}"
 
 
 def load_report(path: Path) -> RunReport:
-    """The RunReport in the file at path; every problem (missing, unreadable, not JSON, a bad field) one UserError."""
+    """The RunReport in the file at path, for every reader (`quantgate report`, `compare`, the benchmarks and GPU
+    checks); every problem (unreadable, not JSON, not a quantgate report, a schema version this quantgate does not
+    read, a bad field) one UserError naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {REWRITE}") from exc
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {REWRITE}") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror}); check its permissions") from exc
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc}); {PASS_A_REPORT}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); {REWRITE}") from exc
+        where = f"{path}:{exc.lineno}" if exc.lineno > 1 else str(path)  # a one-line file needs no line number
+        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}), so not a quantgate report; "
+                        f"{PASS_A_REPORT}") from None
     return parse_report(data, str(path))
 
 
 def report_dict(report: RunReport) -> dict[str, Any]:
     """The report as the JSON it was read from (version 2): only the fields the file carried."""
     return report.model_dump(mode="json", exclude_unset=True)
+
+
+def report_json(report: RunReport) -> str:
+    """report.json's text: the report as it was built (or read), byte for byte: the fields it was given and no
+    others, each block's keys in their order, integers as integers; indent 2, one trailing newline."""
+    dumped = report.model_dump(exclude_unset=True, context={AS_READ: True})
+    return json.dumps(dumped, indent=2, ensure_ascii=False) + "\n"

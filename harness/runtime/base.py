@@ -1,10 +1,12 @@
 """What a runtime is: load an artifact, encode prompts, generate a batch greedily with its timing, and report the
-bytes its weights and KV cache hold. harness.runtime.transformers_backend.LoadedModel is one."""
+bytes its weights and KV cache hold. harness.runtime.transformers_backend.LoadedModel is one; the registry
+(harness.runtime.registry) names them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,14 @@ class Generation:
 
 class Runtime(Protocol):
     dtype: str  # the dtype the model computes in ("bfloat16", "float32", ...)
+    # Libraries the worker imports before the load, so that their own memory is not counted as the weights'.
+    preload: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def load(cls, artifact_path: Path, *, dtype: str = "auto", trust_remote_code: bool = False) -> Runtime:
+        """Load an artifact (a checkpoint directory) to generate from, computing in `dtype` ("auto": the
+        checkpoint's, as far as the device runs it)."""
+        ...
 
     def encode(self, prompt: str) -> list[int]: ...
 

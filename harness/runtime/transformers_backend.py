@@ -32,6 +32,12 @@ class _StepClock:
 class LoadedModel:
     """The transformers Runtime (harness.runtime.base)."""
 
+    preload = ("transformers",)
+
+    @classmethod
+    def load(cls, artifact_path: Path, *, dtype: str = "auto", trust_remote_code: bool = False) -> LoadedModel:
+        return cls(artifact_path, dtype, trust_remote_code=trust_remote_code)
+
     def __init__(self, artifact_path: Path, dtype: str = "auto", trust_remote_code: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

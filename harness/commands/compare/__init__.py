@@ -16,10 +16,10 @@ from pathlib import Path
 
 from harness.commands.compare.changes import Comparison, compare_reports, effective_verdict
 from harness.commands.compare.comparability import ARROW, Difference, find_differences
-from harness.commands.compare.inputs import Run, collect_runs, load_report
+from harness.commands.compare.inputs import Run, collect_runs
 from harness.commands.compare.trend import Trend, build_trend, render_trend
 from harness.errors import UserError
-from harness.report.schema import SCHEMA_VERSION
+from harness.report.schema import SCHEMA_VERSION, load_report
 
 __all__ = ["SCHEMA_VERSION", "Comparison", "Difference", "add_parser", "compare_reports", "effective_verdict",
            "find_differences", "load_report", "run"]
@@ -115,7 +115,7 @@ def _print_changes(comparison: Comparison) -> None:
 
 
 def _write_html(path: Path, trend: Trend | None, regressed: list[str]) -> None:
-    from harness.report.trend_html import render_trend_html
+    from harness.commands.compare.trend_html import render_trend_html
 
     assert trend is not None  # built whenever --html is given
     page = render_trend_html(trend, regressed)

@@ -1,6 +1,6 @@
 """A series of runs, oldest first: per format its verdicts, and per gated metric its scores, with the verdict turns.
 
-The records here are what both the text and the HTML (harness/report/trend_html.py) render.
+The records here are what both the text and the HTML (trend_html.py) render.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What every engine planner takes (target, workload) and gives (an EnginePlan), and what they share: the 4-bit
-kernel choice, the dtype a GPU needs, commands as flags."""
+"""What every engine planner takes (target, workload) and gives (an EnginePlan), and what they share: the
+--quantization value and kernel choice, the dtype a GPU needs, commands as flags."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from harness.measure.capacity.gpus import (AWQ_MIN_CC, BF16_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu,
-                                           has_capability)
+from harness.formats import EngineServing
+from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
                                              cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, workload_non_torch)
@@ -18,6 +18,7 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless 
 # vLLM's marlin_utils: output width per GPU divisible by GPTQ_MARLIN_MIN_THREAD_N, input width by _MIN_THREAD_K.
 MARLIN_MIN_THREAD_N, MARLIN_MIN_THREAD_K = 64, 128
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}  # the planners' engines, as written
 
 
 @dataclass(frozen=True)
@@ -180,26 +181,62 @@ def marlin_shape_problem(shape: ModelShape, fmt: WeightFormat, tp: int) -> str |
     return None
 
 
-def four_bit_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, engine: str) -> tuple[str | None, str]:
-    """The --quantization value for a GPTQ/AWQ checkpoint on this GPU, and a note; (None, why) when no kernel fits.
+def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, key: str, methods: frozenset[str],
+                        notes: list[str], version: str = "") -> tuple[str | None, str | None]:
+    """(--quantization value or None, why engine `key` cannot serve the format here or None), from how the format
+    says the engine takes it (WeightFormat.serving_on): a 16-bit checkpoint needs no value; the format's own refusal
+    (at `version`), or a value the engine does not have (`methods`), makes it unservable; else kernel_method
+    chooses. The format's note and the kernel choice's go to `notes`."""
+    if fmt.bits >= 16:
+        return None, None
+    engine = ENGINE_NAMES[key]
+    serving = fmt.serving_on(key)
+    if serving.refusal:
+        return None, serving.refusal_at(version)
+    if serving.quantization not in methods:
+        return None, f"{engine} {version}".strip() + f" has no --quantization {serving.quantization}"
+    if serving.note:
+        notes.append(serving.note)
+    method, note = kernel_method(shape, fmt, serving, gpu, tp, engine)
+    if method is None:
+        return None, note
+    if note:
+        notes.append(note)
+    return method, None
 
-    Marlin (gptq_marlin, awq_marlin) is the fast path on compute capability >= 8.0 when the shapes allow it; naming
-    plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0 (vLLM's
-    get_min_capability()). An unknown GPU gets the plain name, which every CUDA GPU from those capabilities runs.
+
+def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, gpu: Gpu, tp: int,
+                  engine: str) -> tuple[str | None, str | None]:
+    """The --quantization value on this GPU (serving.quantization or its Marlin variant) and a note (None: nothing
+    to say); (None, why) when none of its kernels runs on the GPU (KERNEL_MIN_CC).
+
+    With a Marlin variant (gptq_marlin, awq_marlin), Marlin is the fast path on compute capability >= 8.0 when the
+    shapes allow it; naming plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0
+    (vLLM's get_min_capability()). An unknown GPU gets the plain name, which every CUDA GPU from those capabilities
+    runs.
     """
-    minimum = AWQ_MIN_CC if fmt.name == "awq" else GPTQ_MIN_CC
+    method = serving.quantization
+    minimum = KERNEL_MIN_CC.get(method, 0.0)
+    if not serving.marlin:
+        if has_capability(gpu, minimum) is False:
+            return None, _kernels_need(gpu, engine, method, minimum)
+        return method, None
     marlin = has_capability(gpu, MARLIN_MIN_CC)
     if marlin is None:
-        return fmt.name, (f"{engine}: --quantization {fmt.name} runs on any CUDA GPU of compute capability "
-                          f"{minimum:.1f}+; on 8.0+ {fmt.name}_marlin is the fast path (--target-gpu picks it)")
+        return method, (f"{engine}: --quantization {method} runs on any CUDA GPU of compute capability "
+                        f"{minimum:.1f}+; on 8.0+ {method}_marlin is the fast path (--target-gpu picks it)")
     problem = marlin_shape_problem(shape, fmt, tp)
     if marlin and problem is None:
-        return f"{fmt.name}_marlin", f"{engine}: {fmt.name}_marlin, the Marlin 4-bit kernel (compute capability 8.0+)"
+        return f"{method}_marlin", f"{engine}: {method}_marlin, the Marlin 4-bit kernel (compute capability 8.0+)"
     if not has_capability(gpu, minimum):
-        return None, (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s {fmt.name} kernels "
-                      f"need {minimum:.1f}")
+        return None, _kernels_need(gpu, engine, method, minimum)
     why = problem if marlin else f"Marlin needs compute capability {MARLIN_MIN_CC:.1f}"
-    return fmt.name, f"{engine}: plain {fmt.name} kernel, not Marlin: {why}"
+    return method, f"{engine}: plain {method} kernel, not Marlin: {why}"
+
+
+def _kernels_need(gpu: Gpu, engine: str, method: str, minimum: float) -> str:
+    return (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s {method} kernels need "
+            f"{minimum:.1f}")
 
 
 @dataclass(frozen=True)

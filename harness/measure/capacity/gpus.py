@@ -16,6 +16,9 @@ FP8_MIN_CC = 8.9  # FP8 tensor cores (Ada, Hopper, Blackwell): fp8 KV cache and 
 BF16_MIN_CC = 8.0  # vLLM: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"
 AWQ_MIN_CC = 7.5  # vLLM's AWQConfig.get_min_capability()
 GPTQ_MIN_CC = 6.0  # vLLM's GPTQConfig.get_min_capability()
+# The compute capability each --quantization method's kernels need (vLLM's get_min_capability(); SGLang's are
+# vLLM's); a method not named here has no floor quantgate knows.
+KERNEL_MIN_CC = {"gptq": GPTQ_MIN_CC, "awq": AWQ_MIN_CC, "gptq_marlin": MARLIN_MIN_CC, "awq_marlin": MARLIN_MIN_CC}
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ All figures are bytes on one GPU: under tensor parallelism (`tp` GPUs) each func
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
 from harness.measure.capacity.shapes import Attention, Linear, ModelShape
 
 GIB = 2**30
@@ -38,25 +39,34 @@ class TensorParallelError(ValueError):
 @dataclass(frozen=True)
 class WeightFormat:
     """How a format stores the weights: `bits` per quantized weight (16/32: unquantized), GPTQ/AWQ's `group_size`
-    (None or <= 0: one group per output column), GPTQ's int32 `g_idx` per input channel."""
+    (None or <= 0: one group per output column), GPTQ's int32 `g_idx` per input channel; and the format's spec,
+    which says how each serving engine takes it (serving_on)."""
 
     name: str
     bits: float
     group_size: int | None = None
     g_idx: bool = False
+    spec: FormatSpec | None = field(default=None, compare=False, repr=False)
 
     def label(self) -> str:
         return self.name + (f" g{self.group_size}" if self.group_size and self.bits < 8 else "")
 
+    def serving_on(self, engine: str) -> EngineServing:
+        """How `engine` serves this format (FormatSpec.serving_on); without a spec, a 16-bit checkpoint as it is
+        and a quantized one not at all."""
+        if self.spec is not None:
+            return self.spec.serving_on(engine)
+        return EngineServing() if self.bits >= 16 else EngineServing(
+            refusal=f"no serving engine is known to take the {self.name} checkpoint")
+
 
 def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
-    """The storage of a quantgate format, from its FormatSpec (harness.formats): bits, group size, g_idx."""
-    from harness.formats import FORMAT_SPECS
-
+    """The storage of a registered format, from its FormatSpec (harness.formats): bits, group size (when the
+    format takes one), g_idx."""
     spec = FORMAT_SPECS.get("baseline" if name == "none" else name)
     if spec is None:
         raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMAT_SPECS)})")
-    return WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx)
+    return WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx, spec=spec)
 
 
 def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:

@@ -17,9 +17,9 @@ within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype a
 from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             device_errors, fixed_costs, floor2, four_bit_method, fp8_kv_refusal,
-                                             gib, half_dtype_note, marlin_shape_problem, needs_half_dtype,
-                                             parse_flags, render_command, short_of_one_sequence)
+                                             device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
+                                             half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
+                                             quantization_method, render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, kv_bytes_per_sequence, kv_bytes_per_token,
                                              kv_heads_per_gpu)
@@ -49,7 +49,7 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     kv_heads_per_gpu(shape.attention, tp)
     notes: list[str] = []
-    method, refusal = _quantization(shape, fmt, gpu, tp, notes)
+    method, refusal = quantization_method(shape, fmt, gpu, tp, "sglang", QUANTIZATION_CHOICES, notes)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "SGLang")
     chunk = workload.max_num_batched_tokens or default_chunked_prefill_size(gpu)
     prefill_tokens = chunk if workload.chunked_prefill else max(length, MAX_PREFILL_TOKENS)
@@ -69,21 +69,6 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=running if fits else 0,
                       token_budget=chunk, max_model_len=length, formula=formula, source=SOURCE, notes=tuple(notes),
                       reason=reason, extra={"mem_fraction_static": fraction})
-
-
-def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
-                  notes: list[str]) -> tuple[str | None, str | None]:
-    if fmt.bits >= 16:
-        return None, None
-    if fmt.name == "int8":
-        notes.append("SGLang: bitsandbytes is among its --quantization choices (server_args.py); quantgate has "
-                     "not run an LLM.int8 checkpoint on SGLang: check it starts and answers before relying on it")
-        return "bitsandbytes", None
-    method, note = four_bit_method(shape, fmt, gpu, tp, "SGLang")
-    if method is None:
-        return None, note
-    notes.append(note)
-    return method, None
 
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,

@@ -65,15 +65,14 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
 
 
 def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:
-    if fmt.name == "int8":
-        return ("TensorRT-LLM cannot load a bitsandbytes (LLM.int8) checkpoint; its 8-bit weight-only mode (W8A16) "
-                "is a different checkpoint, quantized from the baseline with TensorRT-LLM's tools, which quantgate "
-                "has not judged")
-    if fmt.bits < 16:
-        notes.append(f"TensorRT-LLM serves 4-bit weight-only (W4A16) {fmt.name.upper()} checkpoints in its own "
-                     "(ModelOpt) layout: convert this checkpoint, or quantize the baseline with ModelOpt and judge "
-                     "that one; the memory here is planned for the same 4-bit weights")
-    return None
+    """Why TensorRT-LLM cannot take the format's checkpoint (WeightFormat.serving_on); its caveat goes to `notes`.
+    It has no --quantization flag: it reads the quantization from its own checkpoint layout."""
+    if fmt.bits >= 16:
+        return None
+    serving = fmt.serving_on("trtllm")
+    if serving.note:
+        notes.append(serving.note)
+    return serving.refusal_at()
 
 
 def _token_budget(workload: Workload, notes: list[str]) -> tuple[int, bool]:

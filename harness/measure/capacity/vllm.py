@@ -19,10 +19,10 @@ import importlib.metadata
 import re
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             device_errors, fixed_costs, four_bit_method, fp8_kv_refusal, gib,
-                                             half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
+                                             device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
+                                             marlin_shape_problem, needs_half_dtype, parse_flags, quantization_method,
                                              render_command, short_of_one_sequence)
-from harness.measure.capacity.gpus import AWQ_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
+from harness.measure.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, kv_bytes_per_sequence,
                                              kv_bytes_per_token, kv_heads_per_gpu)
 from harness.measure.capacity.shapes import ModelShape
@@ -43,7 +43,6 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _FLAGS = {"--tensor-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
           "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
           "--no-enable-chunked-prefill", "--quantization"}
-_MIN_CC = {"gptq": GPTQ_MIN_CC, "awq": AWQ_MIN_CC, "gptq_marlin": MARLIN_MIN_CC, "awq_marlin": MARLIN_MIN_CC}
 
 
 def minor_version(version: str) -> str:
@@ -104,7 +103,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     kv_heads_per_gpu(shape.attention, tp)  # TensorParallelError when the heads cannot be split
     notes: list[str] = []
-    method, refusal = _quantization(shape, fmt, gpu, tp, version, notes)
+    method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", QUANTIZATION_METHODS[version], notes, version)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
     batched = _token_budget(workload, notes)
     seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
@@ -127,22 +126,6 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=seqs if fits else 0,
                       token_budget=batched, max_model_len=length, formula=formula, source=SOURCE,
                       notes=tuple(notes), reason=reason, gpu_memory_utilization=util)
-
-
-def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, version: str,
-                  notes: list[str]) -> tuple[str | None, str | None]:
-    """(--quantization value or None, why vLLM cannot serve this format here or None)."""
-    if fmt.bits >= 16:
-        return None, None
-    if fmt.name == "int8":
-        return None, (f"vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: bitsandbytes is "
-                      "not among its quantization methods (none since 0.32); serve int8 with transformers, or "
-                      "plan gptq/awq for vLLM")
-    method, note = four_bit_method(shape, fmt, gpu, tp, "vLLM")
-    if method is None:
-        return None, note
-    notes.append(note)
-    return method, None
 
 
 def _token_budget(workload: Workload, notes: list[str]) -> int:
@@ -292,8 +275,8 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
     if method not in QUANTIZATION_METHODS[version]:
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []
-    if has_capability(gpu, _MIN_CC.get(method, 0.0)) is False:
-        errors.append(f"--quantization {method} needs compute capability {_MIN_CC[method]}")
+    if has_capability(gpu, KERNEL_MIN_CC.get(method, 0.0)) is False:
+        errors.append(f"--quantization {method} needs compute capability {KERNEL_MIN_CC[method]}")
     if method.endswith("_marlin") and marlin_shape_problem(shape, fmt, tp):
         errors.append(f"--quantization {method}: {marlin_shape_problem(shape, fmt, tp)}")
     return errors

@@ -9,16 +9,14 @@ from __future__ import annotations
 import base64
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.cache import cache_dir
+from harness.commands.compare.trend import FormatTrend, Trend, point_cell, verdict_cell
 from harness.errors import UserError
 from harness.report.html import CSP, e
 from harness.report.plots import VERDICT_COLOURS, Plot, _figure, _png, _quiet_matplotlib
 from harness.report.units import is_number
-
-if TYPE_CHECKING:
-    from harness.commands.compare.trend import FormatTrend, Trend
 
 MAX_PLOTTED_FORMATS = 12
 GREY = "#57606a"
@@ -28,8 +26,6 @@ _VERDICT_CLASS = {"GO": "go", "NO-GO": "nogo", "INCONCLUSIVE": "inconclusive", "
 
 def render_trend_html(trend: Trend, regressed: list[str], plot: Plot | None = None) -> str:
     """The page; `plot` defaults to drawing it."""
-    from harness.commands.compare.trend import point_cell, verdict_cell
-
     plot = render_trend_plot(trend) if plot is None else plot
     last = trend.runs[-1].report
     model = last.model.source or last.model.path or "model"
