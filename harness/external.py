@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.formats import FormatSpec
+from harness.formats import EngineServing, FormatSpec
 from harness.quant_config import QuantizationInfo, infer_method, read_quantization
 
 # The fields a candidate must share with the baseline to be judged against it (config.json).
@@ -95,10 +95,14 @@ class ExternalCheckpoint:
                 "weight_type": main.type if main else None, **self.quantization.as_dict()}
 
     def format_spec(self) -> FormatSpec:
-        return FormatSpec(self.name, engine="external", bits=self.bits or 16,
-                          vllm_quantization=VLLM_METHODS.get(self.method, self.method),
-                          vllm_refusal=vllm_refusal(self.quantization),
-                          four_bit_kernel=4 in self.quantization.weight_only_int_bits(),
+        method, refusal = VLLM_METHODS.get(self.method, self.method), vllm_refusal(self.quantization)
+        four_bit = 4 in self.quantization.weight_only_int_bits()
+        # Only GPTQ and AWQ have a "<method>_marlin" --quantization value; compressed-tensors picks Marlin itself.
+        marlin = four_bit and method in ("gptq", "awq")
+        serving = {"vllm": EngineServing(method, marlin=marlin, refusal=refusal),
+                   "sglang": EngineServing(method, marlin=marlin)} if method else {}
+        return FormatSpec(self.name, engine="external", bits=self.bits or 16, vllm_quantization=method,
+                          vllm_refusal=refusal, four_bit_kernel=four_bit, serving=serving,
                           recipe_extra={"vllm_linear_kernels": vllm_linear_kernels(self.quantization)})
 
     def provenance(self) -> dict:

@@ -18,6 +18,7 @@ from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
 from harness.errors import UserError
 from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
+from harness.measure.capacity.vllm import NEWEST_VERSION
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.measure.probe import Measurement
 from harness.pipeline import FormatRun
@@ -37,7 +38,9 @@ L4_POLICY = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, mi
 
 
 def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None):
-    return SimpleNamespace(spec=RunSpec(capacity=capacity or CapacitySettings()), model_config=config, policy=policy,
+    # The newest vLLM rules whatever vLLM this machine has (.venv-vllm's would decide otherwise).
+    capacity = capacity or CapacitySettings(vllm_version=NEWEST_VERSION)
+    return SimpleNamespace(spec=RunSpec(capacity=capacity), model_config=config, policy=policy,
                            calibration=None, recipes={"gptq": Recipe("gptq", bits=4, group_size=64),
                                                       "awq": Recipe("awq", bits=4, group_size=64)})
 

@@ -11,7 +11,7 @@ import pytest
 from harness.config import build_spec
 from harness.errors import UserError
 from harness.external import check_against_baseline, not_runnable_here, parse_candidates, read_candidate
-from harness.formats import FORMATS
+from harness.formats import known_formats
 from harness.runtime.vllm.launch_plan import refusal
 from harness.runtime.vllm.locate import VllmInstall
 
@@ -109,7 +109,8 @@ def test_bitsandbytes_4bit_is_sized_at_4_bits(tmp_path):
     def sized(candidate):
         recipe = Recipe(candidate.name, bits=candidate.bits, group_size=candidate.group_size, calibration_samples=0,
                         extra=candidate.recipe_extra())
-        return _weight_format(SimpleNamespace(recipes={candidate.name: recipe}), candidate.name)
+        return _weight_format(SimpleNamespace(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
+                              candidate.name)
 
     nf4 = sized(_candidate(tmp_path, "bitsandbytes_nf4"))
     assert (nf4.bits, nf4.group_size) == (4, 64)  # was sized as int8 before
@@ -182,8 +183,8 @@ def test_candidate_names_are_checked(tmp_path):
                             (["baseline=/x"], "'baseline' is the full-precision model's row"),
                             (["INT8=/x"], "'INT8' is a built-in format's name")):
         with pytest.raises(UserError, match=expected.replace(".", r"\.").replace("(", r"\(")):
-            parse_candidates(given, FORMATS)
-    assert parse_candidates(["hub_awq.v2=/x"], FORMATS) == {"hub_awq.v2": "/x"}
+            parse_candidates(given, known_formats())
+    assert parse_candidates(["hub_awq.v2=/x"], known_formats()) == {"hub_awq.v2": "/x"}
     config = tmp_path / "run.toml"
     config.write_text('[candidates]\n"team/gptq" = "/m/gptq"\n')
     with pytest.raises(UserError, match=r"run.toml: field 'candidates': .*candidates.team/gptq: candidate name"):
@@ -250,3 +251,23 @@ def test_a_legacy_quantized_model_is_not_a_baseline(tmp_path):
     with pytest.raises(UserError, match="quantize_config.json is there .*--candidate NAME=PATH"):
         check_baseline_is_full_precision(LLAMA, model / "config.json", False)
     check_baseline_is_full_precision(LLAMA, model / "config.json", True)
+
+
+def test_candidates_plan_the_quantization_value_vllm_takes(tmp_path):
+    """compressed-tensors has no "_marlin" variant (vLLM picks Marlin inside it); GPTQ does; bitsandbytes is refused."""
+    from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm
+    from harness.measure.capacity.memory import WeightFormat
+
+    shape = model_shape({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                         "vocab_size": 128256})
+
+    def planned(key):
+        candidate = _candidate(tmp_path, key)
+        fmt = WeightFormat(candidate.name, candidate.bits, candidate.group_size, spec=candidate.format_spec())
+        return plan_vllm(shape, fmt, Target(gpu_by_name("H100-SXM")), Workload(max_model_len=4096), version="0.32")
+
+    assert planned("compressed_tensors_w4a16").arg("--quantization") == "compressed-tensors"
+    assert planned("autogptq_v1").arg("--quantization") == "gptq_marlin"
+    nf4 = planned("bitsandbytes_nf4")
+    assert not nf4.servable and "bitsandbytes" in nf4.reason

@@ -653,6 +653,9 @@ class CapacityTarget(_Strict):
     overhead_gib: float | None = Field(default=None, description="fixed memory held back besides weights, "
                                                                  "activations and KV, GiB (absent in early "
                                                                  "version-1 reports)")
+    vllm_version: str | None = Field(default=None, description="the vLLM rules the plans follow when --vllm-version "
+                                                               "chose them; null: the vLLM serving the run, else "
+                                                               "the installed one, else the newest known")
 
 
 class Settings(_Strict):
