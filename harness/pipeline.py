@@ -156,8 +156,19 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     vllm = find_vllm_for(spec) if spec.backend == "vllm" else None
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
-    return RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm,
-                     candidates, candidate_notes)
+    inputs = RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm,
+                       candidates, candidate_notes)
+    announce_served_refusals(inputs)
+    return inputs
+
+
+def announce_served_refusals(inputs: RunInputs) -> None:
+    """Backend vllm: what vLLM cannot serve is said before any model loads (the report repeats it per format)."""
+    for fmt in inputs.spec.all_formats():
+        refused = served_refusal_for(inputs, fmt)
+        if refused:
+            progress.say(f"{fmt}: vLLM will not serve it, so it is scored in transformers and cannot be GO on this "
+                         f"backend: {refused}")
 
 
 def read_candidates(spec: RunSpec, model_config: dict, baseline_path: Path):

@@ -125,6 +125,9 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
     int8 = report["formats"]["int8"]
     assert int8["served"]["status"] == "unsupported" and "bitsandbytes" in int8["served"]["reason"]
     assert int8["verdict"] == "NO-GO" and any("vLLM cannot serve it" in r for r in int8["reasons"])
+    announced = result.stderr.find("int8: vLLM will not serve it")  # said before any model loads
+    loaded = result.stderr.find("model loaded")
+    assert announced >= 0 and (loaded < 0 or announced < loaded), result.stderr[:2000]
     gptq = report["formats"]["gptq"]["served"]
     if probed["w4a16"]:
         assert gptq["status"] == "ok" and "CPUWNA16LinearKernel" in gptq["kernels"]
