@@ -99,11 +99,20 @@ def read_candidate(name: str, path_text: str) -> ExternalCheckpoint:
     layout = quant.get("checkpoint_format") or quant.get("version") or quant.get("format")
     return ExternalCheckpoint(
         name=name, path=path.resolve(), fingerprint=fingerprint(path), method=method,
-        kind=METHODS.get(method, (None, None))[0] if bits in (4, 8) or method == "bitsandbytes" else None,
+        kind=_kind(method, bits, quant),
         bits=bits, group_size=group, desc_act=quant.get("desc_act"), sym=quant.get("sym"),
         layout=str(layout).lower() if layout else None,
         unquantized_modules=tuple(quant.get("modules_to_not_convert") or quant.get("ignore") or ()),
         quantization_config=quant, files={k: "sha256:" + v for k, v in file_hashes(path).items()})
+
+
+def _kind(method: str, bits: int | None, quant: dict) -> str | None:
+    """The built-in format with the same storage, for capacity planning (None: none)."""
+    from harness.quantize.w8a8 import is_int8_w8a8
+
+    if is_int8_w8a8(quant):
+        return "w8a8"
+    return METHODS.get(method, (None, None))[0] if bits in (4, 8) or method == "bitsandbytes" else None
 
 
 def _config(path: Path, name: str) -> dict:

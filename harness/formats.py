@@ -52,14 +52,20 @@ register(FormatSpec(
     "int8", engine="bitsandbytes", bits=8, quantizer="harness.quantize.bnb_int8:BnbInt8Quantizer",
     packages=("bitsandbytes", "transformers", "torch"), recipe_extra={"llm_int8_threshold": 6.0},
     vllm_refusal="bitsandbytes LLM.int8 is not a vLLM quantization method (vLLM 0.32 and later have no "
-                 "bitsandbytes): transformers serves it; to serve 8-bit weights with vLLM use a compressed-tensors "
-                 "INT8 checkpoint or --quantization int8_per_channel_weight_only"))
+                 "bitsandbytes): transformers serves it; the 8-bit format vLLM serves is w8a8 (compressed-tensors "
+                 "INT8 W8A8: --formats w8a8)"))
 register(FormatSpec("gptq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, g_idx=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
                     vllm_quantization="gptq", four_bit_kernel=True))
 register(FormatSpec("awq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
                     vllm_quantization="awq", four_bit_kernel=True))
+register(FormatSpec(
+    "w8a8", engine="compressed-tensors", bits=8, quantizer="harness.quantize.w8a8:W8A8Quantizer",
+    packages=("compressed-tensors", "transformers", "torch"), vllm_quantization="compressed-tensors", default=False,
+    recipe_extra={"scheme": "W8A8", "weights": "int8, symmetric, one scale per output channel (min-max)",
+                  "activations": "int8, symmetric, per token, dynamic", "calibration": "none needed",
+                  "ignore": ["lm_head", r"re:.*mlp\.gate$"]}))
 FORMATS = tuple(FORMAT_SPECS)  # the built-in formats, in report order
 
 

@@ -7,8 +7,8 @@ import math
 import shlex
 from dataclasses import asdict, dataclass, field
 
-from harness.measure.capacity.gpus import (AWQ_MIN_CC, BF16_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu,
-                                           has_capability)
+from harness.measure.capacity.gpus import (AWQ_MIN_CC, BF16_MIN_CC, FP8_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC,
+                                           W8A8_INT8_MIN_CC, Gpu, has_capability)
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
                                              cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, workload_non_torch)
@@ -200,6 +200,17 @@ def four_bit_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, eng
                       f"need {minimum:.1f}")
     why = problem if marlin else f"Marlin needs compute capability {MARLIN_MIN_CC:.1f}"
     return fmt.name, f"{engine}: plain {fmt.name} kernel, not Marlin: {why}"
+
+
+def w8a8_method(gpu: Gpu, engine: str, method: str) -> tuple[str | None, str]:
+    """The --quantization value for the w8a8 (compressed-tensors INT8 W8A8) checkpoint and a note; (None, why) on a
+    GPU older than the int8 W8A8 kernels (compute capability 7.5: vLLM's CompressedTensorsW8A8Int8, SGLang's
+    W8A8Int8Config)."""
+    if has_capability(gpu, W8A8_INT8_MIN_CC) is False:
+        return None, (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s int8 W8A8 "
+                      f"kernels need {W8A8_INT8_MIN_CC:.1f}")
+    return method, (f"{engine}: --quantization {method}, int8 weights and per-token int8 activations (int8 GEMM, "
+                    f"compute capability {W8A8_INT8_MIN_CC:.1f}+)")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ FP8_MIN_CC = 8.9  # FP8 tensor cores (Ada, Hopper, Blackwell): fp8 KV cache and 
 BF16_MIN_CC = 8.0  # vLLM: "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"
 AWQ_MIN_CC = 7.5  # vLLM's AWQConfig.get_min_capability()
 GPTQ_MIN_CC = 6.0  # vLLM's GPTQConfig.get_min_capability()
+# int8 W8A8 (per-channel weights, per-token dynamic activations): vLLM's CompressedTensorsW8A8Int8 and SGLang's
+# W8A8Int8Config get_min_capability() (CUTLASS / sgl-kernel int8 GEMM, Turing and newer)
+W8A8_INT8_MIN_CC = 7.5
 
 
 @dataclass(frozen=True)

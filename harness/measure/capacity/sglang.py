@@ -19,7 +19,7 @@ from __future__ import annotations
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, four_bit_method, fp8_kv_refusal,
                                              gib, half_dtype_note, marlin_shape_problem, needs_half_dtype,
-                                             parse_flags, render_command, short_of_one_sequence)
+                                             parse_flags, render_command, short_of_one_sequence, w8a8_method)
 from harness.measure.capacity.gpus import Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, kv_bytes_per_sequence, kv_bytes_per_token,
                                              kv_heads_per_gpu)
@@ -31,7 +31,7 @@ SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::prof
 PAGE_SIZE = 1
 MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a prefill batch without chunking
 # Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
-QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8"})
+QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "w8a8_int8"})
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 _FLAGS = {"--model-path", "--tp-size", "--dtype", "--context-length", "--mem-fraction-static",
           "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
@@ -79,7 +79,14 @@ def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
         notes.append("SGLang: bitsandbytes is among its --quantization choices (server_args.py); quantgate has "
                      "not run an LLM.int8 checkpoint on SGLang: check it starts and answers before relying on it")
         return "bitsandbytes", None
-    method, note = four_bit_method(shape, fmt, gpu, tp, "SGLang")
+    if fmt.name == "w8a8":
+        # configs/model_config.py accepts w8a8_int8 for a checkpoint whose quant_method is compressed-tensors, and
+        # W8A8Int8Config reads its config_groups (layers/quantization/w8a8_int8.py).
+        method, note = w8a8_method(gpu, "SGLang", "w8a8_int8")
+        if method is not None:
+            note += "; quantgate has not run a W8A8 checkpoint on SGLang: check it starts and answers"
+    else:
+        method, note = four_bit_method(shape, fmt, gpu, tp, "SGLang")
     if method is None:
         return None, note
     notes.append(note)

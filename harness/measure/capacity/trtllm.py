@@ -69,6 +69,11 @@ def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:
         return ("TensorRT-LLM cannot load a bitsandbytes (LLM.int8) checkpoint; its 8-bit weight-only mode (W8A16) "
                 "is a different checkpoint, quantized from the baseline with TensorRT-LLM's tools, which quantgate "
                 "has not judged")
+    if fmt.name == "w8a8":
+        return ("TensorRT-LLM cannot serve this INT8 W8A8 checkpoint: its compressed-tensors reader "
+                "(tensorrt_llm/models/quant_config_utils.py) takes an 8-bit per-channel/per-token scheme for FP8 "
+                "(FP8_PER_CHANNEL_PER_TOKEN) whatever its type; its INT8 W8A8 is SmoothQuant (--qformat int8_sq), a "
+                "different checkpoint made with its own quantization tools, which quantgate has not judged")
     if fmt.bits < 16:
         notes.append(f"TensorRT-LLM serves 4-bit weight-only (W4A16) {fmt.name.upper()} checkpoints in its own "
                      "(ModelOpt) layout: convert this checkpoint, or quantize the baseline with ModelOpt and judge "

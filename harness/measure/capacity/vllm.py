@@ -21,8 +21,9 @@ import re
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, four_bit_method, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             render_command, short_of_one_sequence)
-from harness.measure.capacity.gpus import AWQ_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
+                                             render_command, short_of_one_sequence, w8a8_method)
+from harness.measure.capacity.gpus import (AWQ_MIN_CC, GPTQ_MIN_CC, MARLIN_MIN_CC, W8A8_INT8_MIN_CC, Gpu,
+                                           has_capability)
 from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, kv_bytes_per_sequence,
                                              kv_bytes_per_token, kv_heads_per_gpu)
 from harness.measure.capacity.shapes import ModelShape
@@ -128,8 +129,11 @@ def _quantization(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int, versi
     if fmt.name == "int8":
         return None, (f"vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: bitsandbytes is "
                       "not among its quantization methods (none since 0.32); serve int8 with transformers, or "
-                      "plan gptq/awq for vLLM")
-    method, note = four_bit_method(shape, fmt, gpu, tp, "vLLM")
+                      "plan w8a8, gptq or awq for vLLM")
+    if fmt.name == "w8a8":
+        method, note = w8a8_method(gpu, "vLLM", "compressed-tensors")
+    else:
+        method, note = four_bit_method(shape, fmt, gpu, tp, "vLLM")
     if method is None:
         return None, note
     notes.append(note)
@@ -283,8 +287,9 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
     if method not in QUANTIZATION_METHODS[version]:
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []
-    if has_capability(gpu, _MIN_CC.get(method, 0.0)) is False:
-        errors.append(f"--quantization {method} needs compute capability {_MIN_CC[method]}")
+    minimum = W8A8_INT8_MIN_CC if fmt.name == "w8a8" else _MIN_CC.get(method, 0.0)
+    if has_capability(gpu, minimum) is False:
+        errors.append(f"--quantization {method} needs compute capability {minimum}")
     if method.endswith("_marlin") and marlin_shape_problem(shape, fmt, tp):
         errors.append(f"--quantization {method}: {marlin_shape_problem(shape, fmt, tp)}")
     return errors
