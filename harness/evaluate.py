@@ -134,8 +134,8 @@ def _weight_format(inputs, name: str) -> WeightFormat:
         kind = recipe.extra.get("kind")
         if kind in ("gptq", "awq") and recipe.bits == 4:
             return weight_format(kind, recipe.group_size)
-        if kind == "int8":
-            return weight_format("int8")
+        if kind in ("int8", "w8a8"):
+            return weight_format(kind)
         return WeightFormat(name, recipe.bits or 16, recipe.group_size, spec=inputs.candidates[name].format_spec())
     return weight_format(name, recipe.group_size if recipe is not None else None)
 

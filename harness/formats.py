@@ -27,6 +27,9 @@ class EngineServing:
     marlin: bool = False
     refusal: str | None = None  # "{version}" in it stands for the engine version planned for
     note: str | None = None
+    # the compute capability its kernels need, where the --quantization value alone does not say it
+    # (gpus.KERNEL_MIN_CC knows the GPTQ/AWQ ones)
+    min_capability: float | None = None
 
     def refusal_at(self, version: str = "") -> str | None:
         return self.refusal.replace("{version}", version) if self.refusal else None
@@ -90,14 +93,14 @@ register(FormatSpec(
     "int8", engine="bitsandbytes", bits=8, quantizer="harness.quantize.bnb_int8:BnbInt8Quantizer",
     packages=("bitsandbytes", "transformers", "torch"), recipe_extra={"llm_int8_threshold": 6.0},
     vllm_refusal="bitsandbytes LLM.int8 is not a vLLM quantization method (vLLM 0.32 and later have no "
-                 "bitsandbytes): transformers serves it; to serve 8-bit weights with vLLM use a compressed-tensors "
-                 "INT8 checkpoint or --quantization int8_per_channel_weight_only",
+                 "bitsandbytes): transformers serves it; the 8-bit format vLLM serves is w8a8 (compressed-tensors "
+                 "INT8 W8A8: --formats w8a8)",
     serving={
         # The planned version's wording, as the serving plans have always printed it (vllm_refusal is the vLLM
         # backend's, about the vLLM it runs).
         "vllm": EngineServing(refusal="vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: "
                                       "bitsandbytes is not among its quantization methods (none since 0.32); serve "
-                                      "int8 with transformers, or plan gptq/awq for vLLM"),
+                                      "int8 with transformers, or plan w8a8, gptq or awq for vLLM"),
         "sglang": EngineServing("bitsandbytes", note="SGLang: bitsandbytes is among its --quantization choices "
                                                      "(server_args.py); quantgate has not run an LLM.int8 checkpoint "
                                                      "on SGLang: check it starts and answers before relying on it"),
@@ -111,6 +114,31 @@ register(FormatSpec("gptq", engine="gptqmodel", bits=4, quantizer="harness.quant
 register(FormatSpec("awq", engine="gptqmodel", bits=4, quantizer="harness.quantize.gptqmodel_engine:GptqModelQuantizer",
                     grouped=True, packages=("gptqmodel", "transformers", "torch", "optimum"),
                     vllm_quantization="awq", four_bit_kernel=True, serving={"trtllm": _trtllm_w4a16("awq")}))
+# int8 W8A8 (per-channel weights, per-token dynamic activations): vLLM's CompressedTensorsW8A8Int8 and SGLang's
+# W8A8Int8Config get_min_capability() is 7.5 (CUTLASS / sgl-kernel int8 GEMM, Turing and newer).
+W8A8_INT8_MIN_CC = 7.5
+register(FormatSpec(
+    "w8a8", engine="compressed-tensors", bits=8, quantizer="harness.quantize.w8a8:W8A8Quantizer",
+    packages=("compressed-tensors", "transformers", "torch"), vllm_quantization="compressed-tensors", default=False,
+    recipe_extra={"scheme": "W8A8", "weights": "int8, symmetric, one scale per output channel (min-max)",
+                  "activations": "int8, symmetric, per token, dynamic", "calibration": "none needed",
+                  "ignore": ["lm_head", r"re:.*mlp\.gate$"]},
+    serving={
+        "vllm": EngineServing("compressed-tensors", min_capability=W8A8_INT8_MIN_CC,
+                              note="vLLM: --quantization compressed-tensors, int8 weights and per-token int8 "
+                                   "activations (int8 GEMM, compute capability 7.5+)"),
+        # configs/model_config.py accepts w8a8_int8 for a checkpoint whose quant_method is compressed-tensors, and
+        # W8A8Int8Config reads its config_groups (layers/quantization/w8a8_int8.py).
+        "sglang": EngineServing("w8a8_int8", min_capability=W8A8_INT8_MIN_CC,
+                                note="SGLang: --quantization w8a8_int8 (compute capability 7.5+); quantgate has not "
+                                     "run a W8A8 checkpoint on SGLang: check it starts and answers"),
+        "trtllm": EngineServing(refusal="TensorRT-LLM cannot serve this INT8 W8A8 checkpoint: its compressed-tensors "
+                                        "reader (tensorrt_llm/models/quant_config_utils.py) takes an 8-bit "
+                                        "per-channel/per-token scheme for FP8 (FP8_PER_CHANNEL_PER_TOKEN) whatever "
+                                        "its type; its INT8 W8A8 is SmoothQuant (--qformat int8_sq), a different "
+                                        "checkpoint made with its own quantization tools, which quantgate has not "
+                                        "judged"),
+    }))
 
 
 def known_formats() -> tuple[str, ...]:

@@ -296,15 +296,30 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec
     import json
 
     from harness.measure.kv import kv_bytes_per_token
-    from harness.runtime.device import compute_dtype
 
     config = json.loads((artifact_path / "config.json").read_text(encoding="utf-8"))
-    dtype = compute_dtype(inputs.spec.dtype, config)
+    dtype = served_dtype(inputs.spec.dtype, config)
     stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
     return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
                                                                                      kv_dtype_bytes=element),
                         greedy_sampling(artifact_path, inputs.spec.seed), spec, devices)
+
+
+def served_dtype(requested: str, config: dict) -> str:
+    """The transformers backend's rule (harness.runtime.device.compute_dtype), which keeps a quantized checkpoint's
+    own dtype, except for INT8 W8A8 on a CPU without bf16 units: only its linear weights are int8, the rest runs in
+    its 16-bit dtype, and vLLM's CPU int8 kernel (oneDNN) takes float32 as well, so it is served in float32 there
+    like a 16-bit checkpoint (bf16 is emulated on such CPUs, several times slower)."""
+    from harness.quantize.w8a8 import is_int8_w8a8
+    from harness.runtime.device import compute_dtype, cpu_has_bf16_matmul, is_cuda
+
+    dtype = compute_dtype(requested, config)
+    stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    if (dtype == "auto" and stored in ("bfloat16", "float16") and is_int8_w8a8(config.get("quantization_config"))
+            and not is_cuda() and not cpu_has_bf16_matmul()):
+        return "float32"
+    return dtype
 
 
 def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:

@@ -125,10 +125,11 @@ def test_plan_demo_json(capsys):
     result = json.loads(out)
     assert result["model"]["num_parameters"] == 134_515_008
     assert result["kv_bytes_per_token"] == 23_040
-    assert list(result["formats"]) == ["baseline", "int8", "gptq", "awq"]
+    assert list(result["formats"]) == ["baseline", "int8", "gptq", "awq", "w8a8"]
     assert result["formats"]["baseline"]["weights_bytes"] == 269_030_016
     assert result["formats"]["gptq"]["group_size"] == 64  # 576 inputs: 128 does not divide them
     assert result["formats"]["awq"]["capacity"]["vllm_flags"].endswith("--quantization awq")
+    assert result["formats"]["w8a8"]["capacity"]["vllm_flags"].endswith("--quantization compressed-tensors")
     assert result["formats"]["baseline"]["capacity"]["max_model_len"] == 4096
 
 

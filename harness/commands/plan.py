@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.formats import default_formats, format_spec, parse_format_names
+from harness.formats import format_spec, known_formats, parse_format_names
 from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu, ModelShape, Target,
                                       TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
@@ -31,8 +31,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model", default="demo", metavar="PATH_OR_CONFIG_JSON",
                         help="a Hugging Face model directory, its config.json, or 'demo' (SmolLM2-135M; default)")
     parser.add_argument("--format", default=None, metavar="NAME[,NAME...]",
-                        help="format(s) to plan, comma-separated: baseline, int8, gptq, awq or a plugin's "
-                             "(default: the formats a run includes by default)")
+                        help="format(s) to plan, comma-separated: baseline, int8, gptq, awq, w8a8 or a plugin's "
+                             "(default: every registered format)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="gptq/awq group size (default: the largest of 128/64/32 dividing the layer widths)")
     parser.add_argument("--engine", default="all", choices=(*ENGINES, "all"),
@@ -71,7 +71,9 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, described = load_model_config(args.model)
-    formats = parse_format_names(args.format.split(","), "--format") if args.format is not None else default_formats()
+    # Planning is cheap: without --format, every registered format (a run makes only the default ones).
+    formats = (parse_format_names(args.format.split(","), "--format") if args.format is not None
+               else list(known_formats()))
     _check_numbers(args)
     try:
         shape = model_shape(config)

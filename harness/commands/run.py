@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
                                                "score it on your evalsets and decide GO / NO-GO / INCONCLUSIVE.")
     parser.add_argument("--config", help="run spec TOML (CLI flags override its values)")
     parser.add_argument("--model", help="Hugging Face model directory, .gguf file, or 'demo' (default)")
-    parser.add_argument("--formats", help="comma-separated: baseline,int8,gptq,awq (baseline is always added)")
+    parser.add_argument("--formats", help="comma-separated: baseline,int8,gptq,awq,w8a8 (baseline is always added)")
     parser.add_argument("--evalsets", nargs="+", metavar="PATH", help="evalset specs, data files or directories "
                         "(default: the bundled evalsets/)")
     parser.add_argument("--out", help="output directory (default: quantgate-report)")

@@ -70,8 +70,8 @@ def estimate_weights_bytes(config: Any, bits: float, group_size: int | None = No
     """Bytes of the weights as a serving engine holds them, for one quantization scheme.
 
     bits >= 16: every parameter at bits/8 bytes (the bf16/fp16 baseline; 32 for fp32).
-    bits == 8: LLM.int8 (bitsandbytes): linear weights 1 byte plus an fp32 scale per output row; embeddings,
-      lm_head and norms stay 16-bit.
+    bits == 8: LLM.int8 (bitsandbytes) and INT8 W8A8 (compressed-tensors, as vLLM holds it): linear weights 1 byte
+      plus an fp32 scale per output row; embeddings, lm_head and norms stay 16-bit.
     otherwise: GPTQ/AWQ-style grouped quantization of the linear layers (group_size None or <= 0: one group per
       column); embeddings, lm_head, norms, biases and MoE routers stay 16-bit. fmt="gptq" also counts GPTQ's g_idx.
     """

@@ -216,7 +216,7 @@ def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, 
     runs.
     """
     method = serving.quantization
-    minimum = KERNEL_MIN_CC.get(method, 0.0)
+    minimum = serving.min_capability or KERNEL_MIN_CC.get(method, 0.0)
     if not serving.marlin:
         if has_capability(gpu, minimum) is False:
             return None, _kernels_need(gpu, engine, method, minimum)

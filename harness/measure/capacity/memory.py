@@ -172,7 +172,8 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
     """Bytes of the weights on one GPU as a serving engine holds them.
 
     bits >= 16: every parameter at bits/8 bytes.
-    bits == 8 (LLM.int8, bitsandbytes): each quantized linear weight 1 byte plus an fp32 scale per output row.
+    bits == 8 (LLM.int8, bitsandbytes; INT8 W8A8 as vLLM holds it, with its weight_scale in fp32): each quantized
+      linear weight 1 byte plus an fp32 scale per output row.
     bits < 8 (GPTQ/AWQ): quantized_linear_bytes per linear weight, every expert included.
     Embeddings, lm_head, norms, biases and MoE routers stay 16-bit. Tensor parallelism: column-parallel layers keep
     out/tp outputs, row-parallel ones in/tp inputs, K/V projections their KV heads per GPU, embeddings and lm_head

@@ -31,7 +31,7 @@ SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::prof
 PAGE_SIZE = 1
 MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a prefill batch without chunking
 # Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
-QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8"})
+QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "w8a8_int8"})
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 _FLAGS = {"--model-path", "--tp-size", "--dtype", "--context-length", "--mem-fraction-static",
           "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",

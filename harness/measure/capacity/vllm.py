@@ -275,8 +275,9 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
     if method not in QUANTIZATION_METHODS[version]:
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []
-    if has_capability(gpu, KERNEL_MIN_CC.get(method, 0.0)) is False:
-        errors.append(f"--quantization {method} needs compute capability {KERNEL_MIN_CC[method]}")
+    minimum = fmt.serving_on("vllm").min_capability or KERNEL_MIN_CC.get(method, 0.0)
+    if has_capability(gpu, minimum) is False:
+        errors.append(f"--quantization {method} needs compute capability {minimum}")
     if method.endswith("_marlin") and marlin_shape_problem(shape, fmt, tp):
         errors.append(f"--quantization {method}: {marlin_shape_problem(shape, fmt, tp)}")
     return errors
