@@ -54,11 +54,13 @@ class CapacitySettings(BaseModel):
 
         return gpu_by_name(value).name  # ValueError names the known GPUs
 
-    def target(self):
-        """The capacity.Target of the plans: the named GPU, or without one a GPU of gpu_memory_gib."""
+    def target(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
+        """The capacity.Target of the plans: the named GPU, or without one a GPU of gpu_memory_gib, that many times
+        (the run's --tensor-parallel-size x --pipeline-parallel-size)."""
         from harness.measure.capacity import Target, gpu_by_name, gpu_of_size
 
-        return Target(gpu_by_name(self.target_gpu) if self.target_gpu else gpu_of_size(self.gpu_memory_gib))
+        return Target(gpu_by_name(self.target_gpu) if self.target_gpu else gpu_of_size(self.gpu_memory_gib),
+                      tensor_parallel_size, pipeline_parallel_size)
 
 
 class RunSpec(BaseModel):

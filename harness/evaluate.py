@@ -62,9 +62,10 @@ def plan_capacity(inputs, run, max_model_len: int) -> dict[str, EnginePlan] | No
     cannot read the config."""
     if not memory_of(run).get("weights_bytes"):
         return None
-    capacity = inputs.spec.capacity
-    return serving_plans(inputs, run, capacity.target(), max_model_len,
-                         gpu_memory_utilization=capacity.gpu_memory_utilization)
+    spec = inputs.spec
+    capacity = spec.capacity
+    return serving_plans(inputs, run, capacity.target(spec.tensor_parallel_size, spec.pipeline_parallel_size),
+                         max_model_len, gpu_memory_utilization=capacity.gpu_memory_utilization)
 
 
 def max_model_len_of(inputs) -> int:

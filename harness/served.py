@@ -79,7 +79,8 @@ def local_gpu_plan(inputs, run, max_model_len: int):
 
     info = device_info(inputs.spec.threads)
     target = Target(this_gpu(info["name"], info["total_memory_bytes"], info.get("capability")),
-                    num_gpus=inputs.spec.tensor_parallel_size)  # the plan splits by tensor parallelism
+                    num_gpus=inputs.spec.tensor_parallel_size,  # the plan splits by tensor parallelism
+                    pipeline_parallel_size=inputs.spec.pipeline_parallel_size)  # and sizes the largest stage
     plans = serving_plans(inputs, run, target, max_model_len, engines=("vllm",),
                           gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
     return None if plans is None else plans["vllm"]

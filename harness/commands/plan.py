@@ -12,7 +12,7 @@ from harness.formats import format_spec, known_formats, parse_format_names
 from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu, ModelShape, Target,
                                       TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
-                                      plan_engines, resolve_version, weight_format)
+                                      pipeline_stage, plan_engines, resolve_version, weight_format)
 from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import choose_group_size
@@ -44,6 +44,9 @@ def add_parser(subparsers) -> None:
                         help=f"target GPU memory in GiB (default {DEFAULT_GPU_GIB:g} without --target-gpu; with it, "
                              "overrides its memory: a MIG slice or a shared card)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default 1)")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1,
+                        help="pipeline stages, each on --num-gpus GPUs (default 1): the plans size the most-loaded "
+                             "GPU, ceil(layers / stages) layers' weights and KV cache plus the embedding and lm_head")
     parser.add_argument("--vllm-version", default=None,
                         help="vLLM rules to plan with: 0.32, 0.33, 0.34 (default: the installed vLLM, else 0.34)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
@@ -98,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
             plans[name] = (fmt, plan_engines(shape, fmt, target, workload, engines, vllm_version=version,
                                              gpu_memory_utilization=args.gpu_memory_utilization))
         except TensorParallelError as exc:
-            raise UserError(f"--num-gpus {target.num_gpus}: {exc}") from None
+            flag = (f"--num-gpus {target.num_gpus}" if target.pipeline_parallel_size == 1 else
+                    f"--num-gpus {target.num_gpus} --pipeline-parallel-size {target.pipeline_parallel_size}")
+            raise UserError(f"{flag}: {exc}") from None
     result = plan_result(config, described, shape, target, workload, plans, version, version_note)
     print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0
@@ -128,6 +133,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1] (e.g. 0.92)")
     for flag, value in (("--max-model-len", args.max_model_len), ("--num-gpus", args.num_gpus),
+                        ("--pipeline-parallel-size", args.pipeline_parallel_size),
                         ("--max-num-batched-tokens", args.max_num_batched_tokens),
                         ("--max-num-seqs", args.max_num_seqs)):
         if value is not None and value <= 0:
@@ -145,7 +151,7 @@ def _target(args: argparse.Namespace) -> Target:
             raise UserError(f"--target-gpu: {exc}") from None
     if args.gpu_memory_gib is not None:
         gpu = gpu_of_size(args.gpu_memory_gib, like=gpu)
-    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus)
+    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, args.pipeline_parallel_size)
 
 
 def _max_model_len(shape: ModelShape, requested: int | None) -> int:
@@ -161,8 +167,10 @@ def _max_model_len(shape: ModelShape, requested: int | None) -> int:
 
 def plan_result(config: dict, described: str, shape: ModelShape, target: Target, workload: Workload,
                 plans: dict[str, tuple[WeightFormat, dict[str, EnginePlan]]], version: str, version_note: str) -> dict:
-    """The plan as one JSON-ready dict: model, target, workload, and per format each engine's plan."""
+    """The plan as one JSON-ready dict: model, target, workload, and per format each engine's plan. The KV figures
+    are one GPU's: its pipeline stage's layers (target.pipeline_parallel_size, in `target` when above 1)."""
     attention, kv_bytes, tp = shape.attention, KV_DTYPE_BYTES[workload.kv_cache_dtype], target.num_gpus
+    stage = pipeline_stage(shape, target.pipeline_parallel_size).attention
     first = next(iter(plans.values()))[1]
     vllm = first.get("vllm")
     any_plan = next(iter(first.values()))
@@ -174,13 +182,15 @@ def plan_result(config: dict, described: str, shape: ModelShape, target: Target,
                   "sliding_window_layers": attention.sliding_layers, "max_len": shape.max_len},
         "target": {"gpu": target.gpu.name, "nominal": target.gpu.nominal, "memory_bytes": target.gpu.memory_bytes,
                    "compute_capability": target.gpu.compute_capability, "num_gpus": tp,
-                   "kernels": kernel_support(target.gpu), "kv_placement": kv_split(attention, tp)},
+                   "kernels": kernel_support(target.gpu), "kv_placement": kv_split(attention, tp),
+                   **({"pipeline_parallel_size": target.pipeline_parallel_size, "pipeline_stage_layers": stage.layers}
+                      if target.pipeline_parallel_size > 1 else {})},
         "workload": {"max_model_len": workload.max_model_len, "max_num_batched_tokens": workload.max_num_batched_tokens,
                      "max_num_seqs": workload.max_num_seqs, "kv_cache_dtype": workload.kv_cache_dtype,
                      "chunked_prefill": workload.chunked_prefill, "enforce_eager": workload.enforce_eager},
         "vllm_version": version if vllm else None, "vllm_version_note": version_note if vllm else None,
-        "kv_bytes_per_token": kv_bytes_per_token(attention, kv_bytes, tp),
-        "kv_bytes_per_sequence": kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp),
+        "kv_bytes_per_token": kv_bytes_per_token(stage, kv_bytes, tp),
+        "kv_bytes_per_sequence": kv_bytes_per_sequence(stage, workload.max_model_len, kv_bytes, tp),
         "activation_peak_bytes": (vllm or any_plan).memory.activation_bytes,
         "activation_estimated": workload.activation_bytes is None,
         "max_num_batched_tokens": (vllm or any_plan).token_budget,
@@ -225,8 +235,10 @@ def _header(result: dict) -> list[str]:
         f"KV cache: {format_bytes(result['kv_bytes_per_token'])} per token "
         f"({'fp8' if work['kv_cache_dtype'] == 'fp8' else '16-bit'}"
         f", {target['kv_placement']}), {format_bytes(result['kv_bytes_per_sequence'])} per sequence of "
-        f"{work['max_model_len']:,} tokens (per GPU)",
-        f"target: {target['num_gpus']} x {gpu}{f' ({nominal})' if nominal else ''}, "
+        f"{work['max_model_len']:,} tokens (per GPU"
+        + (f", {target['pipeline_stage_layers']} of {model['layers']} layers)" if "pipeline_parallel_size" in target
+           else ")"),
+        f"target: {_gpu_count(target)} x {gpu}{f' ({nominal})' if nominal else ''}, "
         f"{target['memory_bytes'] / GIB:.2f} GiB "
         + (f"as the driver reports it, compute capability {cc:.1f}" if cc is not None else
            "(by size: compute capability unknown; --target-gpu names the GPU)"),
@@ -238,6 +250,14 @@ def _header(result: dict) -> list[str]:
     if result["vllm_version_note"]:
         lines.append(f"{result['vllm_version_note']}")
     return lines
+
+
+def _gpu_count(target: dict) -> str:
+    """'2' (tensor parallel), or '4 (tensor parallel 2 x pipeline parallel 2)'."""
+    pp = target.get("pipeline_parallel_size", 1)
+    if pp == 1:
+        return str(target["num_gpus"])
+    return f"{target['num_gpus'] * pp} (tensor parallel {target['num_gpus']} x pipeline parallel {pp})"
 
 
 def _table(result: dict) -> list[str]:

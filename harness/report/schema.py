@@ -656,6 +656,13 @@ class CapacityTarget(_Strict):
     vllm_version: str | None = Field(default=None, description="the vLLM rules the plans follow when --vllm-version "
                                                                "chose them; null: the vLLM serving the run, else "
                                                                "the installed one, else the newest known")
+    tensor_parallel_size: int | None = Field(default=None, description="GPUs each pipeline stage is split over (the "
+                                                                       "run's --tensor-parallel-size; count); absent "
+                                                                       "in earlier reports, which planned one GPU")
+    pipeline_parallel_size: int | None = Field(default=None, description="pipeline stages (the run's "
+                                                                         "--pipeline-parallel-size; count): the plans "
+                                                                         "size the most-loaded GPU; absent in earlier "
+                                                                         "reports")
 
 
 class Settings(_Strict):

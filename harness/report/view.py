@@ -505,14 +505,22 @@ class ServingRow:
 
 
 def serving_caption(report: RunReport, fmt: FormatResult) -> str:
-    """'Serving on an L4 (22.49 GiB), weights measured' from the run's target and the plans' memory."""
+    """'Serving on an L4 (22.49 GiB), weights measured' from the run's target and the plans' memory; 'Serving on
+    4 x L4 (22.49 GiB each; tensor parallel 2 x pipeline parallel 2), ...' on several."""
     capacity = report.settings.capacity
     target = capacity.target_gpu if capacity is not None else None
+    tp = (capacity.tensor_parallel_size or 1) if capacity is not None else 1
+    pp = (capacity.pipeline_parallel_size or 1) if capacity is not None else 1
     plans = (fmt.serving or {}).values()
     memory = next((plan.memory for plan in plans if plan.memory is not None), None)
     size = memory.gpu_memory_bytes if memory is not None else None
-    where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
-        f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
+    if tp * pp > 1:
+        gpu = target or "GPUs"
+        each = f"{fmt_bytes(size)} each; " if is_number(size) else ""
+        where = f"{tp * pp} x {gpu} ({each}tensor parallel {tp} x pipeline parallel {pp})"
+    else:
+        where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
+            f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
     sources = ([f"weights {memory.weights_source}", f"activations {memory.activation_source}"] if memory is not None
                else [])
     return f"Serving on {where}" + (f" ({', '.join(sources)})" if sources else "")

@@ -2,7 +2,7 @@
 
     shape = model_shape(config)                       # ConfigFieldError names a missing field or unknown model_type
     fmt = weight_format("awq", group_size=128)
-    target = Target(gpu_by_name("L4"), num_gpus=1)
+    target = Target(gpu_by_name("L4"), num_gpus=1)            # pipeline_parallel_size=2: over 2 stages
     plans = plan_engines(shape, fmt, target, Workload(max_model_len=4096))   # {"vllm": EnginePlan, ...}
 
 """
@@ -18,7 +18,7 @@ from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, 
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
 from harness.measure.capacity.sglang import check_sglang_command, plan_sglang
-from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, model_shape
+from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, model_shape, pipeline_stage
 from harness.measure.capacity.trtllm import check_trtllm_command, plan_trtllm
 from harness.measure.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
 
@@ -30,7 +30,8 @@ __all__ = [
     "Workload", "activation_peak_bytes", "attention_shape", "check_sglang_command", "check_trtllm_command",
     "check_vllm_command", "gpu_by_name", "gpu_of_size", "kernel_support",
     "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_engine",
-    "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm", "resolve_version",
+    "pipeline_stage", "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm",
+    "resolve_version",
     "weight_format", "weights_bytes",
 ]
 

@@ -33,14 +33,17 @@ def what_would_fit(planner: Planner, shape: ModelShape, fmt: WeightFormat, targe
         suggestions.append("--kv-cache-dtype fp8")
     more = next((n for n in (2, 4, 8) if n > target.num_gpus and fits(t=replace(target, num_gpus=n))), None)
     if more:
-        suggestions.append(f"--num-gpus {more} (tensor parallel on {more} x {target.gpu.name})")
+        pp = target.pipeline_parallel_size
+        how = (f"tensor parallel on {more} x" if pp == 1 else
+               f"tensor parallel {more} x pipeline parallel {pp} on {more * pp} x")
+        suggestions.append(f"--num-gpus {more} ({how} {target.gpu.name})")
     bigger = next((g for g in sorted(GPUS, key=lambda g: g.memory_bytes) if g.memory_bytes > target.gpu.memory_bytes
                    and fits(t=replace(target, gpu=g))), None)
     if bigger:
         suggestions.append(f"one {bigger.name} ({bigger.nominal})")
     needed = _memory_needed(lambda size: fits(t=replace(target, gpu=gpu_of_size(size / GIB, like=_like(target)))))
     if needed is not None:
-        per = " per GPU" if target.num_gpus > 1 else ""
+        per = " per GPU" if target.total_gpus > 1 else ""
         suggestions.append(f"{needed / GIB:.1f} GiB of GPU memory{per} at these settings")
     return suggestions
 

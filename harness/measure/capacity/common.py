@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 from harness.formats import EngineServing
 from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
-                                             cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
+                                             check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, workload_non_torch)
-from harness.measure.capacity.shapes import ModelShape
+from harness.measure.capacity.shapes import Attention, ModelShape, pipeline_stage
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
 # vLLM's marlin_utils: output width per GPU divisible by GPTQ_MARLIN_MIN_THREAD_N, input width by _MIN_THREAD_K.
@@ -23,8 +23,17 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}  #
 
 @dataclass(frozen=True)
 class Target:
+    """`num_gpus` x `pipeline_parallel_size` GPUs of one kind: each pipeline stage's layers split over `num_gpus`
+    (the tensor-parallel degree); the plans size the most-loaded GPU (shapes.pipeline_stage)."""
+
     gpu: Gpu
     num_gpus: int = 1  # tensor-parallel degree
+    pipeline_parallel_size: int = 1  # pipeline stages
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the deployment takes: tensor x pipeline parallel size (vLLM needs that many available)."""
+        return self.num_gpus * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class Workload:
     enforce_eager: bool = False  # no CUDA graphs
     activation_bytes: int | None = None  # a measured activation peak per GPU at the engine's token budget
     # Measured weights of one whole copy (as a run loads them, 16-bit serving size); None: estimated from the config.
-    # Under tensor parallelism it is split as the estimate splits (memory.planned_weights_bytes).
+    # Under tensor and pipeline parallelism it is split as the estimate splits (memory.planned_weights_bytes).
     weights_bytes: int | None = None
     # Measured CUDA context + non-torch memory per GPU (what vLLM logs as non_torch_memory); None: the estimate
     # memory.non_torch_bytes.
@@ -66,6 +75,18 @@ class MemoryBreakdown:
     def fixed_bytes(self) -> int:
         """What comes before the KV cache: weights, activations, non-torch memory and CUDA graphs."""
         return self.weights_bytes + self.activation_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+
+
+def pipeline_note(shape: ModelShape, target: Target) -> list[str]:
+    """The note of a pipeline-parallel plan, the same for every engine ([] without pipeline parallelism)."""
+    pp = target.pipeline_parallel_size
+    if pp == 1:
+        return []
+    kept = pipeline_stage(shape, pp).layers
+    largest = " (those with the largest KV: full attention first)" if shape.attention.sliding_layers else ""
+    return [f"pipeline parallel over {pp} stages ({target.total_gpus} GPUs: tensor parallel {target.num_gpus} x "
+            f"pipeline parallel {pp}): the figures are the most-loaded GPU's, {kept} of {shape.layers} layers' weights "
+            f"and KV cache{largest} and, conservatively, both the embedding and the lm_head"]
 
 
 def short_of_one_sequence(memory: MemoryBreakdown, kv_tokens: int, length: int, cache: str = "KV cache") -> str:
@@ -243,9 +264,11 @@ def _kernels_need(gpu: Gpu, engine: str, method: str, minimum: float) -> str:
 class FixedCosts:
     """One GPU's memory before the KV cache, where every engine planner starts, bytes: the weights, the activation
     peak at the engine's token budget (measured, else estimated from the config), the CUDA context and non-torch
-    memory, the CUDA-graph pool."""
+    memory, the CUDA-graph pool. Under pipeline parallelism, of the most-loaded GPU: `attention` is its stage's
+    layers' (shapes.pipeline_stage), which the KV cache helpers take."""
 
     tp: int
+    attention: Attention
     total: int  # the GPU's memory
     kv_dtype_bytes: float
     weights: int
@@ -258,23 +281,27 @@ class FixedCosts:
 
 def fixed_costs(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, tokens: int,
                 seq_cap: int) -> FixedCosts:
-    tp = target.num_gpus
-    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes)
+    """`shape` is the whole model's; the weights and the KV cache's layers are those of the most-loaded pipeline
+    stage (the activation peak is one layer's at a time, and the sampler's, so the whole model's)."""
+    tp, pp = target.num_gpus, target.pipeline_parallel_size
+    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes, pp=pp)
     measured = workload.activation_bytes is not None
     activation = (workload.activation_bytes if measured else
                   activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp))
-    return FixedCosts(tp, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype), weights, weights_source,
+    return FixedCosts(tp, pipeline_stage(shape, pp).attention, target.gpu.memory_bytes,
+                      kv_dtype_bytes(workload.kv_cache_dtype), weights, weights_source,
                       activation, "measured" if measured else "estimated from the config",
-                      workload_non_torch(workload, tp), cuda_graph_bytes(workload.enforce_eager))
+                      workload_non_torch(workload, target.total_gpus), cuda_graph_bytes(workload.enforce_eager))
 
 
 def device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu, tp: int, *, bf16_message: str,
-                  kv_cache_dtypes: tuple[str, ...]) -> list[str]:
-    """What every engine refuses on a device: KV heads that do not split over `tp`, bf16 on a GPU without it, a KV
-    cache dtype it does not know (`kv_cache_dtypes`, the engine's own list) or cannot run."""
+                  kv_cache_dtypes: tuple[str, ...], pp: int = 1) -> list[str]:
+    """What every engine refuses on a device: KV heads that do not split over `tp`, more pipeline stages `pp` than
+    layers, bf16 on a GPU without it, a KV cache dtype it does not know (`kv_cache_dtypes`, the engine's own list) or
+    cannot run."""
     errors = []
     try:
-        kv_heads_per_gpu(shape.attention, tp)
+        check_split(shape, tp, pp)
     except TensorParallelError as exc:
         errors.append(str(exc))
     if needs_half_dtype(shape, gpu) and flags.get("--dtype") not in ("half", "float16"):

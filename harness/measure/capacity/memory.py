@@ -1,7 +1,9 @@
 """One memory model for every engine planner: weights per format, KV cache per token and per sequence, the
 activation peak at an engine's token budget, and the engine overheads as fixed amounts.
 
-All figures are bytes on one GPU: under tensor parallelism (`tp` GPUs) each function gives one GPU's share.
+All figures are bytes on one GPU: under tensor parallelism (`tp` GPUs) each function gives one GPU's share; under
+pipeline parallelism (`pp` stages) the callers pass the most-loaded stage's shape (shapes.pipeline_stage), and
+planned_weights_bytes does so itself.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
-from harness.measure.capacity.shapes import Attention, Linear, ModelShape
+from harness.measure.capacity.shapes import Attention, Linear, ModelShape, pipeline_stage
 
 GIB = 2**30
 MIB = 2**20
@@ -19,7 +21,7 @@ KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}  # auto: the model's 16-bit dtype; fp8 (e
 
 # Memory a GPU holds outside PyTorch's allocator: the CUDA context, cuBLAS/cuDNN workspaces. vLLM measures it at
 # start-up and logs it as "non_torch_memory" (0.1-0.6 GiB on one GPU in its memory-profiling log lines); the CUDA
-# context alone is 0.3-0.5 GiB on Ampere/Hopper. With tensor parallelism NCCL's buffers add to it.
+# context alone is 0.3-0.5 GiB on Ampere/Hopper. With tensor or pipeline parallelism NCCL's buffers add to it.
 NON_TORCH_BYTES = 512 * MIB
 NCCL_BYTES = 256 * MIB
 # CUDA-graph pool: vLLM captures decode graphs for batch sizes up to 512 by default and logs "Graph capturing
@@ -33,7 +35,8 @@ HEADROOM_BYTES = GIB
 
 
 class TensorParallelError(ValueError):
-    """The model's heads cannot be split over the requested number of GPUs."""
+    """The model cannot be split over the requested GPUs: its heads over the tensor-parallel degree, or its layers
+    over the pipeline-parallel stages."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,15 @@ def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:
         return 1
     raise TensorParallelError(f"num_key_value_heads {attention.kv_heads} neither divides nor is divisible by {tp} "
                               "GPUs: the KV heads can be neither split nor replicated evenly")
+
+
+def check_split(shape: ModelShape, tp: int = 1, pp: int = 1) -> None:
+    """TensorParallelError unless the heads split over `tp` GPUs (kv_heads_per_gpu) and every one of `pp` pipeline
+    stages gets at least one decoder layer."""
+    kv_heads_per_gpu(shape.attention, tp)
+    if not 1 <= pp <= shape.layers:
+        raise TensorParallelError(f"pipeline parallel size {pp}: must be between 1 and the model's {shape.layers} "
+                                  "layers (each pipeline stage holds at least one layer)")
 
 
 def kv_split(attention: Attention, tp: int) -> str:
@@ -201,18 +213,20 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
 
 
 def planned_weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1,
-                          measured: int | None = None) -> tuple[int, str]:
-    """(weights on one GPU, where the figure comes from): the estimate of weights_bytes, or a measured figure.
+                          measured: int | None = None, pp: int = 1) -> tuple[int, str]:
+    """(weights on the most-loaded GPU, where the figure comes from): the estimate of weights_bytes for `shape`'s
+    most-loaded pipeline stage of `pp` (shapes.pipeline_stage) on `tp` GPUs, or a measured figure.
 
-    `measured` is the weights of one whole copy (no tensor parallelism), as a run measures them; on `tp` GPUs it is
-    split as the estimate splits: measured x weights_bytes(tp) / weights_bytes(1).
+    `measured` is the weights of one whole copy (no tensor or pipeline parallelism), as a run measures them; on
+    `tp` x `pp` GPUs it is split as the estimate splits: measured x weights_bytes(stage, tp) / weights_bytes(whole, 1).
     """
+    stage = pipeline_stage(shape, pp)
     if measured is None:
-        return weights_bytes(shape, fmt, tp), "estimated from the config"
-    if tp == 1:
+        return weights_bytes(stage, fmt, tp), "estimated from the config"
+    if tp == 1 and pp == 1:
         return int(measured), "measured"
     whole = weights_bytes(shape, fmt, 1)
-    return int(round(measured * weights_bytes(shape, fmt, tp) / whole)) if whole else int(measured), "measured"
+    return int(round(measured * weights_bytes(stage, fmt, tp) / whole)) if whole else int(measured), "measured"
 
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_dtype_bytes: int = 2,
@@ -232,14 +246,16 @@ def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_d
     return int(forward + sampler)
 
 
-def workload_non_torch(workload, tp: int = 1) -> int:
-    """The workload's measured non-torch memory per GPU if it has one (--capacity-overhead-gib), else the estimate."""
-    return workload.non_torch_bytes if workload.non_torch_bytes is not None else non_torch_bytes(tp)
+def workload_non_torch(workload, gpus: int = 1) -> int:
+    """The workload's measured non-torch memory per GPU if it has one (--capacity-overhead-gib), else the estimate
+    for a deployment over `gpus` GPUs."""
+    return workload.non_torch_bytes if workload.non_torch_bytes is not None else non_torch_bytes(gpus)
 
 
-def non_torch_bytes(tp: int = 1) -> int:
-    """CUDA context and non-torch allocations on one GPU: NON_TORCH_BYTES, plus NCCL_BYTES when tensor-parallel."""
-    return NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
+def non_torch_bytes(gpus: int = 1) -> int:
+    """CUDA context and non-torch allocations on one GPU: NON_TORCH_BYTES, plus NCCL_BYTES when the deployment spans
+    more than one GPU (`gpus`: tensor x pipeline parallel size)."""
+    return NON_TORCH_BYTES + (NCCL_BYTES if gpus > 1 else 0)
 
 
 def cuda_graph_bytes(enforce_eager: bool = False) -> int:

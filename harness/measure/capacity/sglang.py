@@ -12,6 +12,8 @@ graphs and the headroom; the plan takes mem_fraction_static = floor2((total - ac
 size = the KV bytes per token (MLA: the latent). Sliding-window layers are counted as full attention (an upper bound).
 The checks (check_sglang_command) are server_args.py's: chunked_prefill_size % page_size == 0, context_length
 within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype and head split the GPU allows.
+Pipeline parallelism: --pp-size (server_args.py's pp_size; alias --pipeline-parallel-size); the memory is the
+most-loaded GPU's (shapes.pipeline_stage).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             quantization_method, render_command, short_of_one_sequence)
+                                             pipeline_note, quantization_method, render_command,
+                                             short_of_one_sequence)
 from harness.measure.capacity.gpus import Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, kv_bytes_per_sequence, kv_bytes_per_token,
-                                             kv_heads_per_gpu)
+from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_sequence,
+                                             kv_bytes_per_token)
 from harness.measure.capacity.shapes import ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
@@ -33,7 +36,7 @@ MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a p
 # Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
 QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "w8a8_int8"})
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
-_FLAGS = {"--model-path", "--tp-size", "--dtype", "--context-length", "--mem-fraction-static",
+_FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dtype", "--context-length", "--mem-fraction-static",
           "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
           "--quantization"}
 
@@ -47,7 +50,7 @@ def default_chunked_prefill_size(gpu: Gpu) -> int:
 def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
     """SGLang's flags for `fmt` on `target` (formula in the module docstring)."""
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
-    kv_heads_per_gpu(shape.attention, tp)
+    check_split(shape, tp, target.pipeline_parallel_size)
     notes: list[str] = []
     method, refusal = quantization_method(shape, fmt, gpu, tp, "sglang", QUANTIZATION_CHOICES, notes)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "SGLang")
@@ -61,8 +64,9 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     running = min(concurrency, seq_cap)
     args: list[tuple[str, str]] = []
     if fits:
-        args = _args(shape, gpu, tp, workload, fraction, running, chunk, method)
+        args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, chunk, gpu)
+        notes += pipeline_note(shape, target)
     reason = refusal or ("" if fits else _why_not(memory, fraction, kv_tokens, length))
     return EnginePlan(engine="sglang", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
                       command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
@@ -83,7 +87,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                f"{gib(graphs)} - headroom {gib(HEADROOM_BYTES)}) / {gib(total)}) = {fraction:.2f}; KV pool = "
                f"{fraction:.2f} x {gib(total)} - weights {gib(weights)} - CUDA context {gib(context)} = "
                f"{gib(int(fraction * total) - weights - context)}")
-    attention = shape.attention
+    attention = costs.attention
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
@@ -95,10 +99,12 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
 
 
 def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: float, running: int, chunk: int,
-          method: str | None) -> list[tuple[str, str]]:
+          method: str | None, pp: int = 1) -> list[tuple[str, str]]:
     args: list[tuple[str, str]] = []
     if tp > 1:
         args.append(("--tp-size", str(tp)))
+    if pp > 1:
+        args.append(("--pp-size", str(pp)))
     if needs_half_dtype(shape, gpu):
         args.append(("--dtype", "half"))
     args += [("--context-length", str(workload.max_model_len)), ("--mem-fraction-static", f"{fraction:.2f}"),
@@ -165,5 +171,5 @@ def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu
                                                   has_capability(gpu, 8.0) is False):
         errors.append(f"--quantization {method}: Marlin cannot take this model on {gpu.name}")
     errors += device_errors(flags, shape, gpu, tp, bf16_message="bf16 on a GPU without bf16: --dtype half",
-                            kv_cache_dtypes=KV_CACHE_DTYPES)
+                            kv_cache_dtypes=KV_CACHE_DTYPES, pp=int(flags.get("--pp-size", 1)))
     return errors

@@ -9,7 +9,8 @@ multimodal configs through their nested `text_config`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 # GPT-2/Falcon-style spellings of the same fields.
@@ -68,7 +69,9 @@ class Linear:
 
     split says how tensor parallelism divides it: "column" (outputs), "row" (inputs), "kv" (K/V projections: by KV
     heads, replicated when there are fewer KV heads than GPUs), "none" (every GPU holds all of it).
-    quantized=False: GPTQ/AWQ/LLM.int8 keep it 16-bit (MoE routers).
+    quantized=False: GPTQ/AWQ/LLM.int8 keep it 16-bit (MoE routers). `layers`: how many decoder layers hold it (0:
+    every layer), for a model whose layers differ (DeepSeek's dense first layers and MoE layers); the `count` copies
+    are spread evenly over them.
     """
 
     name: str
@@ -78,6 +81,7 @@ class Linear:
     bias: bool = False
     split: str = "column"
     quantized: bool = True
+    layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class ModelShape:
     tied_embeddings: bool
     attention: Attention
     linears: tuple[Linear, ...]
-    other_params: int  # norms and MoE routing biases: 16-bit, replicated on every GPU
+    other_params: int  # per-layer norms and MoE routing biases, and the final norm (hidden): 16-bit, on every GPU
     mlp_width: int  # widest MLP activation per token: intermediate_size, or experts per token x expert width + shared
     experts: int = 0  # routed experts per MoE layer; 0 for a dense model
     experts_per_token: int = 0
@@ -102,6 +106,40 @@ class ModelShape:
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+
+def pipeline_stage(shape: ModelShape, stages: int) -> ModelShape:
+    """The most-loaded GPU's part of the model under pipeline parallelism over `stages` stages, as a ModelShape the
+    memory model sizes as it sizes a whole model (stages == 1: `shape` itself).
+
+    The engines give each stage a contiguous run of at most ceil(L / stages) of the L decoder layers (vLLM's
+    get_pp_indices gives an uneven split's extra layers to the stages before the last). The stage kept here holds:
+    - ceil(L / stages) layers' linear weights: a linear on every layer keeps count / L copies per layer (every
+      expert of an MoE layer among them); one that only some layers hold (Linear.layers: DeepSeek's dense first
+      MLPs, its MoE layers' experts) counts min(ceil(L / stages), those layers) of them, an upper bound where a stage
+      cannot hold the most of each kind at once;
+    - those layers' norms (in proportion) and the final norm;
+    - the attention of the ceil(L / stages) layers with the largest KV cache: full attention first, then the widest
+      sliding windows;
+    - the embedding and lm_head whole, and the vocabulary unchanged: the first stage holds the embedding and the
+      last the lm_head, which of them is the most loaded depends on the engine's split, so both are counted
+      (conservative: at most one vocab x hidden matrix too many). Activations (hidden size, MLP width, the
+      sampler's logits) are those of the whole model.
+    """
+    layers = shape.layers
+    if stages == 1:
+        return shape
+    if not 1 <= stages <= layers:
+        raise ValueError(f"{stages} pipeline stages for {layers} layers: between 1 and the number of layers")
+    kept = math.ceil(layers / stages)
+    linears = tuple(replace(lin, count=lin.count // (lin.layers or layers) * min(kept, lin.layers or layers),
+                            layers=min(kept, lin.layers) if lin.layers else 0) for lin in shape.linears)
+    windows = shape.attention.windows
+    largest = sorted(range(layers), key=lambda i: (windows[i] is not None, -(windows[i] or 0)))[:kept]
+    attention = replace(shape.attention, windows=tuple(windows[i] for i in sorted(largest)))
+    per_layer_params = shape.other_params - shape.hidden  # all but the final norm is per layer
+    other = math.ceil(per_layer_params * kept / layers) + shape.hidden
+    return replace(shape, attention=attention, linears=linears, other_params=other)
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -254,11 +292,12 @@ def _gqa_linears(fields: dict[str, Any], attention: Attention, model_type: str) 
             Linear("o_proj", q_width, hidden, layers, o_bias, "row")]
 
 
-def _mlp(name: str, hidden: int, width: int, count: int, bias: bool = False) -> list[Linear]:
-    """A gated MLP (gate, up: hidden -> width; down: width -> hidden), `count` copies."""
-    return [Linear(f"{name}.gate_proj", hidden, width, count, bias, "column"),
-            Linear(f"{name}.up_proj", hidden, width, count, bias, "column"),
-            Linear(f"{name}.down_proj", width, hidden, count, bias, "row")]
+def _mlp(name: str, hidden: int, width: int, count: int, bias: bool = False, layers: int = 0) -> list[Linear]:
+    """A gated MLP (gate, up: hidden -> width; down: width -> hidden), `count` copies over `layers` layers (0:
+    every layer)."""
+    return [Linear(f"{name}.gate_proj", hidden, width, count, bias, "column", layers=layers),
+            Linear(f"{name}.up_proj", hidden, width, count, bias, "column", layers=layers),
+            Linear(f"{name}.down_proj", width, hidden, count, bias, "row", layers=layers)]
 
 
 def _norms(fields: dict[str, Any], layers: int, per_layer: int) -> int:
@@ -315,11 +354,11 @@ def _deepseek(fields: dict[str, Any], attention: Attention, model_type: str) -> 
     dense_layers = layers - moe_layers
     dense_width = positive_int(fields, "intermediate_size") if dense_layers else 0
     if dense_layers:
-        linears += _mlp("mlp", hidden, dense_width, dense_layers)
-    linears += _mlp("experts", hidden, width, moe_layers * routed)
+        linears += _mlp("mlp", hidden, dense_width, dense_layers, layers=dense_layers)
+    linears += _mlp("experts", hidden, width, moe_layers * routed, layers=moe_layers)
     if shared:
-        linears += _mlp("shared_experts", hidden, shared * width, moe_layers)
-    linears.append(Linear("router", hidden, routed, moe_layers, split="none", quantized=False))
+        linears += _mlp("shared_experts", hidden, shared * width, moe_layers, layers=moe_layers)
+    linears.append(Linear("router", hidden, routed, moe_layers, split="none", quantized=False, layers=moe_layers))
     if model_type == "deepseek_v3":
         norms += moe_layers * routed  # the router's e_score_correction_bias
     return _common(fields, attention, model_type, linears=tuple(linears), other_params=norms,

@@ -10,16 +10,19 @@ full attention (an upper bound).
 The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < free_gpu_memory_fraction <= 1,
 max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
 max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled otherwise).
+Pipeline parallelism: --pp_size (serve.py's alias of --pipeline_parallel_size, the LLM API's
+pipeline_parallel_size); the memory is the most-loaded GPU's (shapes.pipeline_stage).
 """
 
 from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
-                                             needs_half_dtype, parse_flags, render_command, short_of_one_sequence)
+                                             needs_half_dtype, parse_flags, pipeline_note, render_command,
+                                             short_of_one_sequence)
 from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat,
-                                             kv_bytes_per_sequence, kv_bytes_per_token, kv_heads_per_gpu)
+from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
+                                             kv_bytes_per_sequence, kv_bytes_per_token)
 from harness.measure.capacity.shapes import ModelShape
 
 PROGRAM = "trtllm-serve MODEL"
@@ -28,14 +31,14 @@ TOKENS_PER_BLOCK = 32  # KvCacheConfig's default
 DEFAULT_MAX_NUM_TOKENS = 8192  # BuildConfig's default max_num_tokens
 MAX_FRACTION = 0.95
 EXTRA_CONFIG = "trtllm-extra.yaml"
-_FLAGS = {"--backend", "--tp_size", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
+_FLAGS = {"--backend", "--tp_size", "--pp_size", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
           "--kv_cache_free_gpu_memory_fraction", "--enable_chunked_prefill", "--config"}
 
 
 def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
     """trtllm-serve's flags (PyTorch backend) for `fmt` on `target` (formula in the module docstring)."""
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
-    kv_heads_per_gpu(shape.attention, tp)
+    check_split(shape, tp, target.pipeline_parallel_size)
     notes: list[str] = []
     refusal = _refusal(fmt, notes) or fp8_kv_refusal(gpu, workload, "TensorRT-LLM")
     tokens, chunked = _token_budget(workload, notes)
@@ -53,8 +56,9 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     args: list[tuple[str, str]] = []
     yaml = _config_yaml(shape, gpu, workload, fraction)
     if fits:
-        args = _args(tp, batch, tokens, length, fraction, chunked, bool(yaml))
+        args = _args(tp, batch, tokens, length, fraction, chunked, bool(yaml), target.pipeline_parallel_size)
         notes += _general_notes(shape, gpu, yaml)
+        notes += pipeline_note(shape, target)
     reason = refusal or ("" if fits else _why_not(memory, kv_tokens, length))
     return EnginePlan(engine="trtllm", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
                       command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
@@ -102,7 +106,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     formula = (f"KV = free_gpu_memory_fraction {fraction:.2f} x ({gib(total)} - weights {gib(weights)} - activations "
                f"{gib(activation)} - CUDA graphs {gib(graphs)} - CUDA context {gib(context)} = free {gib(free)}) = "
                f"{gib(kv)}")
-    attention = shape.attention
+    attention = costs.attention
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs, headroom_bytes=max(free - kv, 0),
@@ -126,10 +130,12 @@ def _config_yaml(shape: ModelShape, gpu: Gpu, workload: Workload, fraction: floa
 
 
 def _args(tp: int, batch: int, tokens: int, length: int, fraction: float, chunked: bool,
-          extra: bool) -> list[tuple[str, str]]:
+          extra: bool, pp: int = 1) -> list[tuple[str, str]]:
     args = [("--backend", "pytorch")]
     if tp > 1:
         args.append(("--tp_size", str(tp)))
+    if pp > 1:
+        args.append(("--pp_size", str(pp)))
     args += [("--max_batch_size", str(batch)), ("--max_num_tokens", str(tokens)), ("--max_seq_len", str(length)),
              ("--kv_cache_free_gpu_memory_fraction", f"{fraction:.2f}")]
     if chunked:
@@ -181,7 +187,7 @@ def check_trtllm_command(command: str, config_yaml: str, shape: ModelShape, gpu:
     if flags.get("--backend") != "pytorch":
         errors.append("--backend: planned for the pytorch backend")
     try:
-        kv_heads_per_gpu(shape.attention, int(flags.get("--tp_size", 1)))
+        check_split(shape, int(flags.get("--tp_size", 1)), int(flags.get("--pp_size", 1)))
     except TensorParallelError as exc:
         errors.append(str(exc))
     if needs_half_dtype(shape, gpu) and "dtype: float16" not in config_yaml:

@@ -10,7 +10,9 @@ The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of 
 The checks (check_vllm_command) are vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len
 (max_num_batched_tokens >= max_num_seqs; >= max_model_len unless chunked prefill), CacheConfig's ranges
 (0 < gpu_memory_utilization <= 1), ModelConfig's derived max_model_len and head split, and the --quantization
-methods and kernels the version and the GPU have.
+methods and kernels the version and the GPU have. Pipeline parallelism (--pipeline-parallel-size, vllm/config/
+parallel.py's ParallelConfig; layers split by vllm/distributed/utils.py::get_pp_indices): the memory is the
+most-loaded GPU's (shapes.pipeline_stage), and vLLM needs tensor x pipeline parallel size GPUs.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import re
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
-                                             marlin_shape_problem, needs_half_dtype, parse_flags, quantization_method,
-                                             render_command, short_of_one_sequence)
+                                             marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
+                                             quantization_method, render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, kv_bytes_per_sequence,
-                                             kv_bytes_per_token, kv_heads_per_gpu)
+from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, check_split, kv_bytes_per_sequence,
+                                             kv_bytes_per_token)
 from harness.measure.capacity.shapes import ModelShape
 
 KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
@@ -40,7 +42,8 @@ SOURCE = "vllm/v1/worker/gpu_worker.py::determine_available_memory; vllm/config/
 QUANTIZATION_METHODS = {version: frozenset({"gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "fp8"})
                         for version in KNOWN_VERSIONS}
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-_FLAGS = {"--tensor-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+_FLAGS = {"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs",
+          "--max-num-batched-tokens",
           "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
           "--no-enable-chunked-prefill", "--quantization"}
 
@@ -101,7 +104,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
-    kv_heads_per_gpu(shape.attention, tp)  # TensorParallelError when the heads cannot be split
+    check_split(shape, tp, target.pipeline_parallel_size)  # TensorParallelError when the model cannot be split
     notes: list[str] = []
     method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", QUANTIZATION_METHODS[version], notes, version)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
@@ -116,8 +119,9 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     fits = concurrency >= 1 and refusal is None
     args: list[tuple[str, str]] = []
     if fits:
-        args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method)
+        args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, batched, version, util, memory.kv_cache_bytes)
+        notes += pipeline_note(shape, target)
         if needs_half_dtype(shape, gpu):
             notes.append(half_dtype_note(gpu, "vLLM", "--dtype half"))
     reason = refusal or ("" if fits else _why_not(memory, kv_tokens, length, util))
@@ -161,7 +165,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
         kv_room = max(total - HEADROOM_BYTES - fixed, 0) // MIB * MIB
         kv_flag, headroom, utilization = kv_room, HEADROOM_BYTES, None
         formula = f"KV = {gib(total)} - headroom {gib(HEADROOM_BYTES)} - {terms} = {gib(total - HEADROOM_BYTES - fixed)}"
-    attention = shape.attention
+    attention = costs.attention
     per_sequence = kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
                                          window_extra=batched - 1)
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
@@ -184,10 +188,12 @@ def _max_num_seqs(concurrency: int, cap: int, batched: int, asked: bool, notes: 
 
 
 def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, batched: int, kv_flag: int | None,
-          util: float | None, method: str | None) -> list[tuple[str, str]]:
+          util: float | None, method: str | None, pp: int = 1) -> list[tuple[str, str]]:
     args: list[tuple[str, str]] = []
     if tp > 1:
         args.append(("--tensor-parallel-size", str(tp)))
+    if pp > 1:
+        args.append(("--pipeline-parallel-size", str(pp)))
     if needs_half_dtype(shape, gpu):
         args.append(("--dtype", "half"))
     args += [("--max-model-len", str(workload.max_model_len)), ("--max-num-seqs", str(seqs)),
@@ -286,4 +292,5 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
 def _device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu) -> list[str]:
     return device_errors(flags, shape, gpu, int(flags.get("--tensor-parallel-size", 1)),
                          bf16_message="Bfloat16 is only supported on GPUs with compute capability of at least 8.0 "
-                                      "(--dtype half)", kv_cache_dtypes=KV_CACHE_DTYPES)
+                                      "(--dtype half)", kv_cache_dtypes=KV_CACHE_DTYPES,
+                         pp=int(flags.get("--pipeline-parallel-size", 1)))

@@ -101,7 +101,8 @@ def gpu_launch(plan, *, dtype: str, seed: int, parallel: tuple[int, int], max_nu
     """The capacity plan's own flags (harness.measure.capacity EnginePlan for vLLM) plus seed and dtype."""
     args: list[str] = []
     for flag, value in plan.args:
-        if flag in ("--dtype", "--tensor-parallel-size") or (flag == "--max-num-seqs" and max_num_seqs):
+        if flag in ("--dtype", "--tensor-parallel-size", "--pipeline-parallel-size") or (
+                flag == "--max-num-seqs" and max_num_seqs):
             continue
         args += [flag] + ([value] if value else [])
     seqs = max_num_seqs or plan.max_num_seqs
