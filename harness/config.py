@@ -125,8 +125,10 @@ class RunSpec(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value not in ("transformers", "vllm"):
-            raise ValueError("backend must be transformers or vllm")
+        from harness.runtime.registry import RUNTIMES
+
+        if value != "vllm" and value not in RUNTIMES:
+            raise ValueError(f"backend must be vllm or a registered runtime ({', '.join(RUNTIMES)})")
         return value
 
     @field_validator("concurrency")

@@ -34,9 +34,13 @@ from harness.quantize.base import Recipe
 from harness.report.schema import RunReport, report_json
 from harness.source import ModelSource, check_remote_code, resolve_source
 
-# The runtime of the device stage's worker (harness.runtime.registry). With --backend vllm it still measures every
-# format (and generates for one vLLM cannot serve); the server's generations are keyed by served.served_key.
-DEVICE_RUNTIME = "transformers"
+
+
+def device_runtime(spec: RunSpec) -> str:
+    """The runtime of the device stage's worker (harness.runtime.registry): --backend's, where it names one. With
+    --backend vllm, transformers still measures every format (and generates for one vLLM cannot serve); the
+    server's generations are keyed by served.served_key."""
+    return "transformers" if spec.backend == "vllm" else spec.backend
 
 
 @dataclass
@@ -378,7 +382,7 @@ def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: Meas
     spec = inputs.spec
     return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
                        trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
-                       runtime=DEVICE_RUNTIME, batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
                        failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
@@ -461,7 +465,7 @@ def evaluation_settings(spec: RunSpec) -> dict:
     included: an upgraded torch or transformers reruns every format's measure and generate stages. "backend" is the
     runtime that measures and generates, whatever --backend says (a served format's generations have keys of their
     own)."""
-    return {"backend": DEVICE_RUNTIME, "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
+    return {"backend": device_runtime(spec), "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 

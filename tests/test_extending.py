@@ -142,6 +142,23 @@ def test_a_runtime_is_one_registry_entry(tmp_path):
     assert [(o["id"], o["prediction"]) for o in outputs] == [("a", "5"), ("b", "5")]
 
 
+def test_backend_names_a_registered_runtime():
+    from pydantic import ValidationError
+
+    from harness.config import RunSpec
+    from harness.pipeline import device_runtime
+    from harness.runtime.registry import RUNTIMES, register_runtime
+
+    with pytest.raises(ValidationError, match="vllm or a registered runtime \\(transformers"):
+        RunSpec(backend="echo")
+    register_runtime("echo", f"{__name__}:EchoRuntime")
+    try:
+        assert device_runtime(RunSpec(backend="echo")) == "echo"
+    finally:
+        RUNTIMES.pop("echo")
+    assert device_runtime(RunSpec(backend="vllm")) == device_runtime(RunSpec()) == "transformers"
+
+
 def test_a_missing_plugin_is_one_line(demo_cache, tmp_path):
     result = quantgate("run", "--out", str(tmp_path), cache=demo_cache, check_codes=(2,),
                        env={"QUANTGATE_PLUGINS": "no_such_plugin"})
@@ -160,8 +177,10 @@ def test_the_toy_format_and_metric_run_through_the_pipeline(demo_cache, tmp_path
     out = tmp_path / "out"
     quantgate("run", "--model", "demo", "--formats", "baseline,toy8", "--evalsets", str(tmp_path / "summaries.toml"),
               "--policy", str(tmp_path / "policy.toml"), "--max-items", "4", "--max-new-tokens", "16",
-              "--latency-requests", "2", "--out", str(out), cache=demo_cache, env=_plugin_env())
+              "--latency-requests", "2", "--backend", "toy-eager", "--out", str(out), cache=demo_cache,
+              env=_plugin_env())
     report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["backend"] == "toy-eager"  # the plugin's runtime measured and generated
     toy = report["formats"]["toy8"]
     assert toy["status"] == "ok", toy["error"]
     assert toy["artifact"]["manifest"]["engine"] == "toy-rounding" and "quantize" in toy["stages_run"]

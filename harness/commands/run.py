@@ -64,9 +64,9 @@ def add_parser(subparsers) -> None:
                         "quantized as the baseline (every verdict then says what it was compared with)")
     parser.add_argument("--allow-tokenizer-mismatch", action="store_true", help="judge a candidate whose tokenizer "
                         "differs from the baseline's (the report says so)")
-    parser.add_argument("--backend", choices=["transformers", "vllm"], help="what scores and times each format: "
-                        "transformers in this process (default), or a vLLM server started with the planned flags "
-                        "(the verdict is then about the format as vLLM serves it)")
+    parser.add_argument("--backend", help="what scores and times each format: transformers in this process "
+                        "(default), a vLLM server started with the planned flags (vllm: the verdict is then about "
+                        "the format as vLLM serves it), or an in-process runtime a plugin registered")
     parser.add_argument("--vllm", metavar="PATH", help="your own `vllm` executable (default: the project's "
                         ".venv-vllm, built by nox -s vllm_env)")
     parser.add_argument("--vllm-endpoint", action="append", metavar="FORMAT=URL", help="a vLLM server you already "

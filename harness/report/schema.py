@@ -42,7 +42,9 @@ CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration"
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
-Backend = Literal["transformers", "vllm"]
+# "transformers" (in-process), "vllm" (a vllm serve server), or the name of a runtime a plugin registered
+# (harness.runtime.registry) that measured and generated in-process.
+Backend = str
 ConcurrencyKey = Annotated[str, StringConstraints(pattern=r"^concurrency_[1-9][0-9]*$")]
 
 
@@ -684,8 +686,9 @@ class Settings(_Strict):
     decoding: Literal["greedy"] | None = Field(default=None, description="decoding strategy")
     capacity: CapacityTarget | None = Field(default=None, description="the capacity plans' target GPU")
     backend: Backend = Field(default="transformers", description="what generated the scored outputs: "
-                             "'transformers' (in-process) or 'vllm' (a `vllm serve` server; see each format's "
-                             "`served`); absent in reports before it was kept, meaning transformers")
+                             "'transformers' (in-process), 'vllm' (a `vllm serve` server; see each format's "
+                             "`served`) or a registered in-process runtime's name; absent in reports before it was "
+                             "kept, meaning transformers")
 
 
 class PolicyServing(_Strict):

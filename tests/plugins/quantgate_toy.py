@@ -1,4 +1,4 @@
-"""A toy format and a toy metric, added through quantgate's seams alone (docs/extending.md walks through it).
+"""A toy format, a toy metric and a toy runtime, added through quantgate's seams alone (docs/extending.md walks through it).
 
 toy8: every linear layer's weights rounded to a symmetric 8-bit grid per output row and stored back in the
 checkpoint's dtype (fake quantization: transformers loads it like the baseline).
@@ -13,6 +13,7 @@ from typing import Sequence
 from harness.formats import FormatSpec, register
 from harness.metrics import MetricSpec, register_metric
 from harness.quantize.base import Recipe, package_versions
+from harness.runtime.registry import register_runtime
 
 
 class ToyRoundingQuantizer:
@@ -54,3 +55,5 @@ register(FormatSpec("toy8", engine="toy-rounding", bits=8, quantizer="quantgate_
                     packages=("torch", "transformers"), default=False,
                     vllm_refusal="toy8 is fake-quantized 16-bit weights: serve the baseline instead"))
 register_metric(MetricSpec("length_ratio", "generation", item_score=length_ratio))
+# toy-eager: transformers' own runtime under another name, enough to show --backend choosing a registered runtime
+register_runtime("toy-eager", "harness.runtime.transformers_backend:LoadedModel")
