@@ -6,7 +6,8 @@
 # 124 the 8-minute timeout hit. Extra arguments go to `python -m scripts.gpu_check` (e.g. --formats baseline,int8,
 # --harness-formats baseline, --keep-model DIR to keep the random model for a rerun).
 # GPU_CHECK_SERVED=1 adds the vLLM backend's check on the kept model (scripts/gpu_check_served.py: vLLM's KV
-# figures within 3% of the prediction, saturation holds, no server left), when a vLLM is installed there.
+# figures within 3% of the prediction, saturation holds, no server left), when a vLLM is installed there; with two
+# GPUs or more, again at tensor parallel 2, at pipeline parallel 2 and with --devices 0,1.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
@@ -21,6 +22,15 @@ timeout --kill-after=15 480 "$PYTHON" -m scripts.gpu_check --keep-model "$MODEL_
 code=$?
 timeout --kill-after=15 300 "$PYTHON" scripts/gpu_check_served.py "$MODEL_DIR"
 served=$?
+# Past one GPU: the same check with the plan split by tensor, then by pipeline parallelism, then two formats in
+# parallel lanes, one per GPU (int8 is reported as not servable and skipped by the check).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$gpus" -ge 2 ] && [ "$served" -ne 3 ]; then
+  for split in "--tensor-parallel-size 2" "--pipeline-parallel-size 2" "--devices 0,1 --formats baseline,int8"; do
+    # shellcheck disable=SC2086 # the split is two words on purpose
+    timeout --kill-after=15 300 "$PYTHON" scripts/gpu_check_served.py "$MODEL_DIR" $split || served=1
+  done
+fi
 [ "$code" -ne 0 ] && exit "$code"
 [ "$served" -eq 3 ] && exit 0
 exit "$served"

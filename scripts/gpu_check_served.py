@@ -1,6 +1,10 @@
 """GPU check of the vLLM backend (issue: capacity checked against vLLM's own figures, within 3% on a GPU).
 
-    scripts/gpu_check_served.py MODEL_DIR [--vllm PATH] [--formats baseline]
+    scripts/gpu_check_served.py MODEL_DIR [--vllm PATH] [--formats baseline] [QUANTGATE RUN FLAGS...]
+
+Flags it does not know go to `quantgate run` as they are: scripts/gpu_check.sh repeats the check with
+`--tensor-parallel-size 2` and `--pipeline-parallel-size 2` on a machine with two GPUs or more (the plan then splits
+weights and KV over them, and the 3% must still hold).
 
 Runs `quantgate run --backend vllm` on MODEL_DIR (e.g. the random model that `python -m scripts.gpu_check
 --keep-model DIR` kept) and checks, per served format: the server started, vLLM's logged KV tokens are within 3% of
@@ -28,7 +32,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--vllm", help="a vllm executable (default: .venv-vllm, else none)")
     parser.add_argument("--formats", default="baseline")
-    args = parser.parse_args(argv)
+    args, passed_on = parser.parse_known_args(argv)
     vllm = args.vllm or (str(ROOT / ".venv-vllm" / "bin" / "vllm") if (ROOT / ".venv-vllm").is_dir() else None)
     if vllm is None:
         print("no vLLM on this machine (.venv-vllm missing and no --vllm): nothing to check")
@@ -36,7 +40,7 @@ def main(argv: list[str]) -> int:
     out = Path(tempfile.mkdtemp(prefix="gpu-check-served-"))
     command = [sys.executable, "-m", "harness", "run", "--model", args.model_dir, "--formats", args.formats,
                "--backend", "vllm", "--max-items", "4", "--max-new-tokens", "16", "--latency-requests", "4",
-               "--out", str(out)] + ([] if not args.vllm else ["--vllm", args.vllm])
+               "--out", str(out), *passed_on] + ([] if not args.vllm else ["--vllm", args.vllm])
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if not (out / "report.json").is_file():
         print(f"quantgate run exited {done.returncode} without a report:\n{done.stderr[-2000:]}")
