@@ -85,8 +85,12 @@ class ExternalCheckpoint:
     @property
     def kind(self) -> str | None:
         """The built-in format with the same storage (capacity planning); None: none."""
+        from harness.quantize.w8a8 import is_int8_w8a8
+
         if self.method in ("gptq", "awq"):
             return self.method
+        if is_int8_w8a8(self.quantization_config):
+            return "w8a8"
         return "int8" if self.method == "bitsandbytes" and self.bits == 8 else None
 
     def recipe_extra(self) -> dict:

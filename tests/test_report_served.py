@@ -131,7 +131,7 @@ def test_served_drift_fails_naming_it(served, change, where):
 
 def test_an_unknown_backend_fails(served):
     wrong = copy.deepcopy(served)
-    wrong["settings"]["backend"] = "tgi"
+    wrong["settings"]["backend"] = "not a runtime name"  # a plugin's runtime name is a word; this is not
     with pytest.raises(ValidationError, match="settings.backend"):
         RunReport.model_validate(wrong)
 

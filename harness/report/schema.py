@@ -44,7 +44,7 @@ Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
 # "transformers" (in-process), "vllm" (a vllm serve server), or the name of a runtime a plugin registered
 # (harness.runtime.registry) that measured and generated in-process.
-Backend = str
+Backend = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 ConcurrencyKey = Annotated[str, StringConstraints(pattern=r"^concurrency_[1-9][0-9]*$")]
 
 
