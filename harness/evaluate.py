@@ -73,6 +73,18 @@ def max_model_len_of(inputs) -> int:
     return inputs.spec.capacity.max_model_len or _longest_request(inputs)
 
 
+def profile_budget(inputs) -> tuple[int, int]:
+    """(tokens, sequences) of the profile forward (harness.measure.profile): vLLM's --max-num-batched-tokens for the
+    run's capacity target (max(max_model_len, 8192) with chunked prefill, capacity.vllm.token_budget) over
+    min(--max-num-seqs or DEFAULT_MAX_NUM_SEQS, tokens) sequences. Other engines' budgets differ; their planners
+    scale the figure (capacity.common.measured_activation)."""
+    from harness.measure.capacity.common import DEFAULT_MAX_NUM_SEQS
+    from harness.measure.capacity.vllm import token_budget
+
+    tokens = token_budget(Workload(max_model_len=max_model_len_of(inputs)))
+    return tokens, min(inputs.spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)
+
+
 def budget_latency_of(run, judge: str = "served") -> tuple[dict, str]:
     """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
     format was served; else (and for formats not served) transformers' batch-1 figures."""
@@ -117,12 +129,15 @@ def shape_of(inputs) -> ModelShape | None:
 
 
 def serving_sizes(run) -> tuple[int | None, int | None]:
-    """(weights, activation peak) the format measured, at the 16-bit size it serves with (None: not measured).
+    """(weights, profiled activation peak) the format measured, at the 16-bit size it serves with (None: not
+    measured; an activation of 0, which only RSS can read, counts as not measured). The activation is the profile
+    forward's at the plan's token budget (harness.measure.profile), never the generation's peak (the evaluation's
+    largest batch, a few thousand tokens, and RSS on a CPU): that one stays in the report's memory breakdown only.
 
     A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
     memory = memory_of(run)
     upcast = ELEMENT_BYTES.get(run.measurement.compute_dtype, 2) / 2
-    weights, activation = memory.get("weights_bytes"), memory.get("activation_peak_bytes")
+    weights, activation = memory.get("weights_bytes"), run.measurement.profile.get("activation_profile_bytes")
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
 
@@ -143,15 +158,19 @@ def _weight_format(inputs, name: str) -> WeightFormat:
 
 def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
                   gpu_memory_utilization: float | None = None) -> dict[str, EnginePlan] | None:
-    """Each engine's plan (capacity.plan_engines) for the format on `target`, from its measured weights and
-    activation peak (estimated from the config where not measured), at the installed (else newest) vLLM's rules.
-    None when the planners cannot read the model's config."""
+    """Each engine's plan (capacity.plan_engines) for the format on `target`, from its measured weights and its
+    profile forward's activation peak, which each planner scales to its own token budget (estimated from the config
+    where not measured), at the installed (else newest) vLLM's rules. None when the planners cannot read the
+    model's config."""
     shape = shape_of(inputs)
     if shape is None:
         return None
     weights, activation = serving_sizes(run)
+    profile = run.measurement.profile
     overhead = inputs.spec.capacity.overhead_gib
     workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
+                        activation_tokens=profile.get("profile_tokens") if activation is not None else None,
+                        activation_sequences=profile.get("profile_sequences") if activation is not None else None,
                         non_torch_bytes=None if overhead is None else int(overhead * 2**30))
     version = vllm_rules_of(inputs)
     options = {"vllm_version": version, "gpu_memory_utilization": gpu_memory_utilization}

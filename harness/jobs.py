@@ -11,18 +11,23 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class MeasureTask:
-    """The memory/latency probe: batch-1 requests (prompt, max new tokens), then the longest prompts as one batch."""
+    """The memory/latency probe: batch-1 requests (prompt, max new tokens), then the longest prompts as one batch;
+    with profile_tokens, a profile forward of that many tokens over profile_sequences sequences (harness.measure.
+    profile) after the job's generations. 0: no profile."""
 
     result_path: str
     batch1: tuple[tuple[str, int], ...]
     batched: tuple[str, ...]
     batched_max_new_tokens: int
     warmup: int = 2
+    profile_tokens: int = 0
+    profile_sequences: int = 0
 
     @classmethod
     def from_json(cls, data: dict) -> MeasureTask:
         return cls(data["result_path"], tuple((p, int(n)) for p, n in data["batch1"]), tuple(data["batched"]),
-                   int(data["batched_max_new_tokens"]), int(data.get("warmup", 2)))
+                   int(data["batched_max_new_tokens"]), int(data.get("warmup", 2)),
+                   int(data.get("profile_tokens", 0)), int(data.get("profile_sequences", 0)))
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -469,10 +469,25 @@ def evaluation_settings(spec: RunSpec) -> dict:
             "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
 
 
-def measure_key(artifact_key: str, settings: dict, workload: ProbeWorkload, warmup: int) -> str:
+def measure_key(artifact_key: str, settings: dict, workload: ProbeWorkload, warmup: int,
+                profile: tuple[int, int] | None = None) -> str:
+    """`profile`: the (tokens, sequences) of the profile forward the measurement includes; None (no profile) keeps
+    the key a measurement without one always had."""
     batch1, batched, batched_new = workload
-    return stable_hash({"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
-                        "batched_max_new_tokens": batched_new, "warmup": warmup})
+    key = {"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
+           "batched_max_new_tokens": batched_new, "warmup": warmup}
+    if profile:
+        key["profile"] = list(profile)
+    return stable_hash(key)
+
+
+def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
+    """(tokens, sequences) of the profile forward the measure stage runs (evaluate.profile_budget); None where it
+    runs none (a CPU unless QUANTGATE_PROFILE_ON_CPU=1: harness.measure.profile)."""
+    from harness.evaluate import profile_budget
+    from harness.measure.profile import profile_wanted
+
+    return profile_budget(inputs) if profile_wanted() else None
 
 
 def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: list[Prompt]) -> str:
@@ -485,12 +500,15 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
     spec = inputs.spec
     settings = evaluation_settings(spec)
     batch1, batched, batched_new = workload = inputs.probe_workload()
-    key = measure_key(artifact_key, settings, workload, spec.warmup_requests)
+    profile = profile_request(inputs)
+    key = measure_key(artifact_key, settings, workload, spec.warmup_requests, profile)
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
-    if not (reusable(spec, measure_path) and _valid_result(measure_path, "memory")):
+    # A measurement written before a crash in generation lacks the profile that runs last: measured again.
+    if not (reusable(spec, measure_path) and _valid_result(measure_path, "profile" if profile else "memory")):
+        profile_tokens, profile_sequences = profile or (0, 0)
         measure_task = MeasureTask(str(measure_path), tuple((text, n) for text, n in batch1), tuple(batched),
-                                   batched_new, spec.warmup_requests)
+                                   batched_new, spec.warmup_requests, profile_tokens, profile_sequences)
     generate_tasks, generations = [], {}
     for evalset in inputs.evalsets:
         prompts = inputs.prompts[evalset.name]

@@ -102,10 +102,11 @@ def run_quantize(job: QuantizeJob) -> None:
 
 
 def run_evaluate(job: EvaluateJob) -> None:
-    """Load, measure (when the job has a measure task) and generate. A measured job runs inside a MemoryTimeline
-    from the load on: the measurement is written as soon as it is taken (it survives a crash in generation) and
-    written again at the end with the whole job's series as `memory_timeline`. A job of generate tasks only
-    (measurement cached) samples nothing: the cached measurement keeps the timeline of the run that measured."""
+    """Load, measure (when the job has a measure task) and generate, then (when the task asks) the profile forward.
+    A measured job runs inside a MemoryTimeline from the load to the profile: the measurement is written as soon as
+    it is taken (it survives a crash in generation), again with the profile, and again at the end with the whole
+    job's series as `memory_timeline`. A job of generate tasks only (measurement cached) samples nothing: the
+    cached measurement keeps the timeline of the run that measured."""
     import contextlib
     import importlib
 
@@ -148,7 +149,21 @@ def _evaluate(job: EvaluateJob, runtime: type[Runtime], timeline) -> dict | None
         if timeline is not None:
             timeline.mark(f"generate:{task.evalset}")
         atomic_write_json(Path(task.result_path), generate_evalset(model, task, tokens, job.batch_size))
+    if result is not None and job.measure.profile_tokens:
+        result["profile"] = _profile(model, job.measure, timeline)
+        atomic_write_json(Path(job.measure.result_path), result)
     return result
+
+
+def _profile(model, measure, timeline) -> dict:
+    """The profile forward at the serving plan's token budget (harness.measure.profile), last: the timeline stops
+    first, so that the job's peaks (and the memory budget judged on them) stay the evaluated workload's, and what
+    the profile leaves in the allocator or the RSS cannot raise the generations' figures."""
+    from harness.measure.profile import measure_profile
+
+    if timeline is not None:
+        timeline.stop()
+    return measure_profile(model, measure.profile_tokens, measure.profile_sequences)
 
 
 def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict:

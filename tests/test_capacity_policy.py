@@ -45,13 +45,22 @@ def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettin
                                                       "awq": Recipe("awq", bits=4, group_size=64)})
 
 
-def measured(name: str, weights: int | None, *, compute_dtype: str = "bfloat16", activation: int = 50 * 2**20):
+PROFILED = "measured (profile forward of 8,192 tokens over 256 sequences)"
+
+
+def measured(name: str, weights: int | None, *, compute_dtype: str = "bfloat16", activation: int = 50 * 2**20,
+             profiled: bool = True):
+    """A measured format as the worker writes it; `profiled`: with a profile forward at vLLM's default budget
+    (8,192 tokens over 256 sequences) whose activation peak is `activation`, as a GPU run has."""
     scale = 2 if compute_dtype == "float32" else 1
     memory = {} if weights is None else {"weights_bytes": weights * scale, "activation_peak_bytes": activation * scale,
                                          "peak_bytes": weights * scale + activation * scale,
                                          "rss_peak_bytes": weights * scale + activation * scale}
-    return FormatRun(name, measurement=Measurement(result={"memory": memory, "latency": {},
-                                                           "compute_dtype": compute_dtype}))
+    result = {"memory": memory, "latency": {}, "compute_dtype": compute_dtype}
+    if weights is not None and profiled:
+        result["profile"] = {"profile_tokens": 8192, "profile_sequences": 256,
+                             "activation_profile_bytes": activation * scale}
+    return FormatRun(name, measurement=Measurement(result=result))
 
 
 # --- the report's serving block -------------------------------------------------------------------
@@ -63,7 +72,7 @@ def test_format_entry_plans_three_engines_from_the_measured_weights():
     assert set(entry["serving"]) == {"vllm", "sglang", "trtllm"}
     vllm = entry["serving"]["vllm"]
     assert vllm["memory"]["weights_bytes"] == DEMO_WEIGHTS["gptq"] and vllm["memory"]["weights_source"] == "measured"
-    assert vllm["memory"]["activation_bytes"] == 50 * 2**20 and vllm["memory"]["activation_source"] == "measured"
+    assert vllm["memory"]["activation_bytes"] == 50 * 2**20 and vllm["memory"]["activation_source"] == PROFILED
     assert vllm["memory"]["gpu_memory_bytes"] == gpu_by_name("L4").memory_bytes and vllm["max_model_len"] == 600
     assert vllm["command"].startswith("vllm serve MODEL ") and "--quantization gptq" in vllm["command"]
     # the version-1 capacity block is the same vLLM plan
@@ -124,7 +133,7 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     RunReport.model_validate(json.loads(json.dumps(report)))  # the contract holds the serving block
     md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     gptq = md[md.index("## gptq"):md.index("## awq")]
-    assert "**Serving on L4 (22.49 GiB) (weights measured, activations measured)**" in gptq
+    assert f"**Serving on L4 (22.49 GiB) (weights measured, activations {PROFILED})**" in gptq
     for title in ("- **vLLM ", "- **SGLang**: ", "- **TensorRT-LLM**: "):
         assert title in gptq
     assert "      vllm serve MODEL --max-model-len 600" in gptq and "      python -m sglang.launch_server" in gptq

@@ -45,6 +45,13 @@ class Measurement:
         return self._part("compute_dtype")
 
     @property
+    def profile(self) -> dict:
+        """The profile forward at the serving plan's token budget (harness.measure.profile): profile_tokens,
+        profile_sequences, activation_profile_bytes (None where it failed, with profile_error); {} when none ran
+        (a CPU by default, and measurements cached before it was kept)."""
+        return self._part("profile") or {}
+
+    @property
     def timeline(self) -> dict | None:
         """The memory timeline of the job that measured (none in measurements cached before it was kept)."""
         return self._part("memory_timeline")

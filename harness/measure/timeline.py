@@ -100,6 +100,13 @@ class MemoryTimeline:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the series now (the block's end does it too; a second call does nothing): what runs after it, still
+        inside the block, is not sampled."""
+        if self._ended is not None:
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -455,8 +455,10 @@ class ServingMemory(_Strict):
     gpu_memory_bytes: int = Field(description="the GPU's memory as the driver reports it, bytes")
     weights_bytes: int = Field(description="weights on one GPU, bytes (16-bit serving size)")
     activation_bytes: int = Field(description="activation peak at the engine's token budget, bytes")
-    activation_source: str = Field(description="'measured' (the format's measured peak) or 'estimated from the "
-                                               "config'")
+    activation_source: str = Field(description="'measured (profile forward of N tokens over S sequences)' (the "
+                                               "format's profile forward, scaled linearly to the engine's token "
+                                               "budget where it differs, which the text then says) or 'estimated "
+                                               "from the config'")
     non_torch_bytes: int = Field(description="CUDA context and non-torch memory, bytes")
     cuda_graph_bytes: int = Field(description="CUDA-graph pool, bytes (0 with --enforce-eager)")
     headroom_bytes: int = Field(description="memory the plan leaves unclaimed, bytes")

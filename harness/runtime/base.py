@@ -1,6 +1,7 @@
 """What a runtime is: load an artifact, encode prompts, generate a batch greedily with its timing, and report the
 bytes its weights and KV cache hold. harness.runtime.transformers_backend.LoadedModel is one; the registry
-(harness.runtime.registry) names them."""
+(harness.runtime.registry) names them. A runtime may also offer a profile forward (ProfileForward), which the
+measure stage uses to measure the activation peak at a serving engine's token budget."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ class Runtime(Protocol):
         ...
 
     def parameter_count(self) -> int: ...
+
+
+class ProfileForward(Protocol):
+    """Optional for a Runtime: the forward harness.measure.profile measures. A runtime without it gets no profile
+    (the serving plans then estimate activations from the config)."""
+
+    def profile_forward(self, sequences: int, tokens_per_sequence: int) -> None:
+        """One forward of `sequences` x `tokens_per_sequence` dummy tokens, as a serving engine's profile run: no
+        KV cache kept, logits for each sequence's last position only, softmaxed in float32 (the sampler);
+        nothing returned, everything freed."""
+        ...

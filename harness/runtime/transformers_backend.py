@@ -74,6 +74,20 @@ class LoadedModel:
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    def profile_forward(self, sequences: int, tokens_per_sequence: int) -> None:
+        """One forward of sequences x tokens_per_sequence dummy tokens (id 0, as vLLM's dummy run), no KV cache,
+        logits of the last position only (`logits_to_keep=1`), softmaxed in float32 as a sampler would
+        (harness.runtime.base.ProfileForward)."""
+        import torch
+
+        input_ids = torch.zeros((sequences, tokens_per_sequence), dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            output = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+            probabilities = torch.softmax(output.logits[:, -1, :].float(), dim=-1)
+        if is_cuda():
+            torch.cuda.synchronize()
+        del output, probabilities, input_ids
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[Generation], BatchTiming]:
         """Greedy-generate for one batch of token-id prompts (left-padded to the longest)."""
         generations, timing, _ = self._generate(prompts, max_new_tokens, keep_cache=False)

@@ -46,7 +46,12 @@ class Workload:
     kv_cache_dtype: str = "auto"  # auto (the model's 16-bit dtype) or fp8
     chunked_prefill: bool = True
     enforce_eager: bool = False  # no CUDA graphs
-    activation_bytes: int | None = None  # a measured activation peak per GPU at the engine's token budget
+    # A measured activation peak per GPU: from a profile forward of activation_tokens tokens over
+    # activation_sequences sequences (harness.measure.profile), which each planner scales to its own token budget
+    # (measured_activation); without activation_tokens, a figure at the engine's budget, used as it is.
+    activation_bytes: int | None = None
+    activation_tokens: int | None = None
+    activation_sequences: int | None = None
     # Measured weights of one whole copy (as a run loads them, 16-bit serving size); None: estimated from the config.
     # Under tensor and pipeline parallelism it is split as the estimate splits (memory.planned_weights_bytes).
     weights_bytes: int | None = None
@@ -62,7 +67,9 @@ class MemoryBreakdown:
     gpu_memory_bytes: int
     weights_bytes: int
     activation_bytes: int
-    activation_source: str  # "estimated from the config" or "measured"
+    # "estimated from the config", "measured (profile forward of N tokens over S sequences[, scaled ...])", or
+    # "measured" (a figure given without the tokens it was measured at)
+    activation_source: str
     non_torch_bytes: int
     cuda_graph_bytes: int
     headroom_bytes: int  # memory the plan leaves unclaimed
@@ -285,13 +292,34 @@ def fixed_costs(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     stage (the activation peak is one layer's at a time, and the sampler's, so the whole model's)."""
     tp, pp = target.num_gpus, target.pipeline_parallel_size
     weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes, pp=pp)
-    measured = workload.activation_bytes is not None
-    activation = (workload.activation_bytes if measured else
-                  activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp))
+    if workload.activation_bytes is not None:
+        activation, activation_source = measured_activation(workload, tokens)
+    else:
+        activation = activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp)
+        activation_source = "estimated from the config"
     return FixedCosts(tp, pipeline_stage(shape, pp).attention, target.gpu.memory_bytes,
                       kv_dtype_bytes(workload.kv_cache_dtype), weights, weights_source,
-                      activation, "measured" if measured else "estimated from the config",
+                      activation, activation_source,
                       workload_non_torch(workload, target.total_gpus), cuda_graph_bytes(workload.enforce_eager))
+
+
+def measured_activation(workload: Workload, tokens: int) -> tuple[int, str]:
+    """(the workload's measured activation peak at an engine's token budget of `tokens`, where it comes from).
+
+    A profile forward measured at workload.activation_tokens is used as it is at that budget and scaled linearly to
+    any other: the buffers that dominate a forward (the MLP's gate/up output and activated product, the residual
+    stream, norms and attention projections) hold a fixed number of bytes per token, so the peak is proportional
+    to the tokens of the forward. The sampler's logits (one row per sequence) are not, so the scaled figure is an
+    approximation there. Without activation_tokens the figure is taken to be at the budget already ("measured")."""
+    measured = int(workload.activation_bytes)
+    at = workload.activation_tokens
+    if not at:
+        return measured, "measured"
+    over = f" over {workload.activation_sequences:,} sequences" if workload.activation_sequences else ""
+    source = f"profile forward of {at:,} tokens{over}"
+    if at == tokens:
+        return measured, f"measured ({source})"
+    return int(round(measured * tokens / at)), f"measured ({source}, scaled linearly to {tokens:,} tokens)"
 
 
 def device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu, tp: int, *, bf16_message: str,

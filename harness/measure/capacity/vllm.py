@@ -132,6 +132,11 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
                       notes=tuple(notes), reason=reason, gpu_memory_utilization=util)
 
 
+def token_budget(workload: Workload) -> int:
+    """vLLM's --max-num-batched-tokens for the workload (what plan_vllm sets), without the notes."""
+    return _token_budget(workload, [])
+
+
 def _token_budget(workload: Workload, notes: list[str]) -> int:
     """--max-num-batched-tokens: the given budget or max(max_model_len, 8192); at least max_model_len without
     chunked prefill (SchedulerConfig.verify_max_model_len)."""
