@@ -42,8 +42,9 @@ NO_BF16 = {"QUANTGATE_FORCE_NO_BF16": "1"}
 
 
 def _demo_recipe_run(cache: Path, out: Path, env: dict | None = None):
+    # On a 2-core CPU without bf16 units the four formats take about half an hour: the timeout leaves room.
     result = quantgate("run", *E2E_ARGS, "--formats", "baseline,int8,gptq,awq", "--out", str(out), cache=cache,
-                       env=env)
+                       env=env, timeout=3000)
     return out, json.loads((out / "report.json").read_text()), result
 
 

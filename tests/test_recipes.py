@@ -54,3 +54,16 @@ def test_config_file_errors_name_the_file_and_field(tmp_path):
     config.write_text("batch_size = [\n")
     with pytest.raises(UserError, match="not valid TOML"):
         build_spec(str(config), {})
+
+
+def test_awq_takes_fewer_calibration_texts_without_bf16_units(monkeypatch):
+    """GPTQModel's AWQ packers take 16-bit models only, so without bf16 units AWQ calibrates in emulated bf16: the
+    default count is cut there (and said in the recipe); a count the user gives stands."""
+    from harness.quantize import AWQ_NO_BF16_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SAMPLES
+
+    monkeypatch.setenv("QUANTGATE_FORCE_NO_BF16", "1")
+    awq = recipe_for("awq", SMOLLM2, None, DEFAULT_CALIBRATION_SAMPLES, 0)
+    assert awq.calibration_samples == AWQ_NO_BF16_CALIBRATION_SAMPLES and "emulated bf16" in awq.extra[
+        "calibration_samples_note"]
+    assert recipe_for("awq", SMOLLM2, None, 16, 0).calibration_samples == 16
+    assert recipe_for("gptq", SMOLLM2, None, DEFAULT_CALIBRATION_SAMPLES, 0).calibration_samples == 32

@@ -56,15 +56,27 @@ def choose_group_size(config: dict, requested: int | None, fmt: str, config_path
                     "pass --group-size N that divides all of them")
 
 
+DEFAULT_CALIBRATION_SAMPLES = 32  # RunSpec.calibration_samples' default
+AWQ_NO_BF16_CALIBRATION_SAMPLES = 8
+
+
 def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int, *,
                config_path: str | Path = "config.json") -> Recipe:
     spec = format_spec(fmt)
     extra = dict(spec.recipe_extra)
     if fmt == "awq":
-        from harness.runtime.device import is_cuda
+        from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
 
         # AWQ's clip search costs about a minute per layer on a CPU; on a GPU it is cheap and stays on.
         extra["apply_clip"] = is_cuda()
+        if not is_cuda() and not cpu_has_bf16_matmul() and calibration_samples == DEFAULT_CALIBRATION_SAMPLES:
+            # GPTQModel 7.6's AWQ packers take 16-bit models only (a float32 calibration packs garbage), so on a CPU
+            # without bf16 units AWQ calibrates in emulated bf16: about 1.7 minutes per layer of the demo model
+            # with 32 texts. The default there is fewer texts; the recipe and the report say how many.
+            calibration_samples = AWQ_NO_BF16_CALIBRATION_SAMPLES
+            extra["calibration_samples_note"] = (f"{AWQ_NO_BF16_CALIBRATION_SAMPLES} texts instead of "
+                                                 f"{DEFAULT_CALIBRATION_SAMPLES}: AWQ calibrates in emulated bf16 on "
+                                                 "a CPU without bf16 units (--calibration-samples sets another count)")
     if not spec.grouped:
         return Recipe(fmt, bits=spec.bits, calibration_samples=0, seed=seed, extra=extra)
     return Recipe(fmt, bits=spec.bits, group_size=choose_group_size(config, group_size, fmt, str(config_path)),
