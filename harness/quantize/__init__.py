@@ -57,7 +57,7 @@ def choose_group_size(config: dict, requested: int | None, fmt: str, config_path
 
 
 DEFAULT_CALIBRATION_SAMPLES = 32  # RunSpec.calibration_samples' default
-AWQ_NO_BF16_CALIBRATION_SAMPLES = 8
+AWQ_NO_BF16_CALIBRATION_SAMPLES = 4
 
 
 def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_samples: int, seed: int, *,
