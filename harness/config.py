@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.errors import UserError
 from harness.formats import check_format_names, default_formats, known_formats
+from harness.quantize import DEFAULT_CALIBRATION_SAMPLES
 
 BUNDLED_EVALSETS = Path(__file__).resolve().parent.parent / "evalsets"
 
@@ -74,7 +75,7 @@ class RunSpec(BaseModel):
     format_settings: dict[str, FormatSettings] = Field(default_factory=dict)
     calibration: str | None = None
     allow_calibration_overlap: bool = False
-    calibration_samples: int = Field(default=32, gt=0)
+    calibration_samples: int = Field(default=DEFAULT_CALIBRATION_SAMPLES, gt=0)
     max_items: int | None = Field(default=None, gt=0)
     max_new_tokens: int | None = Field(default=None, gt=0)
     batch_size: int = Field(default=8, gt=0)

@@ -56,7 +56,7 @@ def choose_group_size(config: dict, requested: int | None, fmt: str, config_path
                     "pass --group-size N that divides all of them")
 
 
-DEFAULT_CALIBRATION_SAMPLES = 32  # RunSpec.calibration_samples' default
+DEFAULT_CALIBRATION_SAMPLES = 32  # GPTQ/AWQ's calibration texts when none is asked for (RunSpec's default)
 AWQ_NO_BF16_CALIBRATION_SAMPLES = 4
 
 

@@ -86,11 +86,9 @@ def cpu_kernel_refusal(spec: FormatSpec, install: VllmInstall, version: str | No
 
 def cpu_launch(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_seqs: int, kv_space_gib: int,
                threads: int, seed: int, kv_bytes_per_token: int, parallel: tuple[int, int]) -> LaunchPlan:
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-            "--max-num-batched-tokens", str(max(max_model_len, max_num_seqs)), "--enforce-eager",
-            "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
-    if spec.vllm_quantization:
-        args += ["--quantization", spec.vllm_quantization]
+    args = _server_args(spec, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+                        parallel=parallel, middle=("--max-num-batched-tokens", str(max(max_model_len, max_num_seqs)),
+                                                   "--enforce-eager"))
     env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "OMP_NUM_THREADS": str(threads),
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     return LaunchPlan(tuple(args), env, max_model_len, max_num_seqs,
@@ -118,11 +116,19 @@ def gpu_defaults_launch(spec: FormatSpec, *, dtype: str, max_model_len: int, max
                         parallel: tuple[int, int]) -> LaunchPlan:
     """A GPU server where quantgate has no plan (a config its planners cannot read): vLLM sizes its KV cache by its
     own defaults, and nothing is predicted to compare with."""
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+    args = _server_args(spec, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+                        parallel=parallel)
+    return LaunchPlan(tuple(args), {}, max_model_len, max_num_seqs, None)
+
+
+def _server_args(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_seqs: int, seed: int,
+                 parallel: tuple[int, int], middle: tuple[str, ...] = ()) -> list[str]:
+    """The flags every server quantgate starts without a GPU plan takes; `middle` goes after --max-num-seqs."""
+    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), *middle,
             "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
     if spec.vllm_quantization:
         args += ["--quantization", spec.vllm_quantization]
-    return LaunchPlan(tuple(args), {}, max_model_len, max_num_seqs, None)
+    return args
 
 
 def _parallel_args(parallel: tuple[int, int]) -> list[str]:
