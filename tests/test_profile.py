@@ -73,6 +73,32 @@ def test_the_profile_forward_runs_the_budget_with_last_token_logits_only(tiny_ll
     assert "profile_error" not in record
 
 
+def test_a_profile_after_freed_work_still_measures_its_activations(tiny_llama, on_cpu):
+    """Earlier work left freed memory that glibc keeps resident (the state a long run, or pytest, is in): without
+    malloc_trim at the phase start the forward reused it, raised no RSS and read 0 (the CI failure of stop 18)."""
+    import ctypes
+
+    from harness.runtime.transformers_backend import LoadedModel
+
+    model = LoadedModel.load(tiny_llama)
+    first = measure_profile(model, 1024, 64)["activation_profile_bytes"]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    big = libc.malloc(24 << 20)  # freeing a mapped 24 MiB block raises glibc's mmap threshold past the logits
+    libc.free(big)
+    blocks = [libc.malloc(64 << 10) for _ in range(2048)]  # 128 MiB on the heap, touched, then freed ...
+    guard = libc.malloc(64)  # ... under a live block, so that free() cannot hand it back by itself
+    for block in blocks:
+        ctypes.memset(block, 1, 64 << 10)
+    for block in blocks:
+        libc.free(block)
+    try:
+        after = measure_profile(model, 1024, 64)["activation_profile_bytes"]
+    finally:
+        libc.free(guard)
+    assert first > 0 and after > first // 3, (first, after)
+
+
 def test_the_budget_spreads_over_at_most_max_num_seqs_sequences():
     assert profile_shape(8192, 256) == (256, 32)
     assert profile_shape(100, 256) == (100, 1)  # fewer tokens than sequences: one token each

@@ -1,7 +1,8 @@
 """Peak-memory trackers, used as context managers around one phase of a format's subprocess.
 
 CPU: resident set size of this process; the kernel's high-water mark (VmHWM) is reset per phase through
-/proc/self/clear_refs. GPU: the caching allocator's peaks (reset per phase) and the device's used memory as NVML
+/proc/self/clear_refs, after glibc has handed back the heap memory it keeps from freed tensors (malloc_trim): without
+that, a phase whose tensors fit in what earlier phases freed raises no RSS at all and its activation reads 0. GPU: the caching allocator's peaks (reset per phase) and the device's used memory as NVML
 reports it (what nvidia-smi shows and what OOMs), sampled every 10 ms in a thread.
 """
 
@@ -48,6 +49,22 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def release_freed_heap() -> bool:
+    """Return the heap memory glibc keeps after frees to the kernel (malloc_trim(0), every arena), so that RSS
+    counts what the next phase allocates. False where the C library has no malloc_trim (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True
 
 
 def _reset_rss_peak() -> bool:
@@ -119,6 +136,8 @@ class track_peak:
 
     def __enter__(self) -> PhasePeak:
         self.result = PhasePeak()
+        if not is_cuda():
+            release_freed_heap()
         self._sampler = None if _reset_rss_peak() else _RssSampler()
         if self._sampler:
             self._sampler.start()
