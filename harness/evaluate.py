@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.decide import FormatDecision, FormatOutcome, ServingFit, decide_format
+from harness.evalsets.prompts import shared_prefix_tokens
 from harness.metrics import score_item
 from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
                                       WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
@@ -168,10 +169,12 @@ def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: t
     weights, activation = serving_sizes(run)
     profile = run.measurement.profile
     overhead = inputs.spec.capacity.overhead_gib
+    shared, shared_source = shared_prefix_of(inputs)
     workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
                         activation_tokens=profile.get("profile_tokens") if activation is not None else None,
                         activation_sequences=profile.get("profile_sequences") if activation is not None else None,
-                        non_torch_bytes=None if overhead is None else int(overhead * 2**30))
+                        non_torch_bytes=None if overhead is None else int(overhead * 2**30),
+                        shared_prefix_tokens=shared, shared_prefix_source=shared_source)
     version = vllm_rules_of(inputs)
     options = {"vllm_version": version, "gpu_memory_utilization": gpu_memory_utilization}
     try:
@@ -181,6 +184,14 @@ def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: t
                 for e in engines}
     except TensorParallelError:
         return None
+
+
+def shared_prefix_of(inputs) -> tuple[int, str]:
+    """(tokens every rendered prompt of the run opens with, where the figure comes from): the token prefix common to
+    all of them (a chat template's system prompt, a shared instruction), which the engines' prefix caches keep
+    once. Each evalset's own prefix may be longer; the plans count only what every request shares."""
+    prompts = [p for rendered in inputs.prompts.values() for p in rendered]
+    return shared_prefix_tokens(prompts), f"common to the run's {len(prompts):,} rendered prompts"
 
 
 def vllm_rules_of(inputs) -> str:

@@ -17,6 +17,7 @@ from harness.commands import run as run_command
 from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
 from harness.errors import UserError
+from harness.evalsets.prompts import Prompt
 from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
 from harness.measure.capacity.vllm import NEWEST_VERSION
 from harness.measure.kv import DEMO_CONFIG, text_config
@@ -37,10 +38,11 @@ LLAMA_WEIGHTS = {"baseline": 16_060_522_496, "int8": 9_086_705_664, "gptq": 5_73
 L4_POLICY = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, min_concurrency=8))
 
 
-def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None):
+def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None,
+               prompts: dict | None = None):
     # The newest vLLM rules whatever vLLM this machine has (.venv-vllm's would decide otherwise).
     capacity = capacity or CapacitySettings(vllm_version=NEWEST_VERSION)
-    return SimpleNamespace(spec=RunSpec(capacity=capacity), model_config=config, policy=policy,
+    return SimpleNamespace(spec=RunSpec(capacity=capacity), model_config=config, policy=policy, prompts=prompts or {},
                            calibration=None, recipes={"gptq": Recipe("gptq", bits=4, group_size=64),
                                                       "awq": Recipe("awq", bits=4, group_size=64)})
 
@@ -83,6 +85,25 @@ def test_format_entry_plans_three_engines_from_the_measured_weights():
     assert "trtllm-serve" in entry["serving"]["trtllm"]["command"]
     json.dumps(entry)  # JSON-ready: lists, not tuples
     assert isinstance(vllm["args"][0], list)
+
+
+def test_the_prefix_all_prompts_open_with_is_counted_in_every_engine():
+    """The run's rendered prompts share 40 tokens (a chat template's system prompt, say), across evalsets: vLLM
+    keeps 2 whole 16-token blocks of them once, SGLang all 40, TensorRT-LLM one 32-token block."""
+    system = tuple(range(100, 140))
+    prompts = {"faq": [Prompt("faq", "1", "a", 45, 8, system + (1, 2, 3, 4, 5)),
+                       Prompt("faq", "2", "b", 42, 8, system + (6, 7))],
+               "news": [Prompt("news", "1", "c", 41, 8, system + (9,))]}
+    inputs = inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4"),
+                        prompts=prompts)
+    serving = format_entry(inputs, measured("gptq", DEMO_WEIGHTS["gptq"]), 600)["serving"]
+    assert {engine: plan["shared_prefix_tokens"] for engine, plan in serving.items()} == dict.fromkeys(serving, 40)
+    vllm = serving["vllm"]
+    per_token = vllm["memory"]["kv_bytes_per_token"]
+    assert vllm["max_concurrency_shared_prefix"] == (vllm["memory"]["kv_cache_bytes"] - 32 * per_token) // \
+        (vllm["memory"]["kv_bytes_per_sequence"] - 32 * per_token)
+    assert any("40 tokens every request opens with (common to the run's 3 rendered prompts) once, 2 whole" in n
+               for n in vllm["notes"])
 
 
 def test_float32_host_plans_the_16_bit_serving_size():

@@ -623,3 +623,16 @@ def test_loading_data_puts_datasets_offline(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "faq.jsonl", QA_ROWS)
     load_evalsets(["faq.jsonl"])
     assert os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_the_shared_prefix_is_the_token_prefix_every_prompt_opens_with():
+    from harness.evalsets.prompts import Prompt, shared_prefix_tokens
+
+    def prompt(*ids):
+        return Prompt("faq", str(ids), "text", len(ids), 4, ids)
+
+    assert shared_prefix_tokens([prompt(1, 2, 3, 4), prompt(1, 2, 3, 9), prompt(1, 2, 7)]) == 2
+    assert shared_prefix_tokens([prompt(5, 6), prompt(5, 6)]) == 2  # identical prompts share all of it
+    assert shared_prefix_tokens([prompt(1, 2), prompt(3, 2)]) == 0
+    assert shared_prefix_tokens([prompt(1, 2)]) == 0  # one prompt shares with nothing
+    assert shared_prefix_tokens([prompt(1, 2), Prompt("faq", "x", "text", 2, 4)]) == 0  # no ids: not counted

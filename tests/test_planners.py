@@ -182,6 +182,45 @@ def test_sliding_window_counts_in_vllm_only():
     assert any("sliding window" in n for n in vllm.notes) and any("full attention" in n for n in sglang.notes)
 
 
+@pytest.mark.parametrize("engine, kept", [("vllm", 992), ("sglang", 1000), ("trtllm", 992)])
+def test_a_shared_prefix_is_kept_once_in_whole_blocks(engine, kept):
+    """1,000 tokens every request opens with: vLLM keeps 62 whole 16-token blocks once, SGLang all 1,000 (page size
+    1), TensorRT-LLM 31 blocks of 32; n = (KV - shared) // (one sequence - shared). The command is the same as
+    without: it holds for any traffic, and the note says what all-shared traffic could run."""
+    plain = _plan(engine, LLAMA3_8B)
+    shared = _plan(engine, LLAMA3_8B, shared_prefix_tokens=1000)
+    memory, prefix = shared.memory, kept * 131_072  # Llama-3-8B: 131,072 KV bytes per token
+    assert plain.max_concurrency_shared_prefix is None and shared.shared_prefix_tokens == 1000
+    assert shared.max_concurrency_shared_prefix == \
+        (memory.kv_cache_bytes - prefix) // (memory.kv_bytes_per_sequence - prefix)
+    assert shared.max_concurrency_shared_prefix > shared.max_concurrency == plain.max_concurrency
+    assert shared.command == plain.command
+    note = next(n for n in shared.notes if "every request opens with" in n)
+    assert f"{shared.max_concurrency_shared_prefix:,} sequences of 4,096 tokens fit when every request shares" in note
+    assert f"{shared.max_concurrency_shared_prefix:,} when all traffic opens with this prefix" in note
+
+
+def test_a_prefix_shorter_than_a_block_or_past_the_window_is_not_shared():
+    vllm = _plan("vllm", LLAMA3_8B, shared_prefix_tokens=15)
+    assert vllm.max_concurrency_shared_prefix is None
+    assert any("shorter than one 16-token block, so nothing is shared" in n for n in vllm.notes)
+    assert _plan("sglang", LLAMA3_8B, shared_prefix_tokens=15).max_concurrency_shared_prefix is not None
+    # Gemma-2: vLLM drops a sliding layer's prefix once a sequence passes the window, so only the 21 full-attention
+    # layers' copy is kept once; SGLang keeps sliding layers whole and shares all 42.
+    h100 = gpu_by_name("H100")
+    for engine, layers in (("vllm", 21), ("sglang", 42)):
+        plan = _plan(engine, GEMMA2_9B, fmt="baseline", gpu=h100, max_model_len=8192, shared_prefix_tokens=1024)
+        prefix = layers * 8192 * 1024  # 8,192 KV bytes per token and layer
+        assert plan.max_concurrency_shared_prefix == \
+            (plan.memory.kv_cache_bytes - prefix) // (plan.memory.kv_bytes_per_sequence - prefix)
+
+
+def test_without_a_shared_prefix_the_note_says_none_was_counted():
+    for engine in ENGINES:
+        assert any("no shared prefix was counted (--shared-prefix-tokens gives one)" in n
+                   for n in _plan(engine, LLAMA3_8B).notes)
+
+
 # --- SGLang and TensorRT-LLM formulas
 
 def test_sglang_mem_fraction_static_is_weights_plus_pool_over_memory():
@@ -404,6 +443,19 @@ def test_plan_json_has_every_engine_and_the_legacy_capacity(tmp_path, capsys):
     assert "what would" in gptq["engines"]["sglang"]["reason"]
 
 
+def test_plan_counts_a_shared_prefix(tmp_path, capsys):
+    model = _model_dir(tmp_path, LLAMA3_8B)
+    code, out = _run(["--model", str(model), "--target-gpu", "L4", "--format", "awq", "--engine", "vllm",
+                      "--shared-prefix-tokens", "1000", "--json"], capsys)
+    vllm = json.loads(out)["formats"]["awq"]["engines"]["vllm"]
+    assert code == 0 and json.loads(out)["workload"]["shared_prefix_tokens"] == 1000
+    assert vllm["max_concurrency_shared_prefix"] > vllm["max_concurrency"]
+    code, out = _run(["--model", str(model), "--target-gpu", "L4", "--format", "awq", "--engine", "vllm",
+                      "--shared-prefix-tokens", "1000"], capsys)
+    assert f"({vllm['max_concurrency_shared_prefix']:,} sharing the 1,000-token prefix)" in out
+    assert "keeps the 1,000 tokens every request opens with (--shared-prefix-tokens) once, 62 whole 16-token" in out
+
+
 def test_plan_max_num_batched_tokens_128_never_prints_256_seqs(capsys):
     code, out = _run(["--max-num-batched-tokens", "128", "--engine", "vllm", "--format", "baseline"], capsys)
     assert code == 0 and "--max-num-seqs 256" not in out and "--max-num-seqs 128" in out
@@ -416,6 +468,7 @@ def test_plan_max_num_batched_tokens_128_never_prints_256_seqs(capsys):
     (LLAMA3_8B, ["--target-gpu", "V100"], "--target-gpu: unknown GPU 'V100'"),
     (LLAMA3_8B, ["--vllm-version", "0.20"], "--vllm-version 0.20: vLLM 0.20: quantgate knows"),
     (LLAMA3_8B, ["--max-num-seqs", "0"], "--max-num-seqs 0: must be a positive number"),
+    (LLAMA3_8B, ["--shared-prefix-tokens", "-1"], "--shared-prefix-tokens -1: must not be negative"),
 ])
 def test_plan_bad_input_is_one_line_naming_the_file_or_flag(tmp_path, capsys, config, argv, message):
     model = _model_dir(tmp_path, config)

@@ -205,7 +205,7 @@ def _vllm_memory(run: FormatRun, max_model_len: int = 600):
     from harness.measure.kv import DEMO_CONFIG
 
     inputs = SimpleNamespace(spec=RunSpec(capacity=CapacitySettings(vllm_version=NEWEST_VERSION)),
-                             model_config=DEMO_CONFIG, recipes={}, candidates={})
+                             model_config=DEMO_CONFIG, recipes={}, candidates={}, prompts={})
     return serving_plans(inputs, run, Target(gpu_by_name("L4")), max_model_len)["vllm"].memory
 
 

@@ -17,6 +17,8 @@ import psutil
 import pytest
 
 from conftest import E2E_ARGS, ROOT, quantgate
+from harness.measure.capacity.vllm import BLOCK_SIZE
+from harness.runtime.vllm.client import CompletionRequest, Endpoint, Sampling, complete, get_text, metric_total
 from harness.runtime.vllm.launch_plan import predict_cpu_kv
 from harness.runtime.vllm.locate import PROJECT_ENV
 from harness.runtime.vllm.startup_log import parse_startup
@@ -265,11 +267,27 @@ def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_p
                   "--latency-requests", "3", "--max-num-seqs", "4", "--vllm-endpoint",
                   f"baseline={server.base_url}", "--out", str(out), cache=demo_cache)
         served = json.loads((out / "report.json").read_text())["formats"]["baseline"]["served"]
+        hits = _prefix_cache_hits(Endpoint(server.base_url, "team-baseline"), shared=40, requests=3)
     assert served["status"] == "ok" and served["endpoint"] == server.base_url and served["version"] == "0.32.0"
     assert served["source"].startswith("--vllm-endpoint") and served["command"] is None
     assert served["endpoint_models"][0]["id"] == "team-baseline"
     assert served["saturation"]["holds"] is True
+    assert hits == 2 * (40 // BLOCK_SIZE * BLOCK_SIZE), hits  # 2 whole blocks of the 40 shared tokens, kept once
     assert not _wait_gone(30)
+
+
+def _prefix_cache_hits(endpoint: Endpoint, shared: int, requests: int) -> float:
+    """Prompt tokens vLLM's prefix cache served from cache over `requests` prompts, one after another, that open
+    with the same `shared` tokens and go on differently: what the planners count as kept once
+    (capacity.common.prefix_sharing: whole BLOCK_SIZE blocks of the shared prefix)."""
+    def hits() -> float:
+        return metric_total(get_text(endpoint.base_url + "/metrics"), "vllm:prefix_cache_hits_total") or 0.0
+
+    before = hits()
+    prefix = tuple(range(1000, 1000 + shared))
+    for n in range(requests):
+        complete(endpoint, CompletionRequest(prefix + tuple(range(3000 + 10 * n, 3005 + 10 * n)), 2), Sampling())
+    return hits() - before
 
 
 def test_parallel_flags_and_the_gpu_plan_reach_the_command():

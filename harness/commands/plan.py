@@ -64,6 +64,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--no-chunked-prefill", action="store_true",
                         help="plan without chunked prefill (the token budget then covers a whole prompt)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (their pool is not reserved)")
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                        help="tokens every request opens with alike (a system prompt, few-shot examples): the "
+                             "engines' prefix caches keep them once, and each plan says how many more sequences fit "
+                             "then (default 0: none counted)")
     parser.add_argument("--activation-gib", type=float, default=None,
                         help="a measured activation peak per GPU at the engines' token budget, in GiB (default: "
                              "estimated from the config: tokens x (4 x hidden + 3 x MLP width) x 2 bytes plus fp32 "
@@ -87,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         kv_cache_dtype=args.kv_cache_dtype, chunked_prefill=not args.no_chunked_prefill,
                         enforce_eager=args.enforce_eager,
-                        activation_bytes=None if args.activation_gib is None else int(args.activation_gib * GIB))
+                        activation_bytes=None if args.activation_gib is None else int(args.activation_gib * GIB),
+                        shared_prefix_tokens=args.shared_prefix_tokens, shared_prefix_source="--shared-prefix-tokens")
     engines = ENGINES if args.engine == "all" else (args.engine,)
     try:
         version, version_note = resolve_version(args.vllm_version)
@@ -140,6 +145,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} {value}: must be a positive number")
     if args.activation_gib is not None and args.activation_gib < 0:
         raise UserError(f"--activation-gib {args.activation_gib}: must not be negative")
+    if args.shared_prefix_tokens < 0:
+        raise UserError(f"--shared-prefix-tokens {args.shared_prefix_tokens}: must not be negative (0: none)")
 
 
 def _target(args: argparse.Namespace) -> Target:
@@ -187,7 +194,8 @@ def plan_result(config: dict, described: str, shape: ModelShape, target: Target,
                       if target.pipeline_parallel_size > 1 else {})},
         "workload": {"max_model_len": workload.max_model_len, "max_num_batched_tokens": workload.max_num_batched_tokens,
                      "max_num_seqs": workload.max_num_seqs, "kv_cache_dtype": workload.kv_cache_dtype,
-                     "chunked_prefill": workload.chunked_prefill, "enforce_eager": workload.enforce_eager},
+                     "chunked_prefill": workload.chunked_prefill, "enforce_eager": workload.enforce_eager,
+                     "shared_prefix_tokens": workload.shared_prefix_tokens},
         "vllm_version": version if vllm else None, "vllm_version_note": version_note if vllm else None,
         "kv_bytes_per_token": kv_bytes_per_token(stage, kv_bytes, tp),
         "kv_bytes_per_sequence": kv_bytes_per_sequence(stage, workload.max_model_len, kv_bytes, tp),
@@ -294,8 +302,11 @@ def _details(result: dict) -> list[str]:
             title = f"{engine} {plan['engine_version']}".strip()
             if plan["command"]:
                 lines.append(f"  {title}: {plan['command']}")
+                shared = plan["max_concurrency_shared_prefix"]
+                with_prefix = (f" ({shared:,} sharing the {plan['shared_prefix_tokens']:,}-token prefix)"
+                               if shared is not None else "")
                 lines.append(f"    {plan['formula']}; holds {plan['kv_tokens']:,} tokens: {plan['max_concurrency']:,} "
-                             f"sequences of {plan['max_model_len']:,}")
+                             f"sequences of {plan['max_model_len']:,}{with_prefix}")
                 if plan["config_yaml"]:
                     lines += ["    with trtllm-extra.yaml:"] + [f"      {row}" for row in
                                                                      plan["config_yaml"].splitlines()]

@@ -30,6 +30,20 @@ class Prompt:
     ids: tuple[int, ...] = ()  # the token ids both backends generate from
 
 
+def shared_prefix_tokens(prompts: list[Prompt]) -> int:
+    """How many tokens all `prompts` open with alike (their token ids' common prefix): what a serving engine's
+    prefix cache keeps once for them. 0 for fewer than two prompts or prompts without ids."""
+    if len(prompts) < 2 or any(not p.ids for p in prompts):
+        return 0
+    first, last = min(p.ids for p in prompts), max(p.ids for p in prompts)  # the common prefix of the extremes
+    shared = 0
+    for a, b in zip(first, last):
+        if a != b:
+            break
+        shared += 1
+    return shared
+
+
 def default_template_for(task: str, language: str, rows: list[Row], columns: dict[str, str]) -> str:
     """The template of a set whose spec names none: in the set's language (for "auto" its first rows'), with the
     parts the data has."""

@@ -499,6 +499,12 @@ class ServingPlan(_Strict):
                                                              "sets it, fraction")
     extra: dict[str, Any] = Field(description="engine-specific figures (SGLang mem_fraction_static, TensorRT-LLM "
                                               "free_gpu_memory_fraction)")
+    shared_prefix_tokens: int = Field(0, description="tokens every request of the workload opens with alike (count; "
+                                                     "0: none counted)")
+    max_concurrency_shared_prefix: int | None = Field(None, description="sequences of max_model_len the KV cache "
+                                                                        "holds when every request shares that prefix, "
+                                                                        "kept once by the engine's prefix cache "
+                                                                        "(count); null without a shared prefix")
 
 
 class Overlap(_Strict):

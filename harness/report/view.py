@@ -543,9 +543,12 @@ def serving_rows(fmt: FormatResult) -> list[ServingRow]:
             summary = plan.reason or "does not fit"
         else:
             kv_bytes = plan.memory.kv_cache_bytes if plan.memory is not None else None
+            shared = (f" ({fmt_int(plan.max_concurrency_shared_prefix)} when each shares the "
+                      f"{fmt_int(plan.shared_prefix_tokens)}-token prefix all prompts open with)"
+                      if plan.max_concurrency_shared_prefix is not None else "")
             summary = (f"KV cache {fmt_bytes(kv_bytes)} holds {fmt_int(plan.kv_tokens)} "
-                       f"tokens: {fmt_int(plan.max_concurrency)} sequences of {fmt_int(plan.max_model_len)} tokens; "
-                       f"the command runs {fmt_int(plan.max_num_seqs)} at once")
+                       f"tokens: {fmt_int(plan.max_concurrency)} sequences of {fmt_int(plan.max_model_len)} tokens"
+                       f"{shared}; the command runs {fmt_int(plan.max_num_seqs)} at once")
         rows.append(ServingRow(title, summary, plan.command, plan.config_yaml))
     return rows
 

@@ -11,7 +11,7 @@ from harness.formats import EngineServing
 from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
                                              check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
-                                             planned_weights_bytes, workload_non_torch)
+                                             planned_weights_bytes, shared_prefix_bytes, workload_non_torch)
 from harness.measure.capacity.shapes import Attention, ModelShape, pipeline_stage
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
@@ -58,6 +58,10 @@ class Workload:
     # Measured CUDA context + non-torch memory per GPU (what vLLM logs as non_torch_memory); None: the estimate
     # memory.non_torch_bytes.
     non_torch_bytes: int | None = None
+    # Tokens that open every request alike (a system prompt, few-shot examples): the engines' prefix caches (on by
+    # default in all three) keep their whole blocks once. 0: none counted.
+    shared_prefix_tokens: int = 0
+    shared_prefix_source: str = ""  # where the figure comes from, for the note ("--shared-prefix-tokens", ...)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,57 @@ def pipeline_note(shape: ModelShape, target: Target) -> list[str]:
             f"and KV cache{largest} and, conservatively, both the embedding and the lm_head"]
 
 
+@dataclass(frozen=True)
+class PrefixSharing:
+    """What a shared prompt prefix, kept once by an engine's prefix cache, does to one plan."""
+
+    tokens: int  # the workload's shared prefix (capped below max_model_len)
+    shared_bytes: int  # KV of its whole blocks, stored once
+    max_concurrency: int  # sequences of max_model_len that fit with it (the plan's max_concurrency without)
+
+
+def prefix_sharing(memory: MemoryBreakdown, shape: ModelShape, target: Target, workload: Workload, block_size: int,
+                   *, sliding: bool = True) -> PrefixSharing | None:
+    """The plan's concurrency when every request opens with the workload's shared prefix: the KV cache holds the
+    prefix's whole blocks once and each sequence's own tokens beside them,
+        n = (KV - shared) // (one sequence - shared).
+    None without a shared prefix, or one shorter than a block (nothing is shared then)."""
+    tokens = min(workload.shared_prefix_tokens, workload.max_model_len - 1)
+    attention = pipeline_stage(shape, target.pipeline_parallel_size).attention  # the most-loaded GPU's layers
+    shared = shared_prefix_bytes(attention, tokens, kv_dtype_bytes(workload.kv_cache_dtype), target.num_gpus,
+                                 block_size=block_size, sliding=sliding)
+    if tokens <= 0 or shared <= 0:
+        return None
+    if memory.kv_cache_bytes < memory.kv_bytes_per_sequence:
+        return PrefixSharing(tokens, shared, 0)
+    return PrefixSharing(tokens, shared,
+                         (memory.kv_cache_bytes - shared) // (memory.kv_bytes_per_sequence - shared))
+
+
+def prefix_sharing_note(sharing: PrefixSharing | None, workload: Workload, concurrency: int, command_sets: int,
+                        cap: int, cache: str, setting: str, block_size: int) -> str:
+    """The plan's note on prefix caching (`cache` names the engine's, with its default): what the workload's shared
+    prefix adds to the concurrency, or that none was counted."""
+    if sharing is None:
+        shared = (f"the workload's shared prefix ({workload.shared_prefix_tokens:,} tokens) is shorter than one "
+                  f"{block_size}-token block, so nothing is shared" if workload.shared_prefix_tokens > 0 else
+                  "no shared prefix was counted (--shared-prefix-tokens gives one)")
+        return (f"{cache} keeps a prefix that requests share (a system prompt, few-shot examples) once; {shared}, "
+                "and every sequence's KV counts in full")
+    source = f" ({workload.shared_prefix_source})" if workload.shared_prefix_source else ""
+    blocks = sharing.tokens // block_size
+    kept = ("token by token" if block_size == 1 else
+            f"{blocks:,} whole {block_size}-token block{'s' if blocks != 1 else ''}")
+    note = (f"{cache} keeps the {sharing.tokens:,} tokens every request opens with{source} once, {kept}, "
+            f"{gib(sharing.shared_bytes)}: {sharing.max_concurrency:,} sequences of {workload.max_model_len:,} "
+            f"tokens fit when every request shares them, {concurrency:,} when none does")
+    higher = min(sharing.max_concurrency, cap)
+    if higher > command_sets:
+        return (note + f"; {setting} {command_sets:,} assumes none does, which holds for any traffic; "
+                f"{higher:,} when all traffic opens with this prefix")
+    return note + f"; {setting} {command_sets:,} is reached either way"
+
+
 def short_of_one_sequence(memory: MemoryBreakdown, kv_tokens: int, length: int, cache: str = "KV cache") -> str:
     """The reason when the KV cache exists but holds less than one sequence of `length` tokens."""
     return (f"does not fit: the {cache} gets {gib(memory.kv_cache_bytes)} ({kv_tokens:,} tokens), less than one "
@@ -130,6 +185,10 @@ class EnginePlan:
     config_yaml: str = ""  # TensorRT-LLM: settings its CLI has no flag for (pass with --config)
     gpu_memory_utilization: float | None = None  # vLLM's, when the command sets it
     extra: dict = field(default_factory=dict)
+    shared_prefix_tokens: int = 0  # the workload's shared prefix, tokens (0: none counted)
+    # Sequences of max_model_len the KV cache holds when every request opens with that prefix, kept once by the
+    # engine's prefix cache; None without a shared prefix. max_concurrency counts every sequence in full.
+    max_concurrency_shared_prefix: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

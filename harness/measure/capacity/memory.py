@@ -146,6 +146,17 @@ def kv_bytes_per_sequence(attention: Attention, length: int, kv_dtype_bytes: flo
     return int(round(total))
 
 
+def shared_prefix_bytes(attention: Attention, shared_tokens: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
+                        block_size: int = 1, sliding: bool = True) -> int:
+    """KV bytes on one GPU of a prompt prefix that every request shares and a prefix cache stores once: its whole
+    blocks of `block_size` tokens (a partial block is each request's own) in every full-attention layer. A
+    sliding-window layer drops the prefix once a sequence passes the window, so its copy is not counted as shared
+    (sliding=False counts it: an engine that keeps a sliding layer's whole history, as full attention)."""
+    shared = shared_tokens // block_size * block_size
+    layers = sum(1 for window in attention.windows if window is None or not sliding)
+    return int(round(layers * kv_layer_token_bytes(attention, kv_dtype_bytes, tp) * shared))
+
+
 def parameter_count(shape: ModelShape) -> int:
     """Every parameter: linear weights and biases (every expert), embeddings and lm_head (once if tied), norms."""
     linear = sum(lin.count * (lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0))

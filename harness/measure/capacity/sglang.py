@@ -10,6 +10,8 @@ The rest, total x (1 - mem_fraction_static), must hold the activations at --chun
 graphs and the headroom; the plan takes mem_fraction_static = floor2((total - activations - CUDA graphs - headroom)
 / total), then the pool SGLang's formula gives for it. Page size 1: the pool holds pool // cell_size tokens, cell
 size = the KV bytes per token (MLA: the latent). Sliding-window layers are counted as full attention (an upper bound).
+The radix cache (on unless --disable-radix-cache, srt/mem_cache/radix_cache.py) keeps a prefix requests share once,
+token by token (page size 1): common.prefix_sharing counts it.
 The checks (check_sglang_command) are server_args.py's: chunked_prefill_size % page_size == 0, context_length
 within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype and head split the GPU allows.
 Pipeline parallelism: --pp-size (server_args.py's pp_size; alias --pipeline-parallel-size); the memory is the
@@ -21,8 +23,8 @@ from __future__ import annotations
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             pipeline_note, quantization_method, render_command,
-                                             short_of_one_sequence)
+                                             pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
+                                             render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_sequence,
                                              kv_bytes_per_token)
@@ -62,17 +64,23 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
     fits = concurrency >= 1 and refusal is None and 0 < fraction < 1
     running = min(concurrency, seq_cap)
+    sharing = prefix_sharing(memory, shape, target, workload, PAGE_SIZE, sliding=False)
     args: list[tuple[str, str]] = []
     if fits:
         args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, chunk, gpu)
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, running, seq_cap, 
+                                         "SGLang's radix cache (on by default)",
+                                         "the command's --max-running-requests", PAGE_SIZE))
         notes += pipeline_note(shape, target)
     reason = refusal or ("" if fits else _why_not(memory, fraction, kv_tokens, length))
     return EnginePlan(engine="sglang", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
                       command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=running if fits else 0,
                       token_budget=chunk, max_model_len=length, formula=formula, source=SOURCE, notes=tuple(notes),
-                      reason=reason, extra={"mem_fraction_static": fraction})
+                      reason=reason, extra={"mem_fraction_static": fraction},
+                      shared_prefix_tokens=sharing.tokens if sharing else 0,
+                      max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
@@ -124,7 +132,6 @@ def _general_notes(shape: ModelShape, workload: Workload, chunk: int, gpu: Gpu) 
     if workload.chunked_prefill:
         notes.append(f"SGLang prefills in chunks of --chunked-prefill-size {chunk:,} tokens (its default on this GPU: "
                      f"{default_chunked_prefill_size(gpu):,})")
-    notes.append("SGLang's radix cache reuses shared prefixes by default, as vLLM's prefix caching does")
     if needs_half_dtype(shape, gpu):
         notes.append(half_dtype_note(gpu, "SGLang", "--dtype half"))
     if shape.attention.sliding_layers:

@@ -6,7 +6,8 @@ runtime buffers (activations at max_num_tokens, CUDA graphs) are allocated, the 
     KV = free_gpu_memory_fraction x (GPU memory - weights - runtime buffers - CUDA context)
 (default 0.9). The plan takes fraction = min(0.95, floor2((free - headroom) / free)), so that a fixed headroom stays
 free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window layers are counted as
-full attention (an upper bound).
+full attention (an upper bound). KV cache block reuse (KvCacheConfig.enable_block_reuse, on by default) keeps the
+whole blocks of a prefix requests share once: common.prefix_sharing counts it.
 The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < free_gpu_memory_fraction <= 1,
 max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
 max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled otherwise).
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
-                                             needs_half_dtype, parse_flags, pipeline_note, render_command,
-                                             short_of_one_sequence)
+                                             needs_half_dtype, parse_flags, pipeline_note, prefix_sharing,
+                                             prefix_sharing_note, render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
                                              kv_bytes_per_sequence, kv_bytes_per_token)
@@ -53,11 +54,16 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
         notes.append(f"TensorRT-LLM: max_batch_size lowered from {batch:,} to max_num_tokens {tokens:,} "
                      "(llm_args.py: max_batch_size should be <= max_num_tokens)")
         batch = tokens
+    sharing = prefix_sharing(memory, shape, target, workload, TOKENS_PER_BLOCK, sliding=False)
     args: list[tuple[str, str]] = []
     yaml = _config_yaml(shape, gpu, workload, fraction)
     if fits:
         args = _args(tp, batch, tokens, length, fraction, chunked, bool(yaml), target.pipeline_parallel_size)
         notes += _general_notes(shape, gpu, yaml)
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, batch, min(seq_cap, tokens), 
+                                         "TensorRT-LLM's KV cache block reuse (kv_cache_config."
+                                         "enable_block_reuse, on by default)", "the command's --max_batch_size",
+                                         TOKENS_PER_BLOCK))
         notes += pipeline_note(shape, target)
     reason = refusal or ("" if fits else _why_not(memory, kv_tokens, length))
     return EnginePlan(engine="trtllm", engine_version="", format=fmt.name, servable=refusal is None, fits=fits,
@@ -65,7 +71,9 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=batch if fits else 0,
                       token_budget=tokens, max_model_len=length, formula=formula, source=SOURCE, notes=tuple(notes),
                       reason=reason, config_yaml=yaml if fits else "",
-                      extra={"free_gpu_memory_fraction": fraction})
+                      extra={"free_gpu_memory_fraction": fraction},
+                      shared_prefix_tokens=sharing.tokens if sharing else 0,
+                      max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
 def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:

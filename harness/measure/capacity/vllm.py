@@ -7,6 +7,9 @@ Memory, following vllm/v1/worker/gpu_worker.py::determine_available_memory:
              --kv-cache-memory-bytes = total - HEADROOM - weights - activations - non-torch - CUDA graphs
              (or, given --gpu-memory-utilization, the 0.32 formula with it).
 The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of one sequence of max_model_len.
+Prefix caching (on by default in V1, vllm/v1/core/kv_cache_manager.py): a prompt prefix every request shares keeps
+its whole blocks once (hashed per full block), so with a shared prefix of P tokens
+(common.prefix_sharing) concurrency = (KV - shared) // (one sequence - shared), shared = P // BLOCK_SIZE blocks.
 The checks (check_vllm_command) are vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len
 (max_num_batched_tokens >= max_num_seqs; >= max_model_len unless chunked prefill), CacheConfig's ranges
 (0 < gpu_memory_utilization <= 1), ModelConfig's derived max_model_len and head split, and the --quantization
@@ -23,7 +26,8 @@ import re
 from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
                                              marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
-                                             quantization_method, render_command, short_of_one_sequence)
+                                             prefix_sharing, prefix_sharing_note, quantization_method,
+                                             render_command, short_of_one_sequence)
 from harness.measure.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, check_split, kv_bytes_per_sequence,
                                              kv_bytes_per_token)
@@ -117,10 +121,15 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
     seqs = _max_num_seqs(concurrency, seq_cap, batched, workload.max_num_seqs is not None, notes)
     fits = concurrency >= 1 and refusal is None
+    sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE)
     args: list[tuple[str, str]] = []
     if fits:
         args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, batched, version, util, memory.kv_cache_bytes)
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, seqs, min(seq_cap, batched), 
+                                         "vLLM V1's prefix caching (--enable-prefix-caching, on by default)",
+                                         "the command's --max-num-seqs",
+                                         BLOCK_SIZE))
         notes += pipeline_note(shape, target)
         if needs_half_dtype(shape, gpu):
             notes.append(half_dtype_note(gpu, "vLLM", "--dtype half"))
@@ -129,7 +138,9 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
                       command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=seqs if fits else 0,
                       token_budget=batched, max_model_len=length, formula=formula, source=SOURCE,
-                      notes=tuple(notes), reason=reason, gpu_memory_utilization=util)
+                      notes=tuple(notes), reason=reason, gpu_memory_utilization=util,
+                      shared_prefix_tokens=sharing.tokens if sharing else 0,
+                      max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
 def token_budget(workload: Workload) -> int:
@@ -222,9 +233,6 @@ def _general_notes(shape: ModelShape, workload: Workload, batched: int, version:
     if workload.chunked_prefill:
         notes.append("vLLM V1 prefills in chunks by default (chunked prefill is on): prompts longer than "
                      f"--max-num-batched-tokens ({batched:,}) are split over several steps")
-    notes.append("vLLM V1 caches prefixes by default (--enable-prefix-caching): requests sharing a prefix (a system "
-                 "prompt, few-shot examples) share its KV blocks, so more of them run at once than counted here; "
-                 "the plan counts every sequence's KV in full")
     if version == "0.34" and util is None:
         notes.append("vLLM 0.34: --gpu-memory-utilization unset means 1.0 (the extensible KV cache), so the plan "
                      f"sets the KV cache outright with --kv-cache-memory-bytes and leaves {gib(HEADROOM_BYTES)} "
