@@ -69,7 +69,7 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     if fits:
         args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, chunk, gpu)
-        notes.append(prefix_sharing_note(sharing, workload, concurrency, running, seq_cap, 
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, running, seq_cap,
                                          "SGLang's radix cache (on by default)",
                                          "the command's --max-running-requests", PAGE_SIZE))
         notes += pipeline_note(shape, target)

@@ -60,7 +60,7 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     if fits:
         args = _args(tp, batch, tokens, length, fraction, chunked, bool(yaml), target.pipeline_parallel_size)
         notes += _general_notes(shape, gpu, yaml)
-        notes.append(prefix_sharing_note(sharing, workload, concurrency, batch, min(seq_cap, tokens), 
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, batch, min(seq_cap, tokens),
                                          "TensorRT-LLM's KV cache block reuse (kv_cache_config."
                                          "enable_block_reuse, on by default)", "the command's --max_batch_size",
                                          TOKENS_PER_BLOCK))

