@@ -24,12 +24,14 @@ class FormatSettings(BaseModel):
 class CapacitySettings(BaseModel):
     """The target of the report's serving plans. target_gpu: a GPU of the table (harness.measure.capacity.gpus), at
     its memory as the driver reports it; without it the target is a GPU of gpu_memory_gib (compute capability
-    unknown), which target_gpu makes moot."""
+    unknown), which target_gpu makes moot. What the run leaves unset comes from the policy's [serving] target
+    (for_report), else an 80 GiB GPU and the run's longest request."""
 
     model_config = ConfigDict(extra="forbid")
     target_gpu: str | None = None
-    gpu_memory_gib: float = Field(default=80.0, gt=0)
-    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    gpu_memory_gib: float | None = Field(default=None, gt=0)  # None: not given (see for_report)
+    # None: the vLLM version's own default (0.92 on 0.32/0.33; 0.34 sets the KV cache with --kv-cache-memory-bytes)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
     # Measured CUDA context + non-torch memory per GPU (vLLM logs it as non_torch_memory at start-up); replaces the
     # planners' estimate. None: the estimate (harness.measure.capacity.memory.NON_TORCH_BYTES).
@@ -60,8 +62,41 @@ class CapacitySettings(BaseModel):
         (the run's --tensor-parallel-size x --pipeline-parallel-size)."""
         from harness.measure.capacity import Target, gpu_by_name, gpu_of_size
 
-        return Target(gpu_by_name(self.target_gpu) if self.target_gpu else gpu_of_size(self.gpu_memory_gib),
+        return Target(gpu_by_name(self.target_gpu) if self.target_gpu
+                      else gpu_of_size(self.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB),
                       tensor_parallel_size, pipeline_parallel_size)
+
+    def for_report(self, serving) -> ReportCapacity:
+        """The settings the report's serving plans use: the run's own target where it names one (target_gpu or
+        gpu_memory_gib; max_model_len), the policy's [serving] target (a policy.ServingTarget) for what it leaves
+        open, so that the printed commands are for the deployment the capacity check judges; else an 80 GiB GPU
+        (max_model_len None: the run's longest request)."""
+        from harness.measure.capacity import gpu_by_name
+
+        named = self.target_gpu is not None or self.gpu_memory_gib is not None
+        update: dict = {}
+        if serving.checked and not named:
+            update["target_gpu"] = serving.target_gpu
+        if serving.checked and self.max_model_len is None:
+            update["max_model_len"] = serving.length
+        settings = self.model_copy(update=update)
+        gpu_memory_gib = (gpu_by_name(settings.target_gpu).memory_bytes / 2**30 if settings.target_gpu
+                          else settings.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB)
+        source = "run" if named else "policy" if serving.checked else "default"
+        return ReportCapacity(settings=settings.model_copy(update={"gpu_memory_gib": gpu_memory_gib}),
+                              target_source=source)
+
+
+DEFAULT_GPU_MEMORY_GIB = 80.0
+
+
+class ReportCapacity(BaseModel):
+    """CapacitySettings.for_report: the settings the report's plans follow, and where their GPU came from ("run":
+    --target-gpu/--gpu-memory-gib or the config; "policy": its [serving] target_gpu; "default": an 80 GiB GPU)."""
+
+    model_config = ConfigDict(frozen=True)
+    settings: CapacitySettings
+    target_source: str
 
 
 class RunSpec(BaseModel):

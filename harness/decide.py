@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
 from harness import units
+from harness.measure.capacity.gpus import with_article
 from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy
 from harness.stats import PairedComparison, compare_paired, items_needed
@@ -378,14 +379,13 @@ def _capacity_check(fit: ServingFit | None, policy: Policy) -> Check:
     """Whether the vLLM plan at the policy's serving target holds min_concurrency sequences of max_model_len."""
     serving = policy.serving
     need, length, gpu = serving.concurrency, serving.length, serving.target_gpu
-    article = "an" if gpu[:1].upper() in "AEFHILMNORSX" else "a"
-    where = f"{length:,} tokens on {article} {gpu}"
+    where = f"{length:,} tokens on {with_article(gpu)}"
     if fit is None:
         detail = (f"the capacity at the serving target ({where}) was not planned: the model's config is not one the "
                   "planners read")
         return Check("capacity", "capacity", "inconclusive", detail, f"capacity: {detail}")
     if not fit.servable:
-        detail = (f"vLLM cannot serve it on {article} {gpu}, policy needs {need} {_sequences(need)} of {length:,} "
+        detail = (f"vLLM cannot serve it on {with_article(gpu)}, policy needs {need} {_sequences(need)} of {length:,} "
                   f"tokens: {fit.reason}")
         return Check("capacity", "capacity", "fail", detail, f"capacity: {detail}")
     held = f"holds {fit.max_concurrency:,} {_sequences(fit.max_concurrency)} of {where}, policy needs {need}"

@@ -59,19 +59,26 @@ def decide(inputs, outcomes: dict[str, FormatOutcome]) -> dict[str, FormatDecisi
 
 
 def plan_capacity(inputs, run, max_model_len: int) -> dict[str, EnginePlan] | None:
-    """Each engine's plan at the run's capacity target; None when the format measured no weights or the planners
-    cannot read the config."""
+    """Each engine's plan at the report's capacity target (report_capacity); None when the format measured no
+    weights or the planners cannot read the config."""
     if not memory_of(run).get("weights_bytes"):
         return None
     spec = inputs.spec
-    capacity = spec.capacity
+    capacity = report_capacity(inputs).settings
     return serving_plans(inputs, run, capacity.target(spec.tensor_parallel_size, spec.pipeline_parallel_size),
                          max_model_len, gpu_memory_utilization=capacity.gpu_memory_utilization)
 
 
+def report_capacity(inputs):
+    """The target of the report's serving plans: the run's own, with the policy's [serving] target for what the
+    run leaves open (config.CapacitySettings.for_report)."""
+    return inputs.spec.capacity.for_report(inputs.policy.serving)
+
+
 def max_model_len_of(inputs) -> int:
-    """--max-model-len, else the longest request of the run (prompt plus new tokens)."""
-    return inputs.spec.capacity.max_model_len or _longest_request(inputs)
+    """The report plans' context length: --max-model-len, else the policy's [serving] max_model_len when it names
+    a target, else the longest request of the run (prompt plus new tokens)."""
+    return report_capacity(inputs).settings.max_model_len or _longest_request(inputs)
 
 
 def profile_budget(inputs) -> tuple[int, int]:
@@ -202,13 +209,15 @@ def vllm_rules_of(inputs) -> str:
 
 
 def serving_fit(inputs, run) -> ServingFit | None:
-    """The vLLM plan at the policy's serving target (not the run's capacity target), for the capacity check;
+    """The vLLM plan at the policy's serving target (whatever target the run's own plans name), at the run's
+    --gpu-memory-utilization (else the vLLM version's default), for the capacity check;
     None when the policy sets no target or the planners cannot read the config. Weights not measured (a format
     that did not get that far) are estimated from the config."""
     serving = inputs.policy.serving
     if not serving.checked:
         return None
-    plans = serving_plans(inputs, run, Target(gpu_by_name(serving.target_gpu)), serving.length, engines=("vllm",))
+    plans = serving_plans(inputs, run, Target(gpu_by_name(serving.target_gpu)), serving.length, engines=("vllm",),
+                          gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
     if plans is None:
         return None
     plan = plans["vllm"]

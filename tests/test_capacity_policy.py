@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.evaluate import serving_fit
+from harness.evaluate import max_model_len_of, report_capacity, serving_fit
 from harness.report.build import format_entry
 from harness.commands import run as run_command
 from harness.config import CapacitySettings, RunSpec
@@ -126,7 +126,43 @@ def test_int8_prints_no_vllm_flags_and_says_vllm_cannot_serve_it():
 def test_run_target_defaults_to_an_80_gib_gpu():
     entry = format_entry(inputs_for(DEMO_CONFIG), measured("awq", DEMO_WEIGHTS["awq"]), 600)
     assert entry["capacity"]["gpu_memory_gib"] == 80.0
-    assert entry["serving"]["vllm"]["gpu_memory_utilization"] == 0.9  # the run's --gpu-memory-utilization
+    # vLLM 0.34's default: no utilization, the KV cache set outright
+    assert entry["serving"]["vllm"]["gpu_memory_utilization"] is None and entry["capacity"]["gpu_memory_utilization"] is None
+    assert "--kv-cache-memory-bytes" in entry["capacity"]["vllm_flags"]
+    older = format_entry(inputs_for(DEMO_CONFIG, capacity=CapacitySettings(vllm_version="0.32")),
+                         measured("awq", DEMO_WEIGHTS["awq"]), 600)
+    assert older["serving"]["vllm"]["gpu_memory_utilization"] == 0.92  # vLLM 0.32's default
+    given = format_entry(inputs_for(DEMO_CONFIG, capacity=CapacitySettings(gpu_memory_utilization=0.85)),
+                         measured("awq", DEMO_WEIGHTS["awq"]), 600)
+    assert given["serving"]["vllm"]["gpu_memory_utilization"] == 0.85  # the run's --gpu-memory-utilization
+    md = render_markdown(parse_report(json.loads(json.dumps(_report_with(entry))), "report.json"), [])
+    assert "**Capacity.** On an 80 GiB GPU, max-model-len 600: " in md
+
+
+def test_the_report_plans_for_the_policy_target_when_the_run_names_none():
+    """A policy with [serving] target_gpu = "L4", max_model_len = 4096 and a run with no --target-gpu,
+    --gpu-memory-gib or --max-model-len: the printed commands are for the L4 at 4,096 tokens, the deployment the
+    capacity check judges, and report.json says where the target came from."""
+    inputs = inputs_for(DEMO_CONFIG, policy=L4_POLICY)
+    planned = report_capacity(inputs)
+    assert (planned.target_source, planned.settings.target_gpu, planned.settings.max_model_len) == ("policy", "L4",
+                                                                                                    4096)
+    assert planned.settings.gpu_memory_gib == gpu_by_name("L4").memory_bytes / 2**30
+    assert max_model_len_of(inputs) == 4096
+    entry = format_entry(inputs, measured("awq", DEMO_WEIGHTS["awq"]), max_model_len_of(inputs))
+    vllm = entry["serving"]["vllm"]
+    assert vllm["memory"]["gpu_memory_bytes"] == gpu_by_name("L4").memory_bytes and vllm["max_model_len"] == 4096
+    assert "--max-model-len 4096 " in entry["capacity"]["vllm_flags"]
+    # the run's own settings win, each where given: a GPU of 40 GiB, still the policy's length; then 1,024 tokens
+    own_gpu = report_capacity(inputs_for(DEMO_CONFIG, policy=L4_POLICY, capacity=CapacitySettings(gpu_memory_gib=40)))
+    assert (own_gpu.target_source, own_gpu.settings.target_gpu, own_gpu.settings.gpu_memory_gib,
+            own_gpu.settings.max_model_len) == ("run", None, 40, 4096)
+    own_len = inputs_for(DEMO_CONFIG, policy=L4_POLICY, capacity=CapacitySettings(max_model_len=1024))
+    assert report_capacity(own_len).settings.target_gpu == "L4" and max_model_len_of(own_len) == 1024
+    # no policy target and no flags: an 80 GiB GPU and the run's longest request, as before
+    plain = report_capacity(inputs_for(DEMO_CONFIG))
+    assert (plain.target_source, plain.settings.target_gpu, plain.settings.gpu_memory_gib,
+            plain.settings.max_model_len) == ("default", None, 80.0, None)
 
 
 def test_unmeasured_or_unreadable_config_has_no_plan():
@@ -136,12 +172,21 @@ def test_unmeasured_or_unreadable_config_has_no_plan():
     assert entry["capacity"] is None and entry["serving"] is None
 
 
+def _report_with(entry: dict) -> dict:
+    """The committed version-1 example with every planned format's capacity and serving replaced by `entry`'s."""
+    report = json.loads((FIXTURE / "report.json").read_text(encoding="utf-8"))
+    for fmt in report["formats"].values():
+        if fmt.get("capacity"):
+            fmt["capacity"], fmt["serving"] = entry["capacity"], entry["serving"]
+    return report
+
+
 def _report_with_serving() -> dict:
     """The committed version-1 example with the demo's serving plans on an L4 put in."""
     report = json.loads((FIXTURE / "report.json").read_text(encoding="utf-8"))
     report["settings"]["capacity"] = {"target_gpu": "L4", "gpu_memory_gib": 80.0, "gpu_memory_utilization": 0.9,
                                       "max_model_len": None, "overhead_gib": 0.0}
-    inputs = inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4"))
+    inputs = inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4", vllm_version="0.32"))
     for name, fmt in report["formats"].items():
         if fmt.get("capacity"):
             entry = format_entry(inputs, measured(name, DEMO_WEIGHTS[name]), 600)
@@ -162,8 +207,13 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     int8 = md[md.index("## int8"):md.index("## gptq")]
     assert "vLLM cannot serve this format" in int8 and "- **vLLM 0.3" in int8 and "cannot serve it: vLLM" in int8
     assert "bitsandbytes\n" not in int8.split("**Serving")[1].split("SGLang")[0]
+    assert "**Capacity.** On an L4 (22.49 GiB) at 0.92 utilization, max-model-len 600: " in gptq
+    report["settings"]["capacity"]["target_source"] = "policy"
+    md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
+    assert "**Serving on L4 (22.49 GiB), the policy's serving target (weights measured" in md
     page = render_html(parse_report(json.loads(json.dumps(report)), "report.json"), [])
-    assert "<h3>Serving on L4 (22.49 GiB)" in page and "<td>TensorRT-LLM</td>" in page
+    assert "<h3>Serving on L4 (22.49 GiB), the policy&#x27;s serving target" in page
+    assert "<td>TensorRT-LLM</td>" in page
     assert "<pre><code>python -m sglang.launch_server" in page
 
 
@@ -251,7 +301,8 @@ def test_no_serving_target_no_check_and_unplanned_is_inconclusive():
 
 def test_llama3_8b_on_an_l4_with_real_numbers():
     """Llama-3-8B at 4,096 tokens on an L4 (22.49 GiB), vLLM, a measured 50 MiB activation peak: the 16-bit weights
-    leave room for 9 sequences (512 MiB each), the 4-bit ones for 29; int8 vLLM cannot serve. The plan is made at the policy's L4 although the run targets 80 GiB."""
+    leave room for 9 sequences (512 MiB each), the 4-bit ones for 29; int8 vLLM cannot serve. The check plans at the
+    policy's L4 whatever the run targets."""
     shape = model_shape(text_config(LLAMA3_8B))
     inputs = inputs_for(LLAMA3_8B, policy=L4_POLICY)
     fits = {name: serving_fit(inputs, measured(name, weights)) for name, weights in LLAMA_WEIGHTS.items()}
@@ -261,9 +312,13 @@ def test_llama3_8b_on_an_l4_with_real_numbers():
                        Workload(max_model_len=4096, weights_bytes=LLAMA_WEIGHTS["awq"], activation_bytes=50 * 2**20))
     assert fits["awq"].max_concurrency == direct.max_concurrency and fits["awq"].weights_source == "measured"
     assert not fits["int8"].servable and "bitsandbytes" in fits["int8"].reason
-    # the run's own capacity plan is on its 80 GiB target: far more room than the policy's L4
-    run_plan = format_entry(inputs, measured("awq", LLAMA_WEIGHTS["awq"]), 4096)["serving"]["vllm"]
-    assert run_plan["max_concurrency"] > 100
+    # the report's plan is the check's when the run names no target of its own; a run that names 80 GiB gets that
+    report_plan = format_entry(inputs, measured("awq", LLAMA_WEIGHTS["awq"]), 4096)["serving"]["vllm"]
+    assert report_plan["max_concurrency"] == fits["awq"].max_concurrency == 29
+    own = inputs_for(LLAMA3_8B, policy=L4_POLICY, capacity=CapacitySettings(gpu_memory_gib=80.0,
+                                                                            vllm_version=NEWEST_VERSION))
+    assert format_entry(own, measured("awq", LLAMA_WEIGHTS["awq"]), 4096)["serving"]["vllm"]["max_concurrency"] > 100
+    assert serving_fit(own, measured("awq", LLAMA_WEIGHTS["awq"])).max_concurrency == 29  # the check: still the L4
 
     baseline = outcome("baseline")
     decisions = {name: decide_format(baseline, outcome(name, fits[name]), L4_POLICY) for name in ("int8", "gptq", "awq")}

@@ -18,6 +18,7 @@ from harness.measure.capacity.common import measured_activation
 from harness.measure.profile import PROFILE_ON_CPU_ENV, measure_profile, profile_shape, profile_wanted
 from harness.measure.probe import Measurement
 from harness.pipeline import FormatRun, measure_key, profile_request
+from harness.policy import Policy, ServingTarget
 from tests.test_model_configs import LLAMA3_8B
 
 VOCAB = 65_536  # full fp32 logits of 8,192 tokens would take 2 GiB; one row per sequence (256) takes 64 MiB
@@ -142,9 +143,9 @@ def test_the_worker_measures_the_profile_after_the_generations(tiny_llama, on_cp
 # --- the budget the pipeline asks for ------------------------------------------------------------
 
 
-def _inputs(**spec):
+def _inputs(policy: Policy = Policy(), **spec):
     prompts = {"faq": [Prompt("faq", "q1", "what is the capital ?", 500, 100)]}
-    return SimpleNamespace(spec=RunSpec(**spec), prompts=prompts)
+    return SimpleNamespace(spec=RunSpec(**spec), prompts=prompts, policy=policy)
 
 
 def test_the_measure_task_asks_for_vllms_token_budget(monkeypatch):
@@ -157,6 +158,10 @@ def test_the_measure_task_asks_for_vllms_token_budget(monkeypatch):
     assert profile_wanted() and profile_request(_inputs()) == (8192, 256)  # max(600, 8192) over vLLM's 256
     assert profile_request(_inputs(capacity=CapacitySettings(max_model_len=20_000))) == (20_000, 256)
     assert profile_request(_inputs(max_num_seqs=8)) == (8192, 8)
+    # the policy's serving length, when the run names none: the plans are for it, so the profile is too
+    long_context = Policy(serving=ServingTarget(target_gpu="H100-SXM", max_model_len=32_768))
+    assert profile_request(_inputs(long_context)) == (32_768, 256)
+    assert profile_request(_inputs(long_context, capacity=CapacitySettings(max_model_len=1024))) == (8192, 256)
     monkeypatch.setattr(device, "is_cuda", lambda: False)
     monkeypatch.setenv(PROFILE_ON_CPU_ENV, "1")
     assert profile_request(_inputs()) == (8192, 256)

@@ -46,7 +46,7 @@ def test_resume_refuses_a_changed_capacity_flag_and_a_config(tmp_path):
     out = saved_run(tmp_path)
     spec = RunSpec(**json.loads((out / "run.json").read_text()))
     overrides, capacity = flag_values(parse("--resume", "--out", str(out), "--gpu-memory-gib", "24"))
-    with pytest.raises(UserError, match=r"--gpu-memory-gib 24.0 \(saved: 80.0\)"):
+    with pytest.raises(UserError, match=r"--gpu-memory-gib 24.0 \(saved: not set\)"):
         refuse_conflicting_flags(spec, overrides, capacity, None, out / "run.json")
     with pytest.raises(UserError, match="--config cannot change it"):
         refuse_conflicting_flags(spec, {}, {}, "run.toml", out / "run.json")

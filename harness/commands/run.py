@@ -46,12 +46,15 @@ def add_parser(subparsers) -> None:
                         "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
     parser.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name: T4, A10G, L4, "
                         "RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, H100-SXM, H100-NVL, H200, B200 (default: "
-                        "an 80 GiB GPU, or --gpu-memory-gib)")
+                        "the policy's [serving] target_gpu, else an 80 GiB GPU, or --gpu-memory-gib)")
     parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
-                        "--target-gpu names one (default 80)")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization (default 0.90)")
+                        "--target-gpu names one (default: the policy's [serving] target_gpu, else 80)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization of the plans and "
+                        "the capacity check (default: the vLLM version's own, 0.92 on 0.32/0.33; on 0.34 the plans "
+                        "set --kv-cache-memory-bytes)")
     parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
-                        "(default: longest prompt + max new tokens seen)")
+                        "(default: the policy's [serving] max_model_len when it names a target_gpu, else the "
+                        "longest prompt + max new tokens seen)")
     parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
                         "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
                         "planners' 0.5 GiB estimate")
@@ -196,7 +199,7 @@ def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str
     for key, given in capacity.items():
         if given != values["capacity"][key]:
             flag = "capacity-overhead-gib" if key == "overhead_gib" else key.replace("_", "-")
-            differ.append(f"--{flag} {given} (saved: {values['capacity'][key]})")
+            differ.append(f"--{flag} {given} (saved: {_shown(values['capacity'][key])})")
     if differ:
         raise UserError(f"--resume continues the run saved in {saved_path} with its own settings, and these flags "
                         f"differ from them: {'; '.join(differ)}; drop them to resume, or start a new run in another "
@@ -204,6 +207,8 @@ def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str
 
 
 def _shown(value) -> str:
+    if value is None:
+        return "not set"
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return str(value)

@@ -10,7 +10,8 @@ from harness import __version__
 from harness.commands.plan import capacity_view
 from harness.decide import baseline_scores, exit_code, recommend
 from harness.environment import environment
-from harness.evaluate import ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity
+from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity,
+                               report_capacity)
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.report.schema import SCHEMA_VERSION, RunReport
@@ -34,6 +35,7 @@ def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -
     outcomes, decisions = evaluation.outcomes, evaluation.decisions
     baseline = outcomes["baseline"]
     max_model_len = max_model_len_of(inputs)
+    planned = report_capacity(inputs)
     formats = {}
     for name, run in runs.items():
         entry = format_entry(inputs, run, max_model_len)
@@ -63,7 +65,8 @@ def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -
                      "threads": spec.threads, "latency_requests": spec.latency_requests,
                      "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
                      "decoding": "greedy", "backend": spec.backend,
-                     "capacity": {**spec.capacity.model_dump(), "tensor_parallel_size": spec.tensor_parallel_size,
+                     "capacity": {**planned.settings.model_dump(), "target_source": planned.target_source,
+                                  "tensor_parallel_size": spec.tensor_parallel_size,
                                   "pipeline_parallel_size": spec.pipeline_parallel_size}},
         "policy": inputs.policy.as_dict(),
         "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,

@@ -204,7 +204,7 @@ def _format_section(
         shown = "".join(f"<li>{e(r)}</li>" for r in reasons[: layout.list_items])
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
-    parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(fmt),
+    parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(report, fmt),
               _serving(report, fmt), _checks(fmt, layout)]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
@@ -254,8 +254,8 @@ def _latency(report: RunReport, fmt: FormatResult) -> str:
             + _table(LATENCY_COLUMNS, [[e(c) for c in row] for row in rows]))
 
 
-def _capacity(fmt: FormatResult) -> str:
-    text = capacity_text(fmt)
+def _capacity(report: RunReport, fmt: FormatResult) -> str:
+    text = capacity_text(report, fmt)
     if not text:
         return ""
     command = "" if serving_rows(fmt) else vllm_command(fmt)  # with `serving`, its vLLM row prints it

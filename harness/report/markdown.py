@@ -185,7 +185,7 @@ def _format_section(
         _memory_table(fmt),
         _timeline_line(fmt),
         _latency_table(report, fmt),
-        _capacity(fmt),
+        _capacity(report, fmt),
         _serving(report, fmt, layout),
     ]
     if fmt.role != "baseline":
@@ -247,8 +247,8 @@ def _figure_table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
-def _capacity(fmt: FormatResult) -> str:
-    text = capacity_text(fmt)
+def _capacity(report: RunReport, fmt: FormatResult) -> str:
+    text = capacity_text(report, fmt)
     if not text:
         return ""
     command = "" if serving_rows(fmt) else vllm_command(fmt)  # with `serving`, its vLLM row prints it

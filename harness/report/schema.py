@@ -425,7 +425,9 @@ class Capacity(_Strict):
     vLLM entry of `serving` in the shape of the version-1 capacity block (older reports: the legacy plan)."""
 
     gpu_memory_gib: float = Field(description="target GPU memory, GiB (2^30 bytes)")
-    gpu_memory_utilization: float = Field(description="share of it vLLM may use, fraction in (0, 1]")
+    gpu_memory_utilization: float | None = Field(description="share of it vLLM may use, fraction in (0, 1]; null: "
+                                                             "the plan sets the KV cache with "
+                                                             "--kv-cache-memory-bytes (vLLM 0.34)")
     max_model_len: int = Field(description="context length planned for, tokens per sequence")
     budget_bytes: int | None = Field(default=None, description="gpu_memory_gib x 2^30 x gpu_memory_utilization, "
                                                                "bytes (the legacy plan's; absent in early version-1 "
@@ -653,13 +655,24 @@ class Device(_Strict):
 
 
 class CapacityTarget(_Strict):
-    """The target GPU the capacity plans are for (--target-gpu, --gpu-memory-gib, ... flags)."""
+    """The target GPU the capacity plans are for (--target-gpu, --gpu-memory-gib, ... flags; what the run leaves
+    open, the policy's [serving] target)."""
 
-    target_gpu: str | None = Field(default=None, description="the GPU by name (--target-gpu, e.g. 'L4'); null: a "
-                                                             "GPU of gpu_memory_gib (absent in earlier reports)")
-    gpu_memory_gib: float = Field(description="GPU memory, GiB (moot when target_gpu names the GPU)")
-    gpu_memory_utilization: float = Field(description="share vLLM may use, fraction in (0, 1]")
-    max_model_len: int | None = Field(description="context length, tokens; null: the longest request of the run")
+    target_gpu: str | None = Field(default=None, description="the GPU by name (--target-gpu, e.g. 'L4', or the "
+                                                             "policy's [serving] target_gpu); null: a GPU of "
+                                                             "gpu_memory_gib (absent in earlier reports)")
+    target_source: Literal["run", "policy", "default"] | None = Field(
+        default=None, description="where the GPU came from: 'run' (--target-gpu, --gpu-memory-gib or the run "
+                                  "config), 'policy' (its [serving] target_gpu, the run naming none), 'default' "
+                                  "(neither: an 80 GiB GPU); absent in earlier reports")
+    gpu_memory_gib: float = Field(description="GPU memory, GiB (the named GPU's as the driver reports it; earlier "
+                                              "reports: 80 when target_gpu names the GPU, and moot)")
+    gpu_memory_utilization: float | None = Field(description="share vLLM may use, fraction in (0, 1] "
+                                                             "(--gpu-memory-utilization); null: the vLLM version's "
+                                                             "default")
+    max_model_len: int | None = Field(description="context length, tokens (--max-model-len, else the policy's "
+                                                  "[serving] max_model_len when it names a target); null: the "
+                                                  "longest request of the run")
     overhead_gib: float | None = Field(default=None, description="fixed memory held back besides weights, "
                                                                  "activations and KV, GiB (absent in early "
                                                                  "version-1 reports)")

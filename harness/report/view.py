@@ -14,6 +14,7 @@ from typing import Any, Iterator, Literal
 
 from harness.errors import UserError
 from harness.jsonl import read_jsonl
+from harness.measure.capacity.gpus import with_article
 from harness.report import schema
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
@@ -469,20 +470,22 @@ def latency_origin(report: RunReport, fmt: FormatResult) -> str:
     return f"{_IN_TRANSFORMERS}; vLLM has no figures for this format (see '{SERVED_TITLE}')."
 
 
-def capacity_text(fmt: FormatResult) -> str:
+def capacity_text(report: RunReport, fmt: FormatResult) -> str:
     """One sentence: target GPU, KV room, concurrent sequences, whether it fits; '' when not computed."""
     cap = fmt.capacity
     if cap is None:
         return ""
     gib, util = cap.gpu_memory_gib, cap.gpu_memory_utilization
-    target = f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU"
+    named = report.settings.capacity.target_gpu if report.settings.capacity is not None else None
+    target = with_article(f"{named} ({fmt_num(gib, 2)} GiB)" if named and is_number(gib) else
+                          f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU")
     if is_number(util):
         target += f" at {util:.2f} utilization"
     note = f" {cap.note}" if cap.note else ""
     if cap.servable is False:
-        return f"On a {target}: vLLM cannot serve this format." + note
+        return f"On {target}: vLLM cannot serve this format." + note
     text = (
-        f"On a {target}, max-model-len {fmt_int(cap.max_model_len)}: "
+        f"On {target}, max-model-len {fmt_int(cap.max_model_len)}: "
         f"KV room {fmt_bytes(cap.kv_room_bytes)}, "
         f"max concurrent sequences {fmt_int(cap.max_num_seqs)}, "
         f"max batched tokens {fmt_int(cap.max_num_batched_tokens)}; "
@@ -521,6 +524,8 @@ def serving_caption(report: RunReport, fmt: FormatResult) -> str:
     else:
         where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
             f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
+    if capacity is not None and capacity.target_source == "policy":
+        where += ", the policy's serving target"
     sources = ([f"weights {memory.weights_source}", f"activations {memory.activation_source}"] if memory is not None
                else [])
     return f"Serving on {where}" + (f" ({', '.join(sources)})" if sources else "")

@@ -77,6 +77,11 @@ def gpu_by_name(name: str) -> Gpu:
     raise ValueError(f"unknown GPU {name!r} ({hint}); or give its size with --gpu-memory-gib")
 
 
+def with_article(name: str) -> str:
+    """'an L4', 'a T4', 'an H100-SXM', 'an 80 GiB GPU': the article of the name as it is read out."""
+    return f"{'an' if name[:1].upper() in 'AEFHILMNORSX8' else 'a'} {name}"
+
+
 def gpu_of_size(gib: float, like: Gpu | None = None) -> Gpu:
     """A GPU given by its memory in GiB; `like` keeps a named GPU's compute capability (a MIG slice, a shared card)."""
     if like is None:
