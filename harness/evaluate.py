@@ -78,7 +78,7 @@ def report_capacity(inputs):
 def max_model_len_of(inputs) -> int:
     """The report plans' context length: --max-model-len, else the policy's [serving] max_model_len when it names
     a target, else the longest request of the run (prompt plus new tokens)."""
-    return report_capacity(inputs).settings.max_model_len or _longest_request(inputs)
+    return report_capacity(inputs).settings.max_model_len or longest_request(inputs)
 
 
 def profile_budget(inputs) -> tuple[int, int]:
@@ -247,5 +247,6 @@ def latency_of(run) -> dict:
     return run.measurement.latency
 
 
-def _longest_request(inputs) -> int:
+def longest_request(inputs) -> int:
+    """The longest request of the run, tokens: a prompt plus its max new tokens (512 without prompts)."""
     return max((p.tokens + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)

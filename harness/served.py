@@ -52,6 +52,8 @@ def served_refusal(install: VllmInstall | None, spec: FormatSpec, endpoint: str 
 
 
 def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, run=None) -> LaunchPlan:
+    from harness.evaluate import longest_request
+
     spec = inputs.spec
     max_model_len = spec.capacity.max_model_len or longest_request(inputs)
     parallel = (spec.tensor_parallel_size, spec.pipeline_parallel_size)
@@ -84,10 +86,6 @@ def local_gpu_plan(inputs, run, max_model_len: int):
     plans = serving_plans(inputs, run, target, max_model_len, engines=("vllm",),
                           gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
     return None if plans is None else plans["vllm"]
-
-
-def longest_request(inputs) -> int:
-    return max((len(p.ids) + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)
 
 
 def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str | None, plan: LaunchPlan,
