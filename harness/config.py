@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -96,7 +97,7 @@ class ReportCapacity(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     settings: CapacitySettings
-    target_source: str
+    target_source: Literal["run", "policy", "default"]
 
 
 class RunSpec(BaseModel):
