@@ -549,6 +549,39 @@ def test_memory_timeline_renders_a_plot_per_format_and_a_peak_line(report, sampl
     assert len(images) == 6 and "peak RSS" in page and "(generate:en_support_qa)" in page
 
 
+def _cpu_timeline(rss_by_stage: dict[str, list[int]]) -> dict:
+    """A CPU timeline as the sampler writes it, reading these RSS figures (MiB) stage by stage."""
+    from harness.measure.timeline import MemoryTimeline
+
+    timeline = MemoryTimeline(reader=lambda: (2**30,), fields=("rss_bytes",), interval_s=3600, stage="load")
+    with timeline:
+        for stage in list(rss_by_stage)[1:]:
+            timeline.mark(stage)
+    series = timeline.as_dict()
+    readings = [(stage, mib) for stage, values in rss_by_stage.items() for mib in values]
+    series["points"] = [{"t_s": float(i), "stage": stage, "rss_bytes": mib * 2**20}
+                        for i, (stage, mib) in enumerate(readings)]
+    return series
+
+
+def test_memory_that_keeps_rising_through_the_evaluation_is_named(report, samples):
+    """int8 in bf16 on an AVX512 CPU (demo run of 2026-12-05): RSS rose from 2.4 to 4.4 GiB over the generate stages,
+    one new input shape at a time. A transient batch peak or a flat run is not named."""
+    rising = {"load": [400], "latency": [700, 1200], "generate:a": [2450, 2600, 2900], "generate:b": [3000, 3500],
+              "generate:c": [4500, 4800]}
+    flat = {"load": [400], "latency": [700], "generate:a": [940, 990], "generate:b": [945, 1900, 950],
+            "generate:c": [980, 1020]}
+    timed = copy.deepcopy(report)
+    timed["formats"]["int8"]["memory"]["timeline"] = _cpu_timeline(rising)
+    timed["formats"]["baseline"]["memory"]["timeline"] = _cpu_timeline(flat)
+    md = render_markdown(parse_report(timed, "report.json"), samples)
+    assert md.count("kept rising through the evaluation") == 1
+    assert ("RSS kept rising through the evaluation, its lowest 2.39 GiB in generate:a and 4.39 GiB in generate:c: "
+            "memory that grows with each new input shape") in md
+    timed["formats"]["int8"]["memory"]["timeline"] = _cpu_timeline({**rising, "generate:c": [2900, 3000]})
+    assert "kept rising" not in render_markdown(parse_report(timed, "report.json"), samples)  # +550 MiB: < 50%
+
+
 def test_reports_without_a_timeline_have_no_timeline_line_or_plot(report, samples, page):
     md = render_markdown(parse_report(report, "report.json"), samples)
     assert "Memory over time" not in md and "Memory over time" not in page

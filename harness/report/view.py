@@ -302,7 +302,34 @@ def timeline_peak_text(fmt: FormatResult) -> str:
         if peak.stage:
             text += f" ({peak.stage})"
         parts.append(text)
+    growth = timeline_growth(timeline)
+    if growth:
+        parts.append(growth)
     return "; ".join(parts)
+
+
+GROWTH_MIN_BYTES = 256 * 2**20
+GROWTH_MIN_SHARE = 0.5
+
+
+def timeline_growth(timeline: MemoryTimeline) -> str:
+    """A sentence when the headline figure kept rising through the evaluation: its lowest point in the last
+    generate stage at least GROWTH_MIN_SHARE and GROWTH_MIN_BYTES above its lowest in the first. Lowest points, so
+    one batch's transient peak does not count; '' otherwise (fewer than two generate stages included)."""
+    field = timeline.fields[0]
+    lows: dict[str, int] = {}
+    for point in timeline.points:
+        value = getattr(point, field)
+        if point.stage and point.stage.startswith("generate:") and value is not None:
+            lows[point.stage] = min(lows.get(point.stage, value), value)
+    if len(lows) < 2:
+        return ""
+    (first, start), (last, end) = next(iter(lows.items())), list(lows.items())[-1]
+    if end - start < max(GROWTH_MIN_BYTES, GROWTH_MIN_SHARE * start):
+        return ""
+    return (f"{TIMELINE_LABELS[field]} kept rising through the evaluation, its lowest {fmt_bytes(start)} in {first} "
+            f"and {fmt_bytes(end)} in {last}: memory that grows with each new input shape (a kernel cache) or a "
+            "leak, which a long-running server would show too")
 
 
 def latency_run(fmt: FormatResult, which: Literal["batch_1", "batched"]) -> LatencyRun | None:
