@@ -15,6 +15,7 @@ from pathlib import Path
 from harness import progress
 from harness.cache import atomic_write_json
 from harness.jobs import EvaluateJob, QuantizeJob
+from harness.runtime.device import cpu_kernel_environment
 from harness.sandbox import apply_offline, cache_locations
 
 # GPTQModel draws its own bars; we read its layer counter from the log to draw ours.
@@ -98,9 +99,10 @@ def run_worker(job: QuantizeJob | EvaluateJob, job_path: Path, log_path: Path, l
     atomic_write_json(job_path, job.to_json())
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        env = {**worker_environment(os.environ), **cpu_kernel_environment()}
         child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_environment(os.environ),
-                                 text=True, encoding="utf-8", errors="replace", bufsize=1,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                                 encoding="utf-8", errors="replace", bufsize=1,
                                  cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
         relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)
         relay.start()

@@ -649,6 +649,10 @@ class Device(_Strict):
     total_memory_bytes: int = Field(description="host RAM on a CPU, GPU memory on a GPU, bytes")
     cores: int | None = Field(default=None, description="CPU cores (count; CPU only)")
     bf16_matmul: bool | None = Field(default=None, description="the CPU has bf16 matrix units (CPU only)")
+    cpu_capability: str | None = Field(default=None, description="the vector instruction set torch's CPU kernels "
+                                       "used: 'AVX512', 'AVX2', ...; 'AVX2' under QUANTGATE_FORCE_AVX2=1, which "
+                                       "makes torch, oneDNN and MKL take their AVX2 code (CPU only; absent in "
+                                       "earlier reports)")
     driver: str | None = Field(default=None, description="NVIDIA driver version (GPU only)")
     cuda: str | None = Field(default=None, description="CUDA version torch was built with (GPU only)")
     capability: str | None = Field(default=None, description="CUDA compute capability, e.g. '9.0' (GPU only)")

@@ -21,6 +21,28 @@ def _forced(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
+# What QUANTGATE_FORCE_AVX2=1 sets in a format's worker before torch loads: torch's own kernels, oneDNN's and MKL's
+# take their AVX2 code, as on an AVX2-only CPU. It matters beyond speed: on an AVX-512 CPU bitsandbytes computes
+# LLM.int8's matmul with torch._int_mm (exact int32 sums), on an AVX2 one in float32 (rounded), so int8's greedy
+# outputs differ between the two (tests/test_golden_report.py: identical to an AVX2-only CPU's with these set).
+AVX2_KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def cpu_kernel_environment() -> dict[str, str]:
+    """The environment a format's worker gets on top of its own: AVX2_KERNEL_ENV under QUANTGATE_FORCE_AVX2=1."""
+    return dict(AVX2_KERNEL_ENV) if _forced(FORCE_AVX2_ENV) else {}
+
+
+def cpu_capability() -> str:
+    """The vector instruction set torch's CPU kernels use (torch.backends.cpu.get_cpu_capability(): 'AVX512',
+    'AVX2', ...); 'AVX2' under QUANTGATE_FORCE_AVX2=1, which the workers take (cpu_kernel_environment)."""
+    if _forced(FORCE_AVX2_ENV):
+        return "AVX2"
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def cpu_is_avx2_only() -> bool:
     if _forced(FORCE_AVX2_ENV):
         return True
@@ -90,7 +112,8 @@ def device_info(threads: int) -> dict:
     except OSError:
         pass
     return {"kind": "cpu", "name": name, "threads": threads, "cores": os.cpu_count(),
-            "total_memory_bytes": psutil.virtual_memory().total, "bf16_matmul": cpu_has_bf16_matmul()}
+            "total_memory_bytes": psutil.virtual_memory().total, "bf16_matmul": cpu_has_bf16_matmul(),
+            "cpu_capability": cpu_capability()}
 
 
 def device_key(threads: int) -> dict:
