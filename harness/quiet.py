@@ -2,7 +2,8 @@
 
 torchao prints "Failed to load ..._C_mxfp8..." at import from C++ (so Python's logging cannot catch it), GPTQModel
 prints a banner, bitsandbytes warns on every matmul. Workers send all of it to their log file; in the parent
-process the few imports we need are wrapped in quiet_imports(), which redirects the OS-level stdout/stderr.
+process the few imports we need are wrapped in quiet_imports(), which redirects the OS-level stdout/stderr, and
+library work done there (the demo's GGUF conversion) in output_to(), which keeps it in a log file.
 """
 
 from __future__ import annotations
@@ -12,14 +13,30 @@ import os
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 
 @contextlib.contextmanager
 def quiet_imports():
+    with tempfile.TemporaryFile(mode="w+") as sink, _redirected(sink):
+        yield
+
+
+@contextlib.contextmanager
+def output_to(log_path: Path):
+    """Library work in this process (the demo's GGUF conversion) with its stdout/stderr appended to `log_path`:
+    torchao's load errors, torch's pytree warnings and transformers' bars stay off the console but are kept."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as sink, _redirected(sink):
+        yield
+
+
+@contextlib.contextmanager
+def _redirected(sink):
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile(mode="w+") as sink, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
@@ -32,4 +49,3 @@ def quiet_imports():
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
-

