@@ -374,6 +374,9 @@ def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str 
         stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks])
         if exit_.returncode != 0:
             error = _failure_reason(failure_path, exit_, "evaluation")
+    else:
+        progress.say(f"{fmt}: reusing cached results (measurement" + (
+            f", generations on {len(plan.generations)} evalset(s))" if generate else ")"))
     return DeviceRun(plan.measurement, plan.generations, stages_run, error)
 
 

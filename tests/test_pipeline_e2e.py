@@ -133,6 +133,8 @@ def test_second_identical_run_reuses_every_stage(demo_run, demo_cache, tmp_path)
         assert second["formats"][name]["verdict"] == first["formats"][name]["verdict"]
         assert second["formats"][name]["scores"] == first["formats"][name]["scores"]
     assert "reusing cached artifact" in result.stderr
+    for name in FORMATS:
+        assert f"{name}: reusing cached results (measurement, generations on 4 evalset(s))" in result.stderr
 
 
 def test_the_report_validates_against_the_published_schema(demo_run, demo_run_no_bf16):
