@@ -19,8 +19,8 @@ from harness.runtime.device import cpu_kernel_environment
 from harness.sandbox import apply_offline, cache_locations
 
 # GPTQModel draws its own bars; we read its layer counter from the log to draw ours.
-# The lookahead wants the count's end: a read can stop inside "of 29", and "of 2" would draw 4/3.
-_LAYER_PROGRESS = re.compile(r"Quantizing [^\n\r]*?layer \[?(\d+) of (\d+)(?=[\]\s])")
+# The lookahead wants the count's end (a non-digit): a read can stop inside "of 29", and "of 2" would draw 4/3.
+_LAYER_PROGRESS = re.compile(r"Quantizing [^\n\r]*?layer \[?(\d+) of (\d+)(?=\D)")
 
 
 @dataclass(frozen=True)
