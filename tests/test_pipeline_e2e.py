@@ -1,11 +1,11 @@
 """The real path end to end: demo model, real bitsandbytes and GPTQModel, real metrics. Slow (minutes)."""
 
 import json
-import re
 
 import pytest
 
 from conftest import E2E_ARGS, NOISE, ROOT, SIZE_FLAGS, quantgate
+from test_layer_progress import bars
 from harness.quantize import AWQ_NO_BF16_CALIBRATION_SAMPLES
 from harness.runtime.device import cpu_has_bf16_matmul
 
@@ -86,8 +86,8 @@ def test_console_is_clean_and_shows_progress(demo_run):
     foreign = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("[quantgate] ")]
     assert not foreign, foreign[:5]
     assert "quantizing" in console and "generating" in console
-    for done, total in re.findall(r"quantizing layers \[[#.]*\] (\d+)/(\d+)", console):
-        assert int(done) <= int(total) == 30, console  # a read cut inside "of 29" once drew 4/3
+    for done, total in bars(console):
+        assert done <= total == 30, console  # a read cut inside "of 29" once drew 4/3
     for fmt in ("gptq", "awq"):  # GPTQModel's 0-based layer counter becomes a bar that ends full: 30 layers
         assert f"{fmt}: quantizing layers [{'#' * 24}] 30/30" in console
     assert "recommendation:" in result.stdout
