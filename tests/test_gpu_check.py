@@ -121,3 +121,21 @@ def test_runs_as_a_directory_from_anywhere(tmp_path):
                             timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--harness-formats" in result.stdout
+
+
+def test_gpu_wheels_pin_what_pyproject_pins():
+    """scripts/gpu_wheels.sh fetches, for the GPU machine, the packages its image lacks: the versions the project
+    resolves here, or the GPU check would run other code than CI does."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    script = (ROOT / "scripts" / "gpu_wheels.sh").read_text(encoding="utf-8")
+    fetched = dict(re.findall(r"\b([a-z][a-z0-9-]*)==([0-9][^\s)]*)", script))
+    declared = {Requirement(r).name: Requirement(r).specifier
+                for r in tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]}
+    for name in ("bitsandbytes", "transformers", "datasets", "rouge-score", "pydantic"):
+        assert name in fetched, f"gpu_wheels.sh no longer fetches {name}"
+        assert fetched[name] in declared[name], f"gpu_wheels.sh fetches {name} {fetched[name]}, pyproject wants {declared[name]}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".whl/x.whl"], cwd=ROOT).returncode == 0
+    assert ignored, ".whl/ (the wheels the device call carries) must stay out of git"
