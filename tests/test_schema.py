@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_example" / "report.json"
 VERSION_1 = ROOT / "tests" / "fixtures" / "report_v1.json"
 SHARED_BASELINE = ROOT / "reports" / "shared-baseline" / "report.json"
+EXAMPLE = ROOT / "reports" / "example"
 PUBLISHED = ROOT / "docs" / "report.schema.json"
 PAGE = ROOT / "docs" / "report.md"
 
@@ -44,6 +45,24 @@ def test_a_version_2_report_validates_unchanged():
     assert report.schema_version == schema.SCHEMA_VERSION == 2
     assert schema.report_dict(report) == data  # nothing dropped, coerced or reordered on the way
     assert list(report.formats["gptq"].artifact.manifest.model_dump(exclude_unset=True)) == list(data["formats"]["gptq"]["artifact"]["manifest"])
+
+
+def test_the_example_report_is_what_this_version_renders(tmp_path):
+    """reports/example is a real `nox -s demo` run; the README links its Markdown. After a change to the renderer or
+    the schema, `quantgate report reports/example` re-renders it (seconds), and a schema change that breaks it needs
+    a new demo run."""
+    from harness import cli
+
+    data = load(EXAMPLE / "report.json")
+    assert data["schema_version"] == schema.SCHEMA_VERSION
+    report = RunReport.model_validate(data)
+    assert {name: fmt.status for name, fmt in report.formats.items()} == dict.fromkeys(
+        ("baseline", "int8", "gptq", "awq"), "ok")
+    for name in ("report.json", "samples.jsonl"):
+        (tmp_path / name).write_bytes((EXAMPLE / name).read_bytes())
+    assert cli.main(["report", str(tmp_path)]) == data["exit_code"]
+    for name in ("report.md", "scores.csv"):
+        assert (tmp_path / name).read_text(encoding="utf-8") == (EXAMPLE / name).read_text(encoding="utf-8"), name
 
 
 @pytest.mark.parametrize("path", [VERSION_1, SHARED_BASELINE], ids=["report_v1", "shared-baseline"])
