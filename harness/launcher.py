@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,29 +100,84 @@ def run_worker(job: QuantizeJob | EvaluateJob, job_path: Path, log_path: Path, l
                memory_limit_bytes: int | None = None) -> WorkerExit:
     atomic_write_json(job_path, job.to_json())
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
-        env = {**worker_environment(os.environ), **cpu_kernel_environment()}
-        child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                                 encoding="utf-8", errors="replace", bufsize=1,
-                                 cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
-        relay = threading.Thread(target=_relay_stderr, args=(child.stderr, log, label), daemon=True)
-        relay.start()
-        watch = _MemoryWatch(child.pid, memory_limit_bytes)
-        watch.start()
-        try:
-            for line in child.stdout:
-                if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
-                    log.write(line)
-            child.wait()
-        except BaseException:
+    env = {**worker_environment(os.environ), **cpu_kernel_environment()}
+    log = _WorkerLog(log_path)
+    child = relay = watch = None
+    try:
+        with _ctrl_c_deferred():  # `child` is set, and the threads started, before a Ctrl-C can land
+            child = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job_path)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                                     encoding="utf-8", errors="replace", bufsize=1,
+                                     cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
+            relay = threading.Thread(target=_relay_then_release, args=(child.stderr, log, label), daemon=True)
+            relay.start()
+            watch = _MemoryWatch(child.pid, memory_limit_bytes)
+            watch.start()
+        for line in child.stdout:
+            if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
+                log.write(line)
+        child.wait()
+    except BaseException:
+        if child is not None:
             child.kill()
             child.wait()
-            raise
-        finally:
+        raise
+    finally:
+        if relay is None:
+            log.release()  # the relay's share: it never started
+        else:
             relay.join(timeout=5)
+        if watch is not None:
             watch.stop()
+        log.release()
     return WorkerExit(child.returncode, log_path, watch.tripped_at, watch.peak_rss or None)
+
+
+class _WorkerLog:
+    """The worker's log file, written by two threads (stdout lines here, stderr by the relay) and closed when both
+    have released it: a relay still reading after its join timed out never writes to a closed file."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a", encoding="utf-8", errors="replace")
+        self._lock = threading.Lock()
+        self._holders = 2
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            self._file.write(text)
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                self._file.close()
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block and raise it at the block's end. Between Popen and the guard
+    that kills the worker on an interrupt, a Ctrl-C would leave the worker unkilled and its log closed under the
+    relay, which then printed a thread's traceback. Only Python's own SIGINT handler is swapped, and only on the
+    main thread (the only one that receives it)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _relay_then_release(stream, log: _WorkerLog, label: str) -> None:
+    try:
+        _relay_stderr(stream, log, label)
+    finally:
+        log.release()
 
 
 def _relay_stderr(stream, log, label: str) -> None:
