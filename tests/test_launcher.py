@@ -16,8 +16,8 @@ import pytest
 from harness import launcher
 from harness.jobs import QuantizeJob
 
-# Stands in for harness.worker: one line on stderr at once, another only after the parent has given up on it.
-SLOW_WORKER = ("import sys, time; sys.stderr.write('started\\n'); sys.stderr.flush(); time.sleep(30)")
+# Stands in for harness.worker: one line on stderr at once, then it sleeps far longer than the test waits.
+SLOW_WORKER = "import sys, time; sys.stderr.write('started\\n'); sys.stderr.flush(); time.sleep(30)"
 
 
 def job(tmp_path) -> QuantizeJob:
