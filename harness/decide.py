@@ -186,6 +186,19 @@ def _pairing_check(evalset: str, name: str, base_items: dict, cand_items: dict) 
     return Check(name, "run", "inconclusive", detail, f"{name}: {detail}")
 
 
+def _unscored_check(name: str, metric: str, base_items: dict, cand_items: dict, paired: int) -> Check | None:
+    """Items both sides scored, but one side without this metric (`quantgate decide --allow-missing` dropped a
+    value that was not a number): the comparison rests on the others, a subset the data chose, so not a pass."""
+    sides = [(label, [i for i in mine if i in theirs and metric in theirs[i] and metric not in mine[i]])
+             for label, mine, theirs in (("baseline", base_items, cand_items), ("candidate", cand_items, base_items))]
+    found = [f"{len(ids)} item(s) without a numeric {metric} for the {label} ({_preview(ids)})"
+             for label, ids in sides if ids]
+    if not found:
+        return None
+    detail = "; ".join(found) + f" were dropped (--allow-missing); compared on the {paired} scored on both sides"
+    return Check(f"{name}/missing", "run", "inconclusive", detail, f"{name}: {detail}")
+
+
 @dataclass(frozen=True)
 class _Clustering:
     keys: dict[str, str]  # id -> cluster key; an id without one is its own cluster
@@ -227,6 +240,9 @@ def _score_metric(
     floor = policy.floor_for(evalset, metric)
     if floor is not None:
         checks.append(_floor_check(name, value, floor))
+    unscored = _unscored_check(name, metric, base_items, cand_items, len(ids))
+    if unscored is not None:
+        checks.append(unscored)
     entry = {
         "value": value,
         "delta": comparison.delta,

@@ -11,6 +11,7 @@ detected a drop of the margin: its minimum detectable effect at `power` is at mo
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from harness.errors import UserError
 
 GIB = 1024**3
+SCORE_SCALE = 100.0  # every score is in points on 0-100
 
 # Non-inferiority margins in score points (0-100): a candidate may lose at most this much.
 DEFAULT_MARGINS: dict[str, float] = {
@@ -37,7 +39,7 @@ class ServingTarget(BaseModel):
     """[serving]: the deployment a candidate must fit. With target_gpu set, each candidate gets a capacity check: the
     vLLM plan on that GPU must hold min_concurrency sequences of max_model_len tokens, else NO-GO. Unset: no check."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     target_gpu: str | None = None  # a GPU of the table: T4, A10G, L4, RTX-4090, A100-40GB, ..., H200, B200
     max_model_len: int | None = Field(default=None, gt=0)  # tokens per sequence (default 4096)
@@ -77,9 +79,10 @@ DEFAULT_SERVING_LEN = 4096
 
 class Policy(BaseModel):
     """What a candidate format must satisfy to be GO. Keys of `margins`, `floors` and `min_items_for` are `metric`
-    or `evalset/metric` (the more specific one wins)."""
+    or `evalset/metric` (the more specific one wins). Strict types: "2.0", true or 30.0 where a number or a count
+    belongs is an error, never a silent coercion."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     margins: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MARGINS))
     floors: dict[str, float] = Field(default_factory=dict)
@@ -110,6 +113,26 @@ class Policy(BaseModel):
         for key, points in value.items():
             if not math.isfinite(points) or points < 0:
                 raise ValueError(f"key '{info.field_name}.{key}' = {points}: must be a finite number of points >= 0")
+        return value
+
+    @field_validator("margins")
+    @classmethod
+    def _margins_that_can_bind(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, points in value.items():
+            if points >= SCORE_SCALE:
+                raise ValueError(f"key 'margins.{key}' = {points:g}: a margin of {SCORE_SCALE:g} points or more can "
+                                 f"never bind (scores are 0-{SCORE_SCALE:g}, so no drop exceeds it); give the drop "
+                                 "you accept in points, e.g. 2.0")
+        return value
+
+    @field_validator("floors")
+    @classmethod
+    def _floors_that_can_bind(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, points in value.items():
+            if not 0 < points <= SCORE_SCALE:
+                raise ValueError(f"key 'floors.{key}' = {points:g}: a floor must lie in (0, {SCORE_SCALE:g}] points "
+                                 f"(scores are 0-{SCORE_SCALE:g}: a floor of 0 never binds, one above "
+                                 f"{SCORE_SCALE:g} always fails); remove it or give the lowest acceptable score")
         return value
 
     @field_validator("min_items_for")
@@ -160,12 +183,14 @@ class Policy(BaseModel):
         return self.model_dump(mode="json")
 
 
-def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = None) -> Policy:
+def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = None,
+                known_evalsets: Sequence[str] | None = None) -> Policy:
     """The policy in `path`, or the built-in defaults when `path` is None.
 
     known_metrics: when given, a [margins]/[floors]/[min_items_for] key naming any other metric is an error, not a
     silently ignored typo. A run passes the metrics it scores; `quantgate decide` those plus the ones its score
-    files carry.
+    files carry. known_evalsets likewise for the evalset of an "evalset/metric" key: a margin for a set that is
+    not there would be ignored, and the verdict judged by the default margin instead.
     """
     if path is None:
         return Policy()
@@ -185,6 +210,8 @@ def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = N
     policy = policy_from_dict(data, source=str(path))
     if known_metrics is not None:
         _check_metric_keys(data, known_metrics, str(path))
+    if known_evalsets is not None:
+        _check_evalset_keys(data, known_evalsets, str(path))
     return policy
 
 
@@ -193,8 +220,23 @@ def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) 
         for key in data.get(table) or {}:
             metric = key.rsplit("/", 1)[-1]
             if metric not in known:
-                raise UserError(f"{source}: key '{table}.{key}': unknown metric '{metric}' (known: {', '.join(known)}; "
-                                "keys are 'metric' or 'evalset/metric')")
+                raise UserError(f"{source}: key '{table}.{key}': unknown metric '{metric}'{_did_you_mean(metric, known)} "
+                                f"(known: {', '.join(known)}; keys are 'metric' or 'evalset/metric')")
+
+
+def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
+    for table in ("margins", "floors", "min_items_for"):
+        for key in data.get(table) or {}:
+            evalset, slash, _ = key.rpartition("/")
+            if slash and evalset not in known:
+                raise UserError(f"{source}: key '{table}.{key}': no evalset '{evalset}' in this run"
+                                f"{_did_you_mean(evalset, known)} (evalsets: {', '.join(known)}); a key for a set "
+                                "that is not there would be ignored")
+
+
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:

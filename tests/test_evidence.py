@@ -316,7 +316,7 @@ def test_decide_cli_rejects_a_misspelled_margin_key(tmp_path):
     with pytest.raises(UserError) as caught:
         run_decide("--baseline", str(b), "--candidate", str(c), "--policy", str(policy))
     message = str(caught.value)
-    assert message.startswith(f"{policy}: key 'margins.rogueL': unknown metric 'rogueL' (known: ")
+    assert message.startswith(f"{policy}: key 'margins.rogueL': unknown metric 'rogueL' (did you mean 'rougeL'?) (known: ")
     assert "\n" not in message and caught.value.exit_code == 2
     policy.write_text("[min_items_for]\n\"scores/f2\" = 40\n", encoding="utf-8")
     with pytest.raises(UserError, match="key 'min_items_for.scores/f2': unknown metric 'f2'"):

@@ -42,6 +42,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--candidate", required=True, type=Path, help="candidate scores, same ids")
     p.add_argument("--policy", type=Path, default=None, help="policy TOML (default: built-in margins)")
     p.add_argument("--json", type=Path, default=None, dest="json_out", help="write the decision as JSON here")
+    p.add_argument("--scale", type=float, choices=(1.0, 100.0), default=100.0,
+                   help="the scale the files' scores are on: 100 (points, quantgate's own; default) or 1 "
+                        "(fractions, multiplied by 100 on reading)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="drop an item's metric whose value is missing or not a number (each dropped one is counted "
+                        "in the verdict, which cannot be GO then) instead of stopping with an error")
     p.add_argument(
         "--gate",
         nargs="+",
@@ -54,11 +60,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base_rows, base_order, base_groups = read_scores(args.baseline)
-    cand_rows, cand_order, cand_groups = read_scores(args.candidate)
+    base_rows, base_order, base_groups = read_scores(args.baseline, scale=args.scale,
+                                                     allow_missing=args.allow_missing)
+    cand_rows, cand_order, cand_groups = read_scores(args.candidate, scale=args.scale,
+                                                     allow_missing=args.allow_missing)
     known = list(metric_names()) + sorted({m for rows in (base_rows, cand_rows) for items in rows.values()
                                            for m in _metrics_in(items)} - set(metric_names()))
-    policy = load_policy(args.policy, known_metrics=known)
+    policy = load_policy(args.policy, known_metrics=known, known_evalsets=sorted({*base_rows, *cand_rows}))
     _require_same_ids(args.baseline, base_rows, args.candidate, cand_rows)
     clusters = _merge_groups(args.baseline, base_groups, args.candidate, cand_groups)
 
@@ -124,13 +132,20 @@ def run(args: argparse.Namespace) -> int:
 SCORE_LINE = f'{ONE_OBJECT_PER_LINE}, like {{"id": "q1", "f1": 80.0}}'
 
 
-def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]], dict]:
-    """group -> id -> metric -> score, the (group, id) order of the file, and group -> id -> cluster ("group")."""
+def read_scores(path: Path, *, scale: float = 100.0, allow_missing: bool = False,
+                ) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]], dict]:
+    """group -> id -> metric -> score (points, 0-100), the (group, id) order of the file, and group -> id -> cluster
+    ("group"). A metric is a field that holds a number on some line, or is named like a quantgate metric; on every
+    line it must be a finite number on the file's scale (`scale`: 100, or 1 for fractions). A value that is missing,
+    null, a string or a boolean is an error naming the line, unless allow_missing drops it from that item."""
+    records = list(read_jsonl_numbered(path, fix=SCORE_LINE))
+    metric_fields = _metric_fields(record for _, record in records)
     rows: dict[str, dict[str, dict[str, float]]] = {}
     clusters: dict[str, dict[str, str]] = {}
     first_line: dict[tuple[str, str], int] = {}
     order: list[tuple[str, str]] = []
-    for number, record in read_jsonl_numbered(path, fix=SCORE_LINE):
+    values: dict[str, list[tuple[float, str]]] = {}
+    for number, record in records:
         where = f"{path}:{number}"
         item_id = record.get("id")
         if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or item_id == "":
@@ -153,16 +168,64 @@ def read_scores(path: Path) -> tuple[dict[str, dict[str, dict[str, float]]], lis
                                 f"cluster (e.g. its passage), got {cluster!r}")
             clusters.setdefault(group, {})[str(item_id)] = str(cluster)
         metrics: dict[str, float] = {}
-        for field, value in record.items():
-            if field in NOT_METRICS or value is None or isinstance(value, (str, list, dict)):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise UserError(f"{where}: field '{field}': expected a finite number, got {value!r}")
-            metrics[field] = float(value)
+        for field in metric_fields:
+            value = record.get(field)
+            if _is_number(value) and math.isfinite(value):
+                metrics[field] = float(value)
+                values.setdefault(field, []).append((float(value), where))
+            elif _is_number(value):
+                raise UserError(f"{where}: field '{field}': {value!r} is not a finite number; score every item "
+                                f"on the 0-{scale:g} scale")
+            elif not allow_missing:
+                raise UserError(f"{where}: field '{field}': {_not_a_number(field in record, value)}; write the "
+                                f"score as a number on the 0-{scale:g} scale, or pass --allow-missing to drop it "
+                                "(the verdict then cannot be GO)")
         rows.setdefault(group, {})[str(item_id)] = metrics
     if not rows:
         raise UserError(f"{path}: no items; expected one JSON object per line with an 'id' and metric fields")
+    _check_scale(path, values, scale)
+    if scale != 100.0:
+        factor = 100.0 / scale
+        rows = {g: {i: {m: v * factor for m, v in row.items()} for i, row in items.items()}
+                for g, items in rows.items()}
     return rows, order, clusters
+
+
+def _metric_fields(records) -> list[str]:
+    """Fields that hold a number on some line or are named like a quantgate metric, in first-seen order."""
+    known = set(metric_names())
+    fields: dict[str, None] = {}
+    for record in records:
+        for field, value in record.items():
+            if field not in NOT_METRICS and (field in known or _is_number(value)):
+                fields.setdefault(field)
+    return list(fields)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _not_a_number(present: bool, value: Any) -> str:
+    if not present:
+        return "missing (other lines have it)"
+    if value is None:
+        return "null, not a number"
+    kind = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return f"expected a number, got {value!r} ({kind})"
+
+
+def _check_scale(path: Path, values: dict[str, list[tuple[float, str]]], scale: float) -> None:
+    """Every score within 0..scale; a file of points whose every score is at most 1 is on 0-1, not 0-100."""
+    for field, found in values.items():
+        for value, where in found:
+            if not 0.0 <= value <= scale:
+                raise UserError(f"{where}: field '{field}': {value:g} is outside the 0-{scale:g} scale; give "
+                                "points, 0-100 (or fractions, 0-1, with --scale 1)")
+    every = [value for found in values.values() for value, _ in found]
+    if scale == 100.0 and every and max(every) <= 1.0 and any(0.0 < v < 1.0 for v in every):
+        raise UserError(f"{path}: every score is between 0 and 1: this looks like a 0-1 scale; multiply by 100 "
+                        "(quantgate scores in points, 0-100) or pass --scale 1")
 
 
 def _merge_groups(base_path: Path, base: dict, cand_path: Path, cand: dict) -> dict[str, dict[str, str]]:

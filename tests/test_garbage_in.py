@@ -1,0 +1,133 @@
+"""No verdict from garbage: `quantgate decide` score files and policies that say something other than they mean.
+Each case either stops with one line naming the file, line and field (exit 2) or gives a verdict whose reason
+names the fault; none is ever GO."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import cli
+
+N = 100
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
+
+
+def _scores(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(20, 90, N).round(2)
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _pair(tmp_path, candidate_value=lambda i, v: float(v), evalset: str | None = None):
+    """A baseline and a candidate that equals it (GO under the default policy), with candidate_value(i, v) planted."""
+    extra = {"evalset": evalset} if evalset else {}
+    base = _write(tmp_path / "base.jsonl", [{"id": f"q{i}", "f1": float(v), **extra} for i, v in enumerate(_scores())])
+    cand = _write(tmp_path / "cand.jsonl", [{"id": f"q{i}", **({"f1": candidate_value(i, v)} if
+                                                                candidate_value(i, v) is not ... else {}), **extra}
+                                             for i, v in enumerate(_scores())])
+    return base, cand
+
+
+def _decide(capsys, base: Path, cand: Path, *flags: str) -> tuple[int, str, str]:
+    code = cli.main(["decide", "--baseline", str(base), "--candidate", str(cand), *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_clean_pair_is_go(tmp_path, capsys):
+    """The control: without a planted fault the same files are GO, so every refusal below is the fault's."""
+    code, out, _ = _decide(capsys, *_pair(tmp_path))
+    assert code == 0 and "Verdict: GO" in out
+
+
+@pytest.mark.parametrize("plant, message", [
+    (lambda i, v: "0.0" if i % 2 else float(v), "cand.jsonl:2: field 'f1': expected a number, got '0.0' (a string)"),
+    (lambda i, v: None if i == 7 else float(v), "cand.jsonl:8: field 'f1': null, not a number"),
+    (lambda i, v: ... if i == 3 else float(v), "cand.jsonl:4: field 'f1': missing (other lines have it)"),
+    (lambda i, v: True if i == 0 else float(v), "cand.jsonl:1: field 'f1': expected a number, got True (a boolean)"),
+    (lambda i, v: [float(v)] if i == 5 else float(v), "cand.jsonl:6: field 'f1': expected a number, got"),
+    (lambda i, v: float(v) * 1000, "cand.jsonl:1: field 'f1': "),
+    (lambda i, v: -float(v) if i == 9 else float(v), "cand.jsonl:10: field 'f1': -"),
+    (lambda i, v: float(v) + 100 if i == 2 else float(v), "is outside the 0-100 scale"),
+    (lambda i, v: float(v) / 100, "every score is between 0 and 1: this looks like a 0-1 scale; multiply by 100"),
+    (lambda i, v: float("nan") if i == 4 else float(v), "cand.jsonl:5: field 'f1': nan is not a finite number"),
+    (lambda i, v: float("inf") if i == 4 else float(v), "cand.jsonl:5: field 'f1': inf is not a finite number"),
+], ids=["string", "null", "missing", "boolean", "list", "x1000", "negative", "above-100", "0-1-scale", "nan", "inf"])
+def test_a_score_that_is_not_a_number_on_the_scale_stops_with_its_line(plant, message, tmp_path, capsys):
+    code, out, err = _decide(capsys, *_pair(tmp_path, plant))
+    assert code == 2 and "Verdict" not in out, out
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_allow_missing_drops_and_counts_and_is_never_go(tmp_path, capsys):
+    base, cand = _pair(tmp_path, lambda i, v: "0.0" if i % 2 else float(v))
+    code, out, _ = _decide(capsys, base, cand, "--allow-missing")
+    assert code == 1 and "Verdict: INCONCLUSIVE" in out, out
+    assert "50 item(s) without a numeric f1 for the candidate" in out and "--allow-missing" in out
+
+
+def test_a_0_1_file_is_judged_with_scale_1_as_the_same_points(tmp_path, capsys):
+    base = _write(tmp_path / "b.jsonl", [{"id": i, "f1": float(v) / 100} for i, v in enumerate(_scores())])
+    cand = _write(tmp_path / "c.jsonl", [{"id": i, "f1": float(v) / 100} for i, v in enumerate(_scores())])
+    code, out, _ = _decide(capsys, base, cand, "--scale", "1", "--json", str(tmp_path / "d.json"))
+    assert code == 0 and "Verdict: GO" in out
+    decision = json.loads((tmp_path / "d.json").read_text())
+    assert abs(decision["baseline"]["scores"]["scores"]["f1"]["value"] - float(_scores().mean())) < 1e-6
+    above = _write(tmp_path / "c2.jsonl", [{"id": i, "f1": float(v)} for i, v in enumerate(_scores())])
+    code, _, err = _decide(capsys, base, above, "--scale", "1")
+    assert code == 2 and "is outside the 0-1 scale" in err
+
+
+def test_an_interval_is_ordered_and_within_the_scale(tmp_path, capsys):
+    base, cand = _pair(tmp_path, lambda i, v: max(float(v) - 40, 0.0))
+    code, out, _ = _decide(capsys, base, cand, "--json", str(tmp_path / "d.json"))
+    assert code == 1 and "Verdict: NO-GO" in out
+    f1 = json.loads((tmp_path / "d.json").read_text())["candidate"]["scores"]["scores"]["f1"]
+    assert -100 <= f1["ci_low"] <= f1["delta"] <= f1["ci_high"] <= 100
+
+
+@pytest.mark.parametrize("policy, message", [
+    ('[margins]\n"en-faq/f1" = 2.0\n', "key 'margins.en-faq/f1': no evalset 'en-faq' in this run (did you mean 'en_faq'?)"),
+    ('[floors]\n"en_fac/f1" = 20.0\n', "no evalset 'en_fac' in this run (did you mean 'en_faq'?)"),
+    ('[min_items_for]\n"zh/f1" = 10\n', "no evalset 'zh' in this run"),
+    ('[margins]\nf1 = "2.0"\n', "key 'margins.f1': Input should be a valid number, got '2.0'"),
+    ('[margins]\nf1 = true\n', "key 'margins.f1': Input should be a valid number, got True"),
+    ('min_items = "30"\n', "key 'min_items': Input should be a valid integer, got '30'"),
+    ('min_items = 30.0\n', "key 'min_items': Input should be a valid integer, got 30.0"),
+    ('power = "0.8"\n', "key 'power': Input should be a valid number, got '0.8'"),
+    ('[margins]\nf1 = 1e9\n', "a margin of 100 points or more can never bind"),
+    ('[margins]\nf1 = 100.0\n', "a margin of 100 points or more can never bind"),
+    ('[floors]\nf1 = 0.0\n', "a floor must lie in (0, 100] points"),
+    ('[floors]\nf1 = 150.0\n', "a floor must lie in (0, 100] points"),
+    ('[serving]\ntarget_gpu = "L4"\nmin_concurrency = "8"\n', "key 'serving.min_concurrency': Input should be a valid integer"),
+    ('[margins]\nf1 = -1.0\n', "must be a finite number of points >= 0"),
+], ids=["margin-evalset-typo", "floor-evalset-typo", "min-items-evalset", "margin-string", "margin-bool",
+        "min-items-string", "min-items-float", "power-string", "margin-1e9", "margin-100", "floor-0", "floor-150",
+        "serving-string", "margin-negative"])
+def test_a_policy_that_says_more_than_it_means_is_refused(policy, message, tmp_path, capsys):
+    base, cand = _pair(tmp_path, evalset="en_faq")
+    path = tmp_path / "policy.toml"
+    path.write_text(policy, encoding="utf-8")
+    code, out, err = _decide(capsys, base, cand, "--policy", str(path))
+    assert code == 2 and "Verdict" not in out, out
+    assert f"{path}: " in err and message in err, err
+
+
+def test_the_right_evalset_key_is_used(tmp_path, capsys):
+    """The typo'd key of the case above, spelled right: the margin binds (a 3-point drop fails a 2-point margin
+    that the default 2.0 would judge the same way, so a 4-point margin makes it pass)."""
+    base, cand = _pair(tmp_path, lambda i, v: float(v) - 3, evalset="en_faq")
+    path = tmp_path / "policy.toml"
+    path.write_text('[margins]\n"en_faq/f1" = 4.0\n', encoding="utf-8")
+    assert _decide(capsys, base, cand)[0] == 1
+    code, out, _ = _decide(capsys, base, cand, "--policy", str(path))
+    assert code == 0 and "Verdict: GO" in out, out
