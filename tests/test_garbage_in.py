@@ -131,3 +131,20 @@ def test_the_right_evalset_key_is_used(tmp_path, capsys):
     assert _decide(capsys, base, cand)[0] == 1
     code, out, _ = _decide(capsys, base, cand, "--policy", str(path))
     assert code == 0 and "Verdict: GO" in out, out
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--gpu-memory-utilization", "1.5", "--gpu-memory-utilization 1.5: Input should be less than or equal to 1"),
+    ("--gpu-memory-utilization", "0", "--gpu-memory-utilization 0.0: Input should be greater than 0"),
+    ("--max-model-len", "-1", "--max-model-len -1: Input should be greater than 0"),
+    ("--gpu-memory-gib", "-3", "--gpu-memory-gib -3.0: Input should be greater than 0"),
+    ("--capacity-overhead-gib", "-5", "--capacity-overhead-gib -5.0: Input should be greater than or equal to 0"),
+])
+def test_run_refuses_a_bad_capacity_flag_before_any_work(flag, value, message, tmp_path, capsys):
+    """Validated as `plan` validates them, before the model is fetched, converted or quantized, and before the
+    output directory is made (these once ran every stage and then died with an internal error and no report)."""
+    out = tmp_path / "out"
+    code = cli.main(["run", "--model", "demo", flag, value, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"quantgate: error: {message}", err
+    assert not out.exists() and not (tmp_path / "cache" / "models").exists()

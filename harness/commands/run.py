@@ -103,8 +103,23 @@ def spec_from_args(args):
         return spec
     spec = build_spec(args.config, overrides)
     if capacity:
-        spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update=capacity)})
+        spec = spec.model_copy(update={"capacity": validated_capacity(spec.capacity, capacity)})
     return spec
+
+
+def validated_capacity(settings, flags: dict):
+    """The capacity settings with the flags' values, validated as `plan` validates them, before any work: a
+    model_copy(update=...) would take --gpu-memory-utilization 1.5 and fail after every stage had run."""
+    from pydantic import ValidationError
+
+    try:
+        return type(settings).model_validate({**settings.model_dump(), **flags})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        flag = "--capacity-overhead-gib" if field == "overhead_gib" else "--" + field.replace("_", "-")
+        message = error["msg"].removeprefix("Value error, ")
+        raise UserError(f"{flag} {flags.get(field)}: {message}") from None
 
 
 def flag_values(args) -> tuple[dict, dict]:
