@@ -148,3 +148,17 @@ def test_run_refuses_a_bad_capacity_flag_before_any_work(flag, value, message, t
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == f"quantgate: error: {message}", err
     assert not out.exists() and not (tmp_path / "cache" / "models").exists()
+
+
+def test_report_without_samples_stops_and_rewrites_nothing(tmp_path, capsys):
+    """`quantgate report` on a run directory that lost samples.jsonl once rewrote scores.csv to its header line and
+    dropped the regressions: now it names the file and leaves every file as it was."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "golden" / "expected", run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    code = cli.main(["report", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{run_dir / 'samples.jsonl'}: missing" in err and err.count("\n") == 1, err
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before

@@ -25,11 +25,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.report import load_report, write_reports
+    from harness.report.view import samples_path
 
     run_dir = Path(args.run_dir)
     report = load_report(run_dir)
     if run_dir.name == "report.json" and run_dir.is_file():
         run_dir = run_dir.parent
+    samples = samples_path(run_dir, report)
+    if not samples.is_file():  # `run` always writes it: without it the renderings would lose every item
+        raise UserError(f"{samples}: missing; report.json names it and scores.csv and the regressions are rendered "
+                        "from it: restore it (or rerun the run); nothing was rewritten")
     try:
         paths = write_reports(run_dir, report)
     except OSError as exc:
