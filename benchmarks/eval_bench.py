@@ -57,7 +57,7 @@ def run_eval_bench(model_path: Path, evalset_spec: Path, items: int, batch_size:
     a shared machine another process can slow any single run; the fastest run is the least disturbed one."""
     from harness.evalsets import load_evalsets
 
-    (evalset,) = load_evalsets([evalset_spec])
+    (evalset,) = load_evalsets([evalset_spec], allow_outside_paths=True)  # its data is ../shared/data
     evalset = replace(evalset, items=evalset.items[:items])
     dtype = compute_dtype_name(model_path)
     common = {"model_path": str(model_path), "max_items": items, "batch_size": batch_size, "threads": threads}

@@ -111,6 +111,7 @@ class RunSpec(BaseModel):
     format_settings: dict[str, FormatSettings] = Field(default_factory=dict)
     calibration: str | None = None
     allow_calibration_overlap: bool = False
+    allow_outside_paths: bool = False  # evalset specs may name data and calibration files outside their directory
     calibration_samples: int = Field(default=DEFAULT_CALIBRATION_SAMPLES, gt=0)
     max_items: int | None = Field(default=None, gt=0)
     max_new_tokens: int | None = Field(default=None, gt=0)

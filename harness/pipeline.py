@@ -139,7 +139,7 @@ def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
     out_dir = prepare_output_dir(Path(spec.out))
-    full_evalsets = load_evalsets(spec.evalsets)
+    full_evalsets = load_evalsets(spec.evalsets, allow_outside_paths=spec.allow_outside_paths)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
     policy = load_policy(spec.policy, known_metrics=metric_names(), known_evalsets=[e.name for e in evalsets])
     source = resolve_source(spec.model)

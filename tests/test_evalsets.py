@@ -425,7 +425,7 @@ def test_language_auto_and_matching_languages_load(tmp_path):
 def test_check_command_refuses_a_language_mismatch(tmp_path, capsys):
     write_jsonl(tmp_path / "faq.jsonl", ZH_ROWS)
     write_spec(tmp_path / "faq.toml", QA_SPEC)
-    assert evalsets_command.run(argparse.Namespace(paths=["faq.toml"])) == 2
+    assert evalsets_command.run(argparse.Namespace(paths=["faq.toml"], allow_outside_paths=False)) == 2
     err = capsys.readouterr().err
     assert 'faq.toml:3: language = "en" but 100% of the letters in faq.jsonl' in err and 'set language = "zh"' in err
 
@@ -473,14 +473,14 @@ def test_spec_group_problems(tmp_path):
 def test_check_command_lists_sets(tmp_path, capsys):
     write_jsonl(tmp_path / "faq.jsonl", QA_ROWS + [{"id": "q3", "question": "Who?", "context": "-", "answers": []}])
     write_spec(tmp_path / "faq.toml", QA_SPEC)
-    assert evalsets_command.run(argparse.Namespace(paths=["faq.toml"])) == 0
+    assert evalsets_command.run(argparse.Namespace(paths=["faq.toml"], allow_outside_paths=False)) == 0
     assert capsys.readouterr().out == (
         "faq: qa, en, 3 items (1 unanswerable), metrics em,f1,contains (gate f1) [faq.toml]\n")
 
 
 def test_check_command_prints_problems_and_exits_2(tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_bytes(b"")
-    assert evalsets_command.run(argparse.Namespace(paths=["empty.jsonl"])) == 2
+    assert evalsets_command.run(argparse.Namespace(paths=["empty.jsonl"], allow_outside_paths=False)) == 2
     assert capsys.readouterr().err == (
         "quantgate: error: evalsets: 1 problem; fix them and rerun `quantgate evalsets check`\n"
         "  - empty.jsonl: empty evalset (no rows); add at least one item\n")
@@ -511,7 +511,9 @@ def test_shared_benchmark_specs_load_with_manifest_counts():
     if not (SHARED_DATA / "MANIFEST.json").exists():
         pytest.skip(f"{SHARED_DATA} not present")
     counts = {entry["file"]: entry["items"] for entry in json.loads((SHARED_DATA / "MANIFEST.json").read_text())}
-    evalsets = {s.name: s for s in load_evalsets([REPO / "benchmarks" / "shared_evalsets"])}
+    with pytest.raises(UserError, match="lies outside the spec's directory"):  # ../shared/data: only when asked
+        load_evalsets([REPO / "benchmarks" / "shared_evalsets"])
+    evalsets = {s.name: s for s in load_evalsets([REPO / "benchmarks" / "shared_evalsets"], allow_outside_paths=True)}
     assert set(evalsets) == {"squad_200", "squad_unanswerable_50", "cmrc_200", "cnndm_summeval_100"}
     for evalset in evalsets.values():
         assert len(evalset.items) == counts[evalset.data_path.name]

@@ -162,3 +162,22 @@ def test_report_without_samples_stops_and_rewrites_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"{run_dir / 'samples.jsonl'}: missing" in err and err.count("\n") == 1, err
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+@pytest.mark.parametrize("key, named", [("data", "../elsewhere.jsonl"), ("calibration", "../traffic.jsonl"),
+                                        ("data", "/etc/hostname")])
+def test_a_spec_reads_no_file_outside_its_directory_unless_allowed(key, named, tmp_path, capsys):
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    rows = "".join(json.dumps({"id": f"q{i}", "question": f"q {i}?", "answers": [str(i)]}) + "\n" for i in range(3))
+    for path in (tmp_path / "elsewhere.jsonl", sets / "faq.jsonl"):
+        path.write_text(rows)
+    (tmp_path / "traffic.jsonl").write_text(json.dumps({"text": "a real prompt from traffic"}) + "\n")
+    data = named if key == "data" else "faq.jsonl"
+    extra = f'calibration = "{named}"\n' if key == "calibration" else ""
+    (sets / "faq.toml").write_text(f'task = "qa"\nlanguage = "en"\ndata = "{data}"\n{extra}')
+    code = cli.main(["evalsets", "check", str(sets / "faq.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{key} = '{named}' lies outside the spec's directory" in err, err
+    if named != "/etc/hostname":  # a file that is not a QA set fails on its rows once allowed; the others load
+        assert cli.main(["evalsets", "check", "--allow-outside-paths", str(sets / "faq.toml")]) == 0

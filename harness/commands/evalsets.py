@@ -19,6 +19,8 @@ def add_parser(subparsers) -> None:
     )
     check.add_argument("paths", nargs="+", metavar="PATH",
                        help="a spec (.toml), a directory of specs, or a data file (.jsonl/.json/.csv/.parquet)")
+    check.add_argument("--allow-outside-paths", action="store_true", help="let specs name data and calibration "
+                       "files outside their own directory (refused by default)")
     check.set_defaults(func=run)
 
 
@@ -32,7 +34,7 @@ def describe(evalset) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        evalsets = load_evalsets(args.paths)
+        evalsets = load_evalsets(args.paths, allow_outside_paths=args.allow_outside_paths)
     except UserError as error:
         print(f"quantgate: error: {error}", file=sys.stderr)
         return error.exit_code

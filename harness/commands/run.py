@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
                         "bundled in evalsets/calibration/; never the evaluated items)")
     parser.add_argument("--allow-calibration-overlap", action="store_true", help="run even though the calibration "
                         "texts overlap evaluated items (the report says so, and such a format cannot be GO)")
+    parser.add_argument("--allow-outside-paths", action="store_true", help="let evalset specs name data and "
+                        "calibration files outside their own directory (refused by default)")
     parser.add_argument("--calibration-samples", type=int, help="number of calibration texts (default 32)")
     parser.add_argument("--max-items", type=int, help="use only the first N items of each evalset")
     parser.add_argument("--max-new-tokens", type=int, help="cap every evalset's max_new_tokens")
@@ -147,6 +149,7 @@ def flag_values(args) -> tuple[dict, dict]:
         "evalsets": args.evalsets, "out": args.out, "policy": args.policy, "group_size": args.group_size,
         "calibration": args.calibration, "calibration_samples": args.calibration_samples,
         "allow_calibration_overlap": True if args.allow_calibration_overlap else None,
+        "allow_outside_paths": True if args.allow_outside_paths else None,
         "max_items": args.max_items, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "threads": args.threads, "dtype": args.dtype, "seed": args.seed,
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,

@@ -28,13 +28,16 @@ from harness.evalsets.spec import LANGUAGES, ROW_FIELDS, SPEC_KEYS, TASKS, bare_
 MAX_PROBLEMS_PER_SET = 50
 
 
-def load_evalsets(paths: Sequence[Path | str]) -> list[EvalSet]:
-    """Load spec files, directories of specs (*.toml, sorted) and bare data files; raise on any problem."""
+def load_evalsets(paths: Sequence[Path | str], *, allow_outside_paths: bool = False) -> list[EvalSet]:
+    """Load spec files, directories of specs (*.toml, sorted) and bare data files; raise on any problem. A spec's
+    `data` and `calibration` must lie inside the spec's directory unless allow_outside_paths (a spec from another
+    team should not read arbitrary files)."""
     problems: list[str] = []
     sets: list[EvalSet] = []
     for kind, path in _expand_paths(paths, problems):
         set_problems: list[str] = []
-        spec = read_spec(path, set_problems) if kind == "spec" else bare_spec(path)
+        spec = (read_spec(path, set_problems, allow_outside_paths=allow_outside_paths) if kind == "spec"
+                else bare_spec(path))
         evalset = build_set(spec, set_problems) if spec is not None else None
         problems.extend(_capped(set_problems, display_path(path)))
         if evalset is not None and not set_problems:

@@ -137,8 +137,9 @@ def bare_spec(data_path: Path) -> Spec:
                 name=data_path.stem, calibration_path=None, key_lines={}, **_settings(SpecTable()))
 
 
-def read_spec(path: Path, problems: list[str]) -> Spec | None:
-    """The spec file's Spec; problems for every key that is wrong. None when the set cannot be built at all."""
+def read_spec(path: Path, problems: list[str], *, allow_outside_paths: bool = False) -> Spec | None:
+    """The spec file's Spec; problems for every key that is wrong. None when the set cannot be built at all.
+    `data` and `calibration` must name files inside the spec's directory unless allow_outside_paths."""
     label = display_path(path)
     raw = path.read_bytes()
     try:
@@ -173,6 +174,13 @@ def read_spec(path: Path, problems: list[str]) -> Spec | None:
             found.append(("calibration", "calibration is the evaluated data file itself; name a separate split that "
                                          "is never scored"))
 
+    if not allow_outside_paths:
+        home = path.parent.resolve()
+        for key, named in (("data", keys.data), ("calibration", keys.calibration)):
+            target = (path.parent / named).resolve() if named is not None else None
+            if target is not None and not target.is_relative_to(home):
+                found.append((key, f"{key} = '{named}' lies outside the spec's directory ({display_path(home)}); "
+                                   "keep the file beside the spec, or pass --allow-outside-paths if you trust it"))
     spec = Spec(label=label, spec_path=path, spec_bytes=raw, data_path=data_path, name=name,
                 calibration_path=calibration_path, key_lines=_key_lines(text), **_settings(keys))
     order = {key: rank for rank, key in enumerate(SpecTable.model_fields)}  # unknown keys (-1) first
