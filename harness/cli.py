@@ -8,14 +8,18 @@ reports any program killed by a closed pipe; nothing is printed).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
+import signal
 import sys
+import threading
+from pathlib import Path
 
 from harness import __version__, sandbox
 from harness.commands import COMMANDS
 from harness.plugins import load_plugins
-from harness.errors import UserError
+from harness.errors import Terminated, UserError, interrupted_exit_code, raise_terminated
 
 EXIT_PIPE_CLOSED = 128 + 13  # 128 + SIGPIPE
 
@@ -71,6 +75,16 @@ def _run(argv: list[str]) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if on_main else None  # as Ctrl-C does
+    try:
+        return _command(args, debug)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _command(args: argparse.Namespace, debug: bool) -> int:
     try:
         sandbox.confine_process()
         load_plugins()
@@ -78,17 +92,35 @@ def _run(argv: list[str]) -> int:
     except UserError as exc:
         print(f"quantgate: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("quantgate: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"quantgate: {'terminated (SIGTERM)' if isinstance(exc, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return interrupted_exit_code(exc)
     except BrokenPipeError:
         raise  # not an internal error: main() ends quietly
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or debug:
+            raise
+        print(f"quantgate: error: {disk_full_line(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - one readable line unless --debug
         if debug:
             raise
         print(f"quantgate: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 3
+
+
+def disk_full_line(exc: OSError) -> str:
+    """The file being written when the disk filled, and the room left where it lives."""
+    import shutil
+
+    where = Path(exc.filename) if exc.filename else Path.cwd()
+    folder = next((p for p in (where, *where.parents) if p.is_dir()), Path("/"))
+    free = shutil.disk_usage(folder).free
+    return (f"{exc.filename or 'a file'}: the disk is full ({free / 2**20:,.0f} MiB free on {folder}); free some "
+            "space (`quantgate cache ls` shows what the cache holds) and rerun with --resume: every stage already "
+            "written is kept, each file is written whole or not at all")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -17,3 +17,18 @@ class UserError(Exception):
         if not self.problems:
             return head
         return head + "".join(f"\n  - {p}" for p in self.problems)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI runners and Kubernetes send on a timeout), raised where a Ctrl-C would be so that a run
+    stops the same way: finished stages kept, a partial report, workers and servers stopped; exit 143, not 130."""
+
+    exit_code = 143
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json
+from harness.errors import Terminated, raise_terminated
 from harness.jobs import EvaluateJob, QuantizeJob
 from harness.runtime.device import cpu_kernel_environment
 from harness.sandbox import apply_offline, cache_locations
@@ -155,22 +156,26 @@ class _WorkerLog:
 
 @contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C that arrives inside the block and raise it at the block's end. Between Popen and the guard
-    that kills the worker on an interrupt, a Ctrl-C would leave the worker unkilled and its log closed under the
-    relay, which then printed a thread's traceback. Only Python's own SIGINT handler is swapped, and only on the
-    main thread (the only one that receives it)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    """Hold a Ctrl-C (or the CLI's SIGTERM) that arrives inside the block and raise it at the block's end. Between
+    Popen and the guard that kills the worker on an interrupt, a Ctrl-C would leave the worker unkilled and its log
+    closed under the relay, which then printed a thread's traceback. Only Python's own SIGINT handler and the CLI's
+    SIGTERM handler are swapped, and only on the main thread (the only one that receives them)."""
+    ours = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: raise_terminated}
+    held = {sig: handler for sig, handler in ours.items() if signal.getsignal(sig) is handler} \
+        if threading.current_thread() is threading.main_thread() else {}
+    if not held:
         yield
         return
     caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
     if caught:
-        raise KeyboardInterrupt
+        raise Terminated() if signal.SIGTERM in caught else KeyboardInterrupt
 
 
 def _relay_then_release(stream, log: _WorkerLog, label: str) -> None:

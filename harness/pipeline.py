@@ -19,7 +19,7 @@ from harness import __version__, progress
 from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree,
                            seal_dir, stable_hash)
 from harness.config import RunSpec
-from harness.errors import UserError
+from harness.errors import UserError, interrupted_exit_code
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
 from harness.environment import environment
 from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
@@ -81,15 +81,21 @@ class RunInputs:
 
 def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
     started = time.time()
-    inputs = prepare_inputs(spec)
+    out_existed = Path(spec.out).exists()
+    try:
+        inputs = prepare_inputs(spec)
+    except BaseException:
+        if not out_existed:  # a run refused up front leaves no empty output directory behind
+            remove_if_empty(Path(spec.out))
+        raise
     runs: dict[str, FormatRun] = {}
-    interrupted = False
+    interrupted = 0
     try:
         run_all_formats(inputs, runs)
-    except KeyboardInterrupt:
-        interrupted = True
-        progress.say("interrupted: writing a partial report; `quantgate run --resume --out "
-                     f"{inputs.out_dir}` continues from what finished")
+    except KeyboardInterrupt as exc:
+        interrupted = interrupted_exit_code(exc)
+        progress.say(f"{'terminated' if interrupted == 143 else 'interrupted'}: writing a partial report; "
+                     f"`quantgate run --resume --out {inputs.out_dir}` continues from what finished")
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
     from harness.evaluate import evaluate_formats
@@ -99,7 +105,7 @@ def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
     evaluation = evaluate_formats(inputs, runs)
     report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
     write_outputs(inputs.out_dir, report, evaluation.samples)
-    return report, 130 if interrupted else report.exit_code
+    return report, interrupted or report.exit_code
 
 
 def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
@@ -154,6 +160,7 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
                                  extra=c.recipe_extra()) for name, c in candidates.items()})
     tokenizer = load_tokenizer(source.path, spec.trust_remote_code)
     prompts = render_prompts(tokenizer, evalsets, spec)
+    check_prompt_lengths(prompts, model_config)
     calibration = None
     if any(r.calibration_samples for r in recipes.values()):
         calibration = load_calibration(spec, full_evalsets, tokenizer)
@@ -222,13 +229,40 @@ def prepare_output_dir(out_dir: Path) -> Path:
     return out_dir.resolve()
 
 
+def remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()  # only succeeds when empty
+    except OSError:
+        pass
+
+
 def load_tokenizer(model_path: Path, trust_remote_code: bool):
     from harness.quiet import quiet_imports
 
     with quiet_imports():
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        try:
+            return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"{model_path}: cannot load its tokenizer ({first}); a model directory needs its "
+                            "tokenizer files (tokenizer.json, or tokenizer.model, with tokenizer_config.json) beside "
+                            "config.json") from None
+
+
+def check_prompt_lengths(prompts: dict[str, list[Prompt]], model_config: dict) -> None:
+    """A prompt plus its new tokens beyond the model's context is refused here, before any model loads (it would
+    fail or be cut off silently deep in a worker)."""
+    limit = model_config.get("text_config", model_config).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return
+    too_long = [p for rendered in prompts.values() for p in rendered if p.tokens + p.max_new_tokens > limit]
+    if too_long:
+        listed = ", ".join(f"{p.evalset}/{p.item_id} ({p.tokens:,} + {p.max_new_tokens} new)" for p in too_long[:5])
+        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+        raise UserError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit:,} tokens "
+                        f"(max_position_embeddings): {listed}{more}; shorten those items or lower max_new_tokens")
 
 
 def render_prompts(tokenizer, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:

@@ -160,15 +160,22 @@ def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path, ca
     assert comparable(report) == comparable(expected)
 
 
-def test_ctrl_c_writes_a_partial_report_and_exits_130(reference, demo_cache, tmp_path):
+@pytest.mark.parametrize("how, code", [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_an_interrupt_writes_a_partial_report(how, code, reference, demo_cache, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to quantgate alone (what a CI runner or
+    Kubernetes sends on a timeout): the finished format kept, a partial report, the worker stopped, 130 / 143."""
     sets, expected = reference
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
     run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
-    wait_for_worker(run, "stages/int8/evaluate")
-    os.killpg(run.pid, signal.SIGINT)
+    worker = wait_for_worker(run, "stages/int8/evaluate")
+    if how == "Ctrl-C":
+        os.killpg(run.pid, signal.SIGINT)
+    else:
+        run.send_signal(signal.SIGTERM)
     stdout, stderr = run.communicate(timeout=120)
-    assert run.returncode == 130, stderr
+    assert run.returncode == code, stderr
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, "the worker outlived quantgate"
     partial = json.loads((out / "report.json").read_text())
     assert partial["formats"]["baseline"]["status"] == "ok"
     assert partial["formats"]["int8"]["status"] == "interrupted"

@@ -181,3 +181,58 @@ def test_a_spec_reads_no_file_outside_its_directory_unless_allowed(key, named, t
     assert code == 2 and f"{key} = '{named}' lies outside the spec's directory" in err, err
     if named != "/etc/hostname":  # a file that is not a QA set fails on its rows once allowed; the others load
         assert cli.main(["evalsets", "check", "--allow-outside-paths", str(sets / "faq.toml")]) == 0
+
+
+def _model_dir(path: Path, *, tokenizer: bool, max_position_embeddings: int = 2048) -> Path:
+    """A Llama-shaped model directory whose weights nothing could load: every check here refuses it first."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32,
+        "max_position_embeddings": max_position_embeddings, "dtype": "bfloat16"}))
+    (path / "model.safetensors").write_bytes(b"not really weights")
+    if tokenizer:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        words = Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1}, unk_token="<unk>"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>").save_pretrained(path)
+    return path
+
+
+def test_a_model_without_a_tokenizer_is_one_line_and_leaves_no_output_directory(tmp_path, capsys):
+    model = _model_dir(tmp_path / "model", tokenizer=False)
+    out = tmp_path / "out"
+    code = cli.main(["run", "--model", str(model), "--formats", "baseline", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{model}: cannot load its tokenizer" in err, err
+    assert not out.exists()
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_loading(tmp_path, capsys):
+    model = _model_dir(tmp_path / "model", tokenizer=True, max_position_embeddings=40)
+    out = tmp_path / "out"
+    code = cli.main(["run", "--model", str(model), "--formats", "baseline", "--out", str(out), "--max-items", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "prompt(s) do not fit the model's context of 40 tokens (max_position_embeddings): " in err, err
+    assert "en_incident_summaries/" in err and " new)" in err
+    assert not out.exists()
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    """Where a write fails for lack of space (ENOSPC), the command ends with one line naming the file and the room
+    left, not an internal error. The disk cannot be filled here; the command's write is made to fail so."""
+    import errno
+
+    from harness.commands import report as report_command
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "report.md"))
+
+    monkeypatch.setattr(report_command, "run", full)  # the parser is built per call: it takes the patched one
+    code = cli.main(["report", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{tmp_path / 'run' / 'report.md'}: the disk is full (" in err and "MiB free on" in err
