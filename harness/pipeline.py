@@ -144,6 +144,7 @@ def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
+    check_endpoints(spec)
     out_dir = prepare_output_dir(Path(spec.out))
     full_evalsets = load_evalsets(spec.evalsets, allow_outside_paths=spec.allow_outside_paths)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
@@ -216,6 +217,19 @@ def find_vllm_for(spec: RunSpec):
         progress.say(f"vLLM: {install.source}, {install.device}"
                      + (f", CPU kernels {install.cpu_kernel_library}" if install.cpu_kernel_library else ""))
     return install
+
+
+def check_endpoints(spec: RunSpec) -> None:
+    """Each --vllm-endpoint answers as a vLLM server before anything else runs (a dead URL or another kind of
+    server is one line, not a failure after the model was fetched and quantized)."""
+    from harness.runtime.vllm.client import NotVllm, vllm_identity
+
+    for fmt, url in spec.vllm_endpoints.items():
+        try:
+            vllm_identity(url)
+        except NotVllm as exc:
+            raise UserError(f"--vllm-endpoint {fmt}={url}: {exc}; start the vLLM server there or fix the URL") \
+                from None
 
 
 def prepare_output_dir(out_dir: Path) -> Path:
@@ -573,7 +587,24 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
                        error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
+    degenerate = degenerate_outputs(run.generations, served=served is not None and bool(served.generations))
+    if run.status == "ok" and degenerate:
+        return replace(run, status="failed", error=degenerate)
     return run
+
+
+def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) -> str | None:
+    """Why outputs cannot be scored at all: every prediction empty, or (over 4 items or more) one text for every
+    item. Garbage like that is a failure with its reason, never a verdict."""
+    predictions = [o["prediction"] for g in generations.values() if g.get("result") for o in g["result"]["outputs"]]
+    who = "the vLLM server" if served else "the model"
+    if len(predictions) >= 2 and not any(p.strip() for p in predictions):
+        return (f"{who} answered nothing: every one of its {len(predictions)} predictions is empty, so nothing can "
+                "be scored; read the format's log (a server or kernel that fails quietly does this)")
+    if len(predictions) >= 4 and len(set(predictions)) == 1:
+        return (f"{who} gave one answer to every item ({len(predictions)} predictions, all "
+                f"{predictions[0][:60]!r}), so nothing can be scored; read the format's log")
+    return None
 
 
 def reusable(spec: RunSpec, path: Path) -> bool:

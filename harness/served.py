@@ -17,7 +17,8 @@ from pathlib import Path
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.formats import FormatSpec
-from harness.runtime.vllm.client import CompletionRequest, Endpoint, RequestFailed, Sampling, complete_all, get_json
+from harness.runtime.vllm.client import (CompletionRequest, Endpoint, NotVllm, RequestFailed, Sampling, complete_all,
+                                         get_json, vllm_identity)
 from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_defaults_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
 from harness.runtime.vllm.locate import VllmInstall
@@ -231,10 +232,9 @@ def _endpoint_from(url: str, block: dict) -> Endpoint:
     """The served model's name from /v1/models, its version from /version (recorded in the block)."""
     base = url.rstrip("/")
     try:
-        models = get_json(base + "/v1/models")["data"]
-        version = get_json(base + "/version").get("version")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RequestFailed(f"--vllm-endpoint {url} does not answer as a vLLM server ({exc})") from None
+        version, models = vllm_identity(base)
+    except NotVllm as exc:
+        raise RequestFailed(f"--vllm-endpoint {url} does not answer as a vLLM server: {exc}") from None
     block.update(version=version, endpoint_models=[{"id": m.get("id"), "root": m.get("root"),
                                                     "max_model_len": m.get("max_model_len")} for m in models])
     return Endpoint(base, models[0]["id"])

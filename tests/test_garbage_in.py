@@ -236,3 +236,94 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert f"{tmp_path / 'run' / 'report.md'}: the disk is full (" in err and "MiB free on" in err
+
+
+class _Shaped:
+    """A loopback HTTP server that answers GET paths with fixed JSON (404 for the rest): the shapes of servers
+    that are not vLLM."""
+
+    def __init__(self, answers: dict[str, dict]):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                body = answers.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(json.dumps(body if body is not None else {"detail": "Not Found"}).encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("answers, message", [
+    (None, "no answer ("),
+    ({}, "GET /version answered HTTP 404, as no vLLM server does"),
+    ({"/version": {"version": "0.32.0"}, "/v1/models": {"object": "list", "data": [{"id": "m", "object": "model"}]}},
+     "GET /v1/models lists models that are not vLLM's own"),
+    ({"/version": {"v": 1}, "/v1/models": {"data": []}}, "GET /version answered"),
+    ({"/version": {"version": "0.32.0"}, "/v1/models": {"data": []}}, "GET /v1/models lists no model"),
+], ids=["nothing-listening", "plain-404", "openai-shaped", "no-version", "no-models"])
+def test_an_endpoint_that_is_not_vllm_is_refused_before_anything_runs(answers, message, tmp_path, capsys):
+    server = _Shaped(answers) if answers is not None else None
+    url = server.url if server else _closed_port()
+    out = tmp_path / "out"
+    try:
+        code = cli.main(["run", "--model", "demo", "--backend", "vllm", "--formats", "baseline",
+                         "--vllm-endpoint", f"baseline={url}", "--out", str(out)])
+    finally:
+        if server:
+            server.close()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--vllm-endpoint baseline={url}: {message}" in err and "start the vLLM server there" in err, err
+    assert not out.exists() and not (tmp_path / "cache" / "models").exists()
+
+
+@pytest.mark.parametrize("predictions, reason", [
+    (["", "", " ", ""], "the model answered nothing: every one of its 4 predictions is empty"),
+    (["Paris."] * 4, "the model gave one answer to every item (4 predictions, all 'Paris.')"),
+    (["Paris.", "Paris.", "Rome.", "Paris."], None),
+])
+def test_empty_or_constant_outputs_fail_the_format_with_the_reason(predictions, reason, tmp_path):
+    """Outputs as a worker writes them, read back by the pipeline's own collect step: garbage on every item is a
+    failed format (NO-GO with this reason in the report), never scored into a verdict."""
+    from harness.cache import atomic_write_json
+    from harness.decide import FormatOutcome, decide_format
+    from harness.pipeline import Artifact, DeviceRun, ResultFile, collect_results
+    from harness.policy import Policy
+
+    measurement = tmp_path / "measure.json"
+    atomic_write_json(measurement, {"memory": {"peak_bytes": 1}, "latency": {}})
+    generations = {}
+    for name, chunk in (("qa", predictions[:2]), ("sum", predictions[2:])):
+        path = tmp_path / f"generate-{name}.json"
+        atomic_write_json(path, {"evalset": name, "outputs": [{"id": f"i{k}", "prediction": p, "new_tokens": 3}
+                                                              for k, p in enumerate(chunk)]})
+        generations[name] = ResultFile(str(path), name)
+    run = collect_results("int8", Artifact("k", tmp_path, {}), DeviceRun(ResultFile(str(measurement), "m"),
+                                                                          generations), None, None)
+    assert run.error == reason or (reason and run.error.startswith(reason)), run.error
+    assert run.status == ("ok" if reason is None else "failed")
+    if reason:
+        decision = decide_format(FormatOutcome(name="baseline", items={}), FormatOutcome(
+            name="int8", status="failed", error=run.error, items={}), Policy())
+        assert decision.verdict == "NO-GO" and decision.reasons[0].startswith(reason)

@@ -62,6 +62,39 @@ def get_json(url: str, timeout: float = 10.0):
         return json.loads(response.read().decode("utf-8"))
 
 
+class NotVllm(ValueError):
+    """A URL that does not answer as a vLLM server does; the message says what it answered instead."""
+
+
+def vllm_identity(base_url: str, timeout: float = 10.0) -> tuple[str, list[dict]]:
+    """(version, models) as a vLLM server states them: GET /version answers {"version": ...} and GET /v1/models
+    lists at least one model card of vLLM's own (owned_by "vllm", with its max_model_len). Anything else raises
+    NotVllm: a server that is not there, or only speaks the OpenAI shape, is never trusted with a verdict."""
+    base = base_url.rstrip("/")
+    found = {}
+    for path in ("/version", "/v1/models"):
+        try:
+            found[path] = get_json(base + path, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            raise NotVllm(f"GET {path} answered HTTP {exc.code}, as no vLLM server does") from None
+        except urllib.error.URLError as exc:
+            raise NotVllm(f"no answer ({getattr(exc.reason, 'strerror', None) or exc.reason})") from None
+        except (OSError, ValueError) as exc:
+            raise NotVllm(f"GET {path} did not answer JSON ({type(exc).__name__})") from None
+    version = found["/version"].get("version") if isinstance(found["/version"], dict) else None
+    if not isinstance(version, str) or not version:
+        raise NotVllm(f"GET /version answered {str(found['/version'])[:80]!r}, not vLLM's {{\"version\": ...}}")
+    listing = found["/v1/models"]
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
+        raise NotVllm("GET /v1/models lists no model")
+    if not all(m.get("owned_by") == "vllm" and isinstance(m.get("max_model_len"), int) and m.get("id")
+               for m in models):
+        raise NotVllm("GET /v1/models lists models that are not vLLM's own (no owned_by \"vllm\" and "
+                      "max_model_len): an OpenAI-compatible server of another kind")
+    return version, models
+
+
 def get_text(url: str, timeout: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode("utf-8", errors="replace")
