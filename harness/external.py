@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.formats import EngineServing, FormatSpec
+from harness.formats import VLLM_BNB_PLUGIN, EngineServing, FormatSpec
 from harness.quant_config import QuantizationInfo, infer_method, read_quantization
 
 # The fields a candidate must share with the baseline to be judged against it (config.json).
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size")
 # method -> vLLM's --quantization name for it (None: vLLM has no such method)
-VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": None, "compressed-tensors": "compressed-tensors",
+VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": "bitsandbytes", "compressed-tensors": "compressed-tensors",
                 "fp8": "fp8"}
 # Storage layouts whose transformers/GPTQModel kernels are CUDA-only (GPTQModel 7.6: gemv_awq.py and
 # gemv_fast_awq.py list CUDA and ROCm devices only; marlin, exllama, bitblas are GPU kernels).
@@ -105,8 +105,10 @@ class ExternalCheckpoint:
         marlin = four_bit and method in ("gptq", "awq")
         serving = {"vllm": EngineServing(method, marlin=marlin, refusal=refusal),
                    "sglang": EngineServing(method, marlin=marlin)} if method else {}
+        bnb = method == "bitsandbytes"  # served through the vllm-bnb-plugin package (harness.formats' int8)
         return FormatSpec(self.name, engine="external", bits=self.bits or 16, vllm_quantization=method,
-                          vllm_refusal=refusal, four_bit_kernel=four_bit, serving=serving,
+                          vllm_refusal=refusal, four_bit_kernel=four_bit and not bnb, serving=serving,
+                          vllm_plugin=VLLM_BNB_PLUGIN if bnb else None, vllm_load_format="bitsandbytes" if bnb else None,
                           recipe_extra={"vllm_linear_kernels": vllm_linear_kernels(self.quantization)})
 
     def provenance(self) -> dict:
@@ -229,9 +231,6 @@ def _json_object(file: Path, name: str) -> dict:
 
 def vllm_refusal(info: QuantizationInfo) -> str | None:
     """Why no vLLM device can load the checkpoint (vLLM 0.32's readers; see the module notes); None: it may."""
-    if info.method == "bitsandbytes":
-        return ("a bitsandbytes checkpoint: vLLM 0.32 and later have no bitsandbytes method; transformers serves "
-                "it")
     if info.method == "gptq":
         return _gptq_refusal(info)
     if info.method == "awq":

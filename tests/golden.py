@@ -7,6 +7,7 @@ vendors' float32 kernels (MKL blocks its reductions by vendor), even with QUANTG
 is the input of an exact check (replay) and the reference of a tolerant one (test_golden_report.py).
 
     QUANTGATE_FORCE_AVX2=1 python tests/golden.py record    # runs the model; rewrites tests/fixtures/golden/
+    python tests/golden.py expected                         # no model: renews expected/ after a deliberate change
 
 The expected files hold <ROOT>, <CACHE> and <OUT> where the recording machine had its checkout, cache and output
 directory; created_at, the device and the library versions are the recording's (replay puts them back).
@@ -119,13 +120,19 @@ def record(out: Path) -> dict:
     GOLDEN.mkdir(parents=True, exist_ok=True)
     RECORDED.write_text(placeholders(json.dumps(recorded, indent=1, ensure_ascii=False), out) + "\n",
                         encoding="utf-8")
-    # The expected files are the replay's, from the recording as saved: the same path any later replay takes.
-    replayed = replay(json.loads(RECORDED.read_text(encoding="utf-8")), out / "replayed")
+    write_expected(out / "replayed")
+    return recorded
+
+
+def write_expected(scratch: Path) -> None:
+    """The expected files: the replay's, from the recording as saved (the path every later replay takes). After a
+    deliberate change downstream of the model (a new plan rule, a new report line), this alone renews them; read
+    `git diff tests/fixtures/golden/expected` before committing."""
+    replayed = replay(json.loads(RECORDED.read_text(encoding="utf-8")), scratch)
     EXPECTED.mkdir(exist_ok=True)
     for name in COMPARED:
         (EXPECTED / name).write_text(placeholders((replayed / name).read_text(encoding="utf-8"), replayed),
                                      encoding="utf-8")
-    return recorded
 
 
 def _built(inputs, runs: dict, out: Path, wall_s: float) -> str:
@@ -166,13 +173,18 @@ def spread(reports: list[Path]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
+    import tempfile
+
     if sys.argv[1:2] == ["spread"]:
         spread([Path(p) for p in sys.argv[2:]])
         sys.exit(0)
+    if sys.argv[1:] == ["expected"]:
+        with tempfile.TemporaryDirectory() as scratch:
+            write_expected(Path(scratch) / "replayed")
+        sys.exit(f"rewrote {EXPECTED} from {RECORDED}; review the diff")
     if sys.argv[1:] != ["record"]:
-        sys.exit("usage: QUANTGATE_FORCE_AVX2=1 python tests/golden.py record | python tests/golden.py spread "
-                 "[OTHER/report.json ...]")
-    import tempfile
+        sys.exit("usage: QUANTGATE_FORCE_AVX2=1 python tests/golden.py record | python tests/golden.py expected | "
+                 "python tests/golden.py spread [OTHER/report.json ...]")
 
     with tempfile.TemporaryDirectory() as scratch:
         recording = record(Path(scratch) / "run")

@@ -113,14 +113,26 @@ def test_float32_host_plans_the_16_bit_serving_size():
     assert memory["weights_bytes"] == DEMO_WEIGHTS["baseline"] and memory["activation_bytes"] == 50 * 2**20
 
 
-def test_int8_prints_no_vllm_flags_and_says_vllm_cannot_serve_it():
-    """vLLM 0.32+ has no bitsandbytes: the report no longer prints `--quantization bitsandbytes` (the legacy plan,
-    tests/test_capacity.py, still does for scripts/gpu_check)."""
+def test_int8_is_planned_for_vllm_with_the_bitsandbytes_plugin():
+    """bitsandbytes left vLLM's core for vllm-bnb-plugin (0.32 on): the plan prints its flags and names the plugin
+    it needs, as SGLang's plan prints its own bitsandbytes."""
     entry = format_entry(inputs_for(DEMO_CONFIG), measured("int8", DEMO_WEIGHTS["int8"]), 600)
     cap = entry["capacity"]
-    assert cap["vllm_flags"] == "" and cap["servable"] is False and not cap["fits"]
-    assert "cannot serve the int8" in cap["note"] and "bitsandbytes" not in cap["vllm_flags"]
-    assert entry["serving"]["sglang"]["fits"]  # SGLang still serves bitsandbytes
+    assert cap["servable"] is True and cap["fits"]
+    assert cap["vllm_flags"].endswith("--quantization bitsandbytes --load-format bitsandbytes")
+    assert any("vllm-bnb-plugin" in note for note in entry["serving"]["vllm"]["notes"])
+    assert entry["serving"]["sglang"]["fits"]
+
+
+@pytest.fixture
+def unservable_format(monkeypatch):
+    """A format no vLLM serves (its FormatSpec refuses), registered for one test: what a verdict on capacity does
+    with a format vLLM cannot serve at all."""
+    from harness.formats import FORMAT_SPECS, FormatSpec
+
+    spec = FormatSpec("legacy8", engine="test", bits=8, vllm_refusal="legacy8 is no vLLM quantization method")
+    monkeypatch.setitem(FORMAT_SPECS, "legacy8", spec)
+    return "legacy8"
 
 
 def test_run_target_defaults_to_an_80_gib_gpu():
@@ -205,8 +217,8 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     assert "      vllm serve MODEL --max-model-len 600" in gptq and "      python -m sglang.launch_server" in gptq
     assert gptq.count("vllm serve MODEL") == 1  # the capacity paragraph leaves the command to the vLLM row
     int8 = md[md.index("## int8"):md.index("## gptq")]
-    assert "vLLM cannot serve this format" in int8 and "- **vLLM 0.3" in int8 and "cannot serve it: vLLM" in int8
-    assert "bitsandbytes\n" not in int8.split("**Serving")[1].split("SGLang")[0]
+    assert "- **vLLM 0.3" in int8 and "--quantization bitsandbytes --load-format bitsandbytes" in int8
+    assert "vllm-bnb-plugin" in int8
     assert "**Capacity.** On an L4 (22.49 GiB) at 0.92 utilization, max-model-len 600: " in gptq
     report["settings"]["capacity"]["target_source"] = "policy"
     md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
@@ -299,19 +311,21 @@ def test_no_serving_target_no_check_and_unplanned_is_inconclusive():
     assert not L4_POLICY.without_budgets().serving.checked
 
 
-def test_llama3_8b_on_an_l4_with_real_numbers():
+def test_llama3_8b_on_an_l4_with_real_numbers(unservable_format):
     """Llama-3-8B at 4,096 tokens on an L4 (22.49 GiB), vLLM, a measured 50 MiB activation peak: the 16-bit weights
-    leave room for 9 sequences (512 MiB each), the 4-bit ones for 29; int8 vLLM cannot serve. The check plans at the
-    policy's L4 whatever the run targets."""
+    leave room for 9 sequences (512 MiB each), int8 for 22, the 4-bit ones for 29; a format vLLM cannot serve, for
+    none. The check plans at the policy's L4 whatever the run targets."""
     shape = model_shape(text_config(LLAMA3_8B))
     inputs = inputs_for(LLAMA3_8B, policy=L4_POLICY)
-    fits = {name: serving_fit(inputs, measured(name, weights)) for name, weights in LLAMA_WEIGHTS.items()}
-    assert {name: fit.max_concurrency for name, fit in fits.items()} == {"baseline": 9, "int8": 0, "gptq": 29,
-                                                                         "awq": 29}
+    weights = {**LLAMA_WEIGHTS, unservable_format: LLAMA_WEIGHTS["int8"]}
+    fits = {name: serving_fit(inputs, measured(name, size)) for name, size in weights.items()}
+    assert {name: fit.max_concurrency for name, fit in fits.items()} == {"baseline": 9, "int8": 22, "gptq": 29,
+                                                                         "awq": 29, unservable_format: 0}
     direct = plan_vllm(shape, weight_format("awq", 64), Target(gpu_by_name("L4")),
                        Workload(max_model_len=4096, weights_bytes=LLAMA_WEIGHTS["awq"], activation_bytes=50 * 2**20))
     assert fits["awq"].max_concurrency == direct.max_concurrency and fits["awq"].weights_source == "measured"
-    assert not fits["int8"].servable and "bitsandbytes" in fits["int8"].reason
+    assert fits["int8"].servable
+    assert not fits[unservable_format].servable and "no vLLM quantization method" in fits[unservable_format].reason
     # the report's plan is the check's when the run names no target of its own; a run that names 80 GiB gets that
     report_plan = format_entry(inputs, measured("awq", LLAMA_WEIGHTS["awq"]), 4096)["serving"]["vllm"]
     assert report_plan["max_concurrency"] == fits["awq"].max_concurrency == 29
@@ -321,10 +335,12 @@ def test_llama3_8b_on_an_l4_with_real_numbers():
     assert serving_fit(own, measured("awq", LLAMA_WEIGHTS["awq"])).max_concurrency == 29  # the check: still the L4
 
     baseline = outcome("baseline")
-    decisions = {name: decide_format(baseline, outcome(name, fits[name]), L4_POLICY) for name in ("int8", "gptq", "awq")}
-    assert {n: d.verdict for n, d in decisions.items()} == {"int8": "NO-GO", "gptq": "GO", "awq": "GO"}
-    assert capacity_check(decisions["int8"])["detail"].startswith(
-        "vLLM cannot serve it on an L4, policy needs 8 sequences of 4,096 tokens: vLLM")
+    decisions = {name: decide_format(baseline, outcome(name, fits[name]), L4_POLICY)
+                 for name in ("int8", "gptq", "awq", unservable_format)}
+    assert {n: d.verdict for n, d in decisions.items()} == {"int8": "GO", "gptq": "GO", "awq": "GO",
+                                                            unservable_format: "NO-GO"}
+    assert capacity_check(decisions[unservable_format])["detail"].startswith(
+        "vLLM cannot serve it on an L4, policy needs 8 sequences of 4,096 tokens: legacy8 is no vLLM")
     assert capacity_check(decisions["gptq"])["detail"] == "holds 29 sequences of 4,096 tokens on an L4, policy needs 8"
 
     # more than the L4 holds: every 4-bit format is NO-GO with its numbers
@@ -335,18 +351,19 @@ def test_llama3_8b_on_an_l4_with_real_numbers():
     assert capacity_check(decision)["detail"] == "holds 29 sequences of 4,096 tokens on an L4, policy needs 30"
 
 
-def test_recommendation_is_the_smallest_format_that_is_go_and_fits():
-    """On a CPU host int8's measured peak can be the smallest, but vLLM cannot serve it: the capacity check makes it
-    NO-GO and the recommendation the smallest format that is GO and fits."""
+def test_recommendation_is_the_smallest_format_that_is_go_and_fits(unservable_format):
+    """On a CPU host a format's measured peak can be the smallest while vLLM cannot serve it: the capacity check makes
+    it NO-GO and the recommendation the smallest format that is GO and fits."""
     inputs = inputs_for(LLAMA3_8B, policy=L4_POLICY)
-    peaks = {"int8": 9_500_000_000, "awq": 9_700_000_000, "gptq": 9_900_000_000}
+    peaks = {unservable_format: 9_500_000_000, "awq": 9_700_000_000, "gptq": 9_900_000_000}
+    weights = {**LLAMA_WEIGHTS, unservable_format: LLAMA_WEIGHTS["int8"]}
     baseline = outcome("baseline")
-    decisions = {name: decide_format(baseline, outcome(name, serving_fit(inputs, measured(name, LLAMA_WEIGHTS[name])),
+    decisions = {name: decide_format(baseline, outcome(name, serving_fit(inputs, measured(name, weights[name])),
                                                        peaks[name]), L4_POLICY) for name in peaks}
     rec = recommend(decisions, peaks)
     assert rec["format"] == "awq" and rec["runner_up"] == "gptq"
     without = {name: decide_format(baseline, outcome(name, None, peaks[name]), Policy()) for name in peaks}
-    assert recommend(without, peaks)["format"] == "int8"  # as before, when the policy names no serving target
+    assert recommend(without, peaks)["format"] == unservable_format  # when the policy names no serving target
 
 
 def test_demo_model_fits_an_l4_many_times_over():

@@ -125,7 +125,8 @@ SERVED = {
     "gptqmodel_v2_dynamic": ("8-bit weight-only", "8-bit weight-only", None),
     "autoawq_gemm": ("cpu_gemm_wna16", None, None),
     "autoawq_gemv": ("gemv layout", "gemv layout", "gemv layout"),
-    "bitsandbytes_nf4": ("no bitsandbytes method", "no bitsandbytes method", "no bitsandbytes method"),
+    # these installs lack the plugin that gives vLLM its bitsandbytes method; with it, it is served (below)
+    "bitsandbytes_nf4": ("vllm-bnb-plugin plugin", "vllm-bnb-plugin plugin", "vllm-bnb-plugin plugin"),
     "compressed_tensors_w4a16": ("cpu_gemm_wna16", None, None),
     "compressed_tensors_w8a8": (None, None, None),
     "compressed_tensors_fp8_dynamic": (None, None, None),
@@ -139,6 +140,16 @@ def test_vllm_refuses_before_loading_what_it_cannot_load(key, tmp_path):
     for install, expected in zip((AVX2, AVX512, CUDA), SERVED[key]):
         why = refusal(spec, install, "0.32.0")
         assert (why is None) if expected is None else (expected in (why or "")), (install.device, why)
+
+
+def test_a_bitsandbytes_checkpoint_is_served_where_the_plugin_gives_vllm_the_method(tmp_path):
+    from dataclasses import replace
+
+    spec = _candidate(tmp_path, "bitsandbytes_nf4").format_spec()
+    with_plugin = replace(AVX512, quantization_methods=AVX512.quantization_methods | {"bitsandbytes"},
+                          plugins=("vllm-bnb-plugin 0.0.3",))
+    assert refusal(spec, with_plugin, "0.32.0") is None
+    assert spec.vllm_load_format == "bitsandbytes" and spec.vllm_plugin == "vllm-bnb-plugin"
 
 
 def test_vllm_refusals_of_other_layouts(tmp_path):
@@ -254,7 +265,8 @@ def test_a_legacy_quantized_model_is_not_a_baseline(tmp_path):
 
 
 def test_candidates_plan_the_quantization_value_vllm_takes(tmp_path):
-    """compressed-tensors has no "_marlin" variant (vLLM picks Marlin inside it); GPTQ does; bitsandbytes is refused."""
+    """compressed-tensors has no "_marlin" variant (vLLM picks Marlin inside it); GPTQ does; bitsandbytes is served
+    through its plugin."""
     from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm
     from harness.measure.capacity.memory import WeightFormat
 
@@ -269,5 +281,5 @@ def test_candidates_plan_the_quantization_value_vllm_takes(tmp_path):
 
     assert planned("compressed_tensors_w4a16").arg("--quantization") == "compressed-tensors"
     assert planned("autogptq_v1").arg("--quantization") == "gptq_marlin"
-    nf4 = planned("bitsandbytes_nf4")
-    assert not nf4.servable and "bitsandbytes" in nf4.reason
+    nf4 = planned("bitsandbytes_nf4")  # through vllm-bnb-plugin, as the report says beside the command
+    assert nf4.servable and nf4.arg("--quantization") == "bitsandbytes" and nf4.arg("--load-format") == "bitsandbytes"

@@ -43,9 +43,10 @@ def test_cpu_smoke_runs_quantgate_and_prints_the_memory_figures():
     assert re.search(r"memory\.kv_bytes_per_token_measured +\d", out)
     assert "latency batch 1: TTFT p50" in out
     assert re.search(r"vllm serve MODEL --max-model-len \d+ .*--gpu-memory-utilization 0\.9", out)  # the planner's
-    # the report's plan is the version-aware one: vLLM 0.32+ cannot serve int8, so no bitsandbytes flag
-    assert "capacity.vllm_flags: --max-model-len" in out and "--quantization bitsandbytes" not in out
-    assert "[ok] int8: capacity plan says vLLM cannot serve it (no flags)" in out
+    # the report's plan is the version-aware one: vLLM 0.32+ serves int8 through the vllm-bnb-plugin package
+    assert "capacity.vllm_flags: --max-model-len" in out
+    assert "--quantization bitsandbytes --load-format bitsandbytes" in out
+    assert "[ok] int8: capacity plan with vLLM flags" in out
     assert "[ok] int8: KV bytes per token: measured vs predicted from the config" in out
     assert "FAIL" not in out
     assert out.rstrip().endswith("all checks passed")

@@ -110,11 +110,12 @@ def test_memory_breakdown_matches_the_formats(demo_run):
     # 2 x 30 layers x 3 KV heads x 64 head dim x element bytes, predicted and measured from a real prefill
     assert formats["baseline"]["memory"]["kv_bytes_per_token"] == 11520 * element
     assert formats["baseline"]["memory"]["kv_bytes_per_token_measured"] == 11520 * element
-    for name in ("baseline", "gptq", "awq"):
+    for name in FORMATS:
         assert formats[name]["capacity"]["max_num_seqs"] >= 1
         assert "--max-model-len" in formats[name]["capacity"]["vllm_flags"]
-    # bitsandbytes int8 is not a vLLM 0.32+ quantization method: no flags vLLM would reject, and it says so
-    assert formats["int8"]["capacity"]["servable"] is False and formats["int8"]["capacity"]["vllm_flags"] == ""
+    # bitsandbytes int8 through vLLM's bitsandbytes plugin (vllm-bnb-plugin)
+    assert formats["int8"]["capacity"]["servable"] is True
+    assert "--quantization bitsandbytes --load-format bitsandbytes" in formats["int8"]["capacity"]["vllm_flags"]
 
 
 def test_artifacts_carry_a_manifest(demo_run):
@@ -149,4 +150,4 @@ def test_the_report_validates_against_the_published_schema(demo_run, demo_run_no
             timeline = report["formats"][name]["memory"]["timeline"]
             assert timeline["peaks"]["rss_bytes"]["bytes"] > 0 and timeline["stages"][0]["stage"] == "load"
         assert set(report["formats"]["gptq"]["serving"]) == {"vllm", "sglang", "trtllm"}
-        assert report["formats"]["int8"]["capacity"]["vllm_flags"] == ""  # vLLM 0.32+ cannot serve bitsandbytes
+        assert "--quantization bitsandbytes" in report["formats"]["int8"]["capacity"]["vllm_flags"]  # its plugin

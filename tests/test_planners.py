@@ -135,9 +135,11 @@ def test_without_chunked_prefill_the_budget_covers_a_prompt():
     assert trt.arg("--max_num_tokens") == "4096" and trt.arg("--enable_chunked_prefill") is None
 
 
-def test_int8_is_not_servable_by_vllm_but_planned_for_sglang():
+def test_int8_is_planned_for_vllm_through_its_bitsandbytes_plugin_and_for_sglang():
+    """bitsandbytes left vLLM's core for vllm-bnb-plugin: the plan serves int8 with it and names the plugin."""
     vllm = _plan("vllm", LLAMA3_8B, fmt="int8")
-    assert not vllm.servable and not vllm.fits and vllm.command == "" and "bitsandbytes" in vllm.reason
+    assert vllm.servable and vllm.fits and vllm.arg("--quantization") == "bitsandbytes"
+    assert vllm.arg("--load-format") == "bitsandbytes" and any("vllm-bnb-plugin" in note for note in vllm.notes)
     sglang = _plan("sglang", LLAMA3_8B, fmt="int8")
     assert sglang.fits and sglang.arg("--quantization") == "bitsandbytes"
     trt = _plan("trtllm", LLAMA3_8B, fmt="int8")
@@ -295,7 +297,7 @@ def test_the_checks_catch_what_the_engines_reject():
         f"--max-num-batched-tokens {batched}", "--max-num-batched-tokens 1024 --no-enable-chunked-prefill")
     assert "derived max_model_len" in vllm_errors("--max-model-len 4096", "--max-model-len 100000")
     assert "must be in (0, 1]" in vllm_errors("--gpu-memory-utilization 0.92", "--gpu-memory-utilization 1.2")
-    assert "not a quantization method of vLLM 0.32" in vllm_errors("awq_marlin", "bitsandbytes")
+    assert "not a quantization method of vLLM 0.32" in vllm_errors("awq_marlin", "gguf")
     assert "compute capability 8.0" in vllm_errors("", "", gpu=T4)
     assert "Bfloat16" in vllm_errors("", "", gpu=T4)
     assert "extensible" in vllm_errors("--gpu-memory-utilization 0.92", "--kv-cache-memory-bytes 1000000")

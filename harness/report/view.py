@@ -583,8 +583,19 @@ def serving_rows(fmt: FormatResult) -> list[ServingRow]:
             summary = (f"KV cache {fmt_bytes(kv_bytes)} holds {fmt_int(plan.kv_tokens)} "
                        f"tokens: {fmt_int(plan.max_concurrency)} sequences of {fmt_int(plan.max_model_len)} tokens"
                        f"{shared}; the command runs {fmt_int(plan.max_num_seqs)} at once")
+            summary += plugin_requirement(engine, plan.command)
         rows.append(ServingRow(title, summary, plan.command, plan.config_yaml))
     return rows
+
+
+def plugin_requirement(engine: str, command: str) -> str:
+    """'; needs the vllm-bnb-plugin package beside vLLM' where the command's --quantization comes from a plugin."""
+    from harness.measure.capacity.vllm import PLUGIN_METHODS
+
+    words = command.split()
+    method = words[words.index("--quantization") + 1] if "--quantization" in words[:-1] else None
+    plugin = PLUGIN_METHODS.get(method) if engine == "vllm" else None
+    return f"; needs the {plugin} package beside vLLM (its --quantization {method})" if plugin else ""
 
 
 def vllm_command(fmt: FormatResult) -> str:

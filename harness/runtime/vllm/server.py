@@ -180,18 +180,24 @@ def environment_for_server(base: dict[str, str]) -> dict[str, str]:
     other than harness itself (the supervisor needs it). Under QUANTGATE_FORCE_AVX2=1 the server takes an AVX2-only
     CPU's path as the format's workers do: the same kernel variables, and avx2_shim/sitecustomize.py so that vLLM
     loads its _C_AVX2 library (it asks torch about the hardware, which no variable changes)."""
-    from harness.runtime.device import cpu_kernel_environment
-
     env = dict(base, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
                VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    return with_forced_cpu(env)
+
+
+AVX2_SHIM = Path(__file__).resolve().parent / "avx2_shim"
+
+
+def with_forced_cpu(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a vLLM process (server or probe): under QUANTGATE_FORCE_AVX2=1 with the AVX2 kernel variables and
+    avx2_shim first on PYTHONPATH, so that vLLM takes an AVX2-only CPU's library; unchanged otherwise."""
+    from harness.runtime.device import cpu_kernel_environment
+
     forced = cpu_kernel_environment()
     if forced:
         env.update(forced)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AVX2_SHIM), env.get("PYTHONPATH")) if p)
     return env
-
-
-AVX2_SHIM = Path(__file__).resolve().parent / "avx2_shim"
 _KERNEL_LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
 
 
