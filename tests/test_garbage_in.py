@@ -110,9 +110,18 @@ def test_an_interval_is_ordered_and_within_the_scale(tmp_path, capsys):
     ('[floors]\nf1 = 150.0\n', "a floor must lie in (0, 100] points"),
     ('[serving]\ntarget_gpu = "L4"\nmin_concurrency = "8"\n', "key 'serving.min_concurrency': Input should be a valid integer"),
     ('[margins]\nf1 = -1.0\n', "must be a finite number of points >= 0"),
+    ('max_memory_gib = "8"\n', "key 'max_memory_gib': Input should be a valid number, got '8'"),
+    ('max_ttft_p95_ms = true\n', "key 'max_ttft_p95_ms': Input should be a valid number, got True"),
+    ('confidence = "0.95"\n', "key 'confidence': Input should be a valid number, got '0.95'"),
+    ('resamples = 2000.0\n', "key 'resamples': Input should be a valid integer, got 2000.0"),
+    ('seed = "0"\n', "key 'seed': Input should be a valid integer, got '0'"),
+    ('[floors]\nf1 = "50"\n', "key 'floors.f1': Input should be a valid number, got '50'"),
+    ('[min_items_for]\nf1 = 10.5\n', "key 'min_items_for.f1': Input should be a valid integer, got 10.5"),
+    ('inconclusive_is = true\n', "key 'inconclusive_is': Input should be 'fail' or 'pass', got True"),
 ], ids=["margin-evalset-typo", "floor-evalset-typo", "min-items-evalset", "margin-string", "margin-bool",
         "min-items-string", "min-items-float", "power-string", "margin-1e9", "margin-100", "floor-0", "floor-150",
-        "serving-string", "margin-negative"])
+        "serving-string", "margin-negative", "memory-string", "ttft-bool", "confidence-string", "resamples-float",
+        "seed-string", "floor-string", "min-items-for-float", "inconclusive-bool"])
 def test_a_policy_that_says_more_than_it_means_is_refused(policy, message, tmp_path, capsys):
     base, cand = _pair(tmp_path, evalset="en_faq")
     path = tmp_path / "policy.toml"
