@@ -98,14 +98,35 @@ def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
                      f"`quantgate run --resume --out {inputs.out_dir}` continues from what finished")
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
+    runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
+    report = finish(inputs, runs, started)
+    return report, interrupted or report.exit_code
+
+
+def finish(inputs: RunInputs, runs: dict[str, FormatRun], started: float) -> RunReport:
+    """Score, decide, plan, build and write the report. Should any of that fail, a report is still written, every
+    format in it failed with that reason (the stages' results stay in the cache for --resume), before the error
+    goes on to the CLI (exit 3)."""
     from harness.evaluate import evaluate_formats
     from harness.report.build import build_report
 
-    runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
-    evaluation = evaluate_formats(inputs, runs)
-    report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
+    try:
+        evaluation = evaluate_formats(inputs, runs)
+        report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
+    except Exception as exc:
+        reason = (f"the report could not be built ({type(exc).__name__}: {exc}); every finished stage is kept in "
+                  f"the cache: `quantgate run --resume --out {inputs.out_dir}` rebuilds it once this is fixed")
+        progress.say(reason)
+        failed = {fmt: FormatRun(fmt, status="failed", error=reason) for fmt in runs}
+        try:
+            evaluation = evaluate_formats(inputs, failed)
+            write_outputs(inputs.out_dir, build_report(inputs, failed, evaluation, wall_s=time.time() - started),
+                          evaluation.samples)
+        except Exception:  # noqa: BLE001 - the same fault again: the first error is the one to report
+            pass
+        raise
     write_outputs(inputs.out_dir, report, evaluation.samples)
-    return report, interrupted or report.exit_code
+    return report
 
 
 def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:

@@ -128,3 +128,29 @@ def changed_items(recorded: dict, run_dir) -> list[str]:
         if key in want and want[key] != sample["prediction"]:
             lines.append(f"  {' '.join(key)}: {sample['prediction']!r} (recorded {want[key]!r})")
     return lines
+
+
+def test_a_report_that_fails_to_build_is_still_written_naming_the_failure(demo_checkpoint, demo_cache, tmp_path,
+                                                                         monkeypatch):
+    """A failure after every format ran (a bug in scoring, say) once lost the report: now one is written, every
+    format failed with the reason, before the error reaches the CLI (exit 3)."""
+    import harness.evaluate
+    from golden import format_run, spec_for
+    from harness.pipeline import finish, prepare_inputs
+
+    monkeypatch.setenv("QUANTGATE_CACHE", str(demo_cache))
+    recorded = _recorded()
+    inputs = prepare_inputs(spec_for(recorded["command"], tmp_path / "run"))
+    runs = {name: format_run(record) for name, record in recorded["runs"].items()}
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(harness.evaluate, "score_item", broken)  # scoring a real output fails
+    with pytest.raises(ZeroDivisionError):
+        finish(inputs, runs, 0.0)
+    report = json.loads((tmp_path / "run" / "report.json").read_text(encoding="utf-8"))
+    for entry in report["formats"].values():
+        assert entry["status"] == "failed" and "the report could not be built (ZeroDivisionError" in entry["error"]
+        assert "--resume" in entry["error"]
+    assert (tmp_path / "run" / "report.md").is_file()
