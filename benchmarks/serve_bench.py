@@ -43,7 +43,8 @@ def _run_backend(backend: str, model_path: Path, evalset_spec: Path, items: int,
                  work: Path) -> BackendRun:
     out, cache = work / f"run-{backend}", work / f"cache-{backend}"
     command = [sys.executable, "-m", "harness", "run", "--model", str(model_path), "--formats", "baseline",
-               "--backend", backend, "--evalsets", str(evalset_spec), "--allow-outside-paths", "--max-items", str(items), "--batch-size",
+               "--backend", backend, "--evalsets", str(evalset_spec), "--allow-outside-paths",
+               "--max-items", str(items), "--batch-size",
                str(batch_size), "--max-num-seqs", str(batch_size), "--threads", str(threads),
                "--latency-requests", "2", "--concurrency", "1", "--out", str(out), "--quiet"]
     say(f"serve: {items} items through the {backend} backend")

@@ -38,8 +38,8 @@ from harness.quant_config import QuantizationInfo, infer_method, read_quantizati
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size")
 # method -> vLLM's --quantization name for it (None: vLLM has no such method)
-VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": "bitsandbytes", "compressed-tensors": "compressed-tensors",
-                "fp8": "fp8"}
+VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": "bitsandbytes",
+                "compressed-tensors": "compressed-tensors", "fp8": "fp8"}
 # Storage layouts whose transformers/GPTQModel kernels are CUDA-only (GPTQModel 7.6: gemv_awq.py and
 # gemv_fast_awq.py list CUDA and ROCm devices only; marlin, exllama, bitblas are GPU kernels).
 CUDA_ONLY_LAYOUTS = {("gptq", "marlin"), ("awq", "marlin"), ("awq", "exllama"), ("awq", "gemv_fast"),
@@ -108,7 +108,8 @@ class ExternalCheckpoint:
         bnb = method == "bitsandbytes"  # served through the vllm-bnb-plugin package (harness.formats' int8)
         return FormatSpec(self.name, engine="external", bits=self.bits or 16, vllm_quantization=method,
                           vllm_refusal=refusal, four_bit_kernel=four_bit and not bnb, serving=serving,
-                          vllm_plugin=VLLM_BNB_PLUGIN if bnb else None, vllm_load_format="bitsandbytes" if bnb else None,
+                          vllm_plugin=VLLM_BNB_PLUGIN if bnb else None,
+                          vllm_load_format="bitsandbytes" if bnb else None,
                           recipe_extra={"vllm_linear_kernels": vllm_linear_kernels(self.quantization)})
 
     def provenance(self) -> dict:

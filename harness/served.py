@@ -166,8 +166,8 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
                          kv_cache=kv_comparison(plan, facts), cpu_kernel_library=library)
             if library and install.cpu_kernel_library and library != install.cpu_kernel_library:
                 raise ServerFailed(f"the vLLM server loaded its {library} kernel library where quantgate planned for "
-                                   f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's probe "
-                                   f"assumes, so the served dtype and refusals may be wrong (log: {log_path})")
+                                   f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's "
+                                   f"probe assumes, so the served dtype and refusals may be wrong (log: {log_path})")
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
                              block, alive=server.alive)
             if not server.alive():
@@ -186,8 +186,8 @@ def served_block(install: VllmInstall | None, endpoint_url: str | None, **values
     block = {"status": "ok", "reason": None, "engine": "vllm", "scored": False,
              "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else install.source if install else None,
              "version": None if endpoint_url or install is None else install.version, "endpoint": endpoint_url,
-             "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None, "startup_s": None, "log": None, "kv_cache": None,
-             "latency": {}, "saturation": None, "rss_peak_bytes": None}
+             "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None, "startup_s": None, "log": None,
+             "kv_cache": None, "latency": {}, "saturation": None, "rss_peak_bytes": None}
     block.update(values)
     return block
 

@@ -211,7 +211,8 @@ def _not_a_number(present: bool, value: Any) -> str:
         return "missing (other lines have it)"
     if value is None:
         return "null, not a number"
-    kind = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    kinds = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}
+    kind = kinds.get(type(value), type(value).__name__)
     return f"expected a number, got {value!r} ({kind})"
 
 

@@ -198,6 +198,8 @@ def with_forced_cpu(env: dict[str, str]) -> dict[str, str]:
         env.update(forced)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AVX2_SHIM), env.get("PYTHONPATH")) if p)
     return env
+
+
 _KERNEL_LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
 
 
