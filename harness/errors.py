@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """Bad usage or bad input: message names the file/line/field and what to do."""
@@ -27,8 +30,15 @@ class Terminated(KeyboardInterrupt):
 
 
 def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
-    return 143 if isinstance(exc, Terminated) else 130
+    """143 for SIGTERM (Terminated), 130 for Ctrl-C: 128 + the signal's number, as shells report them."""
+    return getattr(exc, "exit_code", 130)
 
 
 def raise_terminated(signum, frame) -> None:
     raise Terminated()
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the closest of `known` to a misspelled `word`; "" when none is close."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -19,10 +19,11 @@ from harness import __version__, progress
 from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree,
                            seal_dir, stable_hash)
 from harness.config import RunSpec
-from harness.errors import UserError, interrupted_exit_code
+from harness.errors import Terminated, UserError, interrupted_exit_code
 from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
 from harness.environment import environment
 from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
+from harness.evalsets.prompts import check_prompt_lengths
 from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
 from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
@@ -32,6 +33,7 @@ from harness.quantize import quantizer_for, recipe_for
 from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe
 from harness.report.schema import RunReport, report_json
+from harness.runtime.vllm.client import check_endpoints
 from harness.source import ModelSource, check_remote_code, resolve_source
 
 
@@ -94,7 +96,7 @@ def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
         run_all_formats(inputs, runs)
     except KeyboardInterrupt as exc:
         interrupted = interrupted_exit_code(exc)
-        progress.say(f"{'terminated' if interrupted == 143 else 'interrupted'}: writing a partial report; "
+        progress.say(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: writing a partial report; "
                      f"`quantgate run --resume --out {inputs.out_dir}` continues from what finished")
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
@@ -165,7 +167,7 @@ def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
-    check_endpoints(spec)
+    check_endpoints(spec.vllm_endpoints)
     out_dir = prepare_output_dir(Path(spec.out))
     full_evalsets = load_evalsets(spec.evalsets, allow_outside_paths=spec.allow_outside_paths)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
@@ -240,19 +242,6 @@ def find_vllm_for(spec: RunSpec):
     return install
 
 
-def check_endpoints(spec: RunSpec) -> None:
-    """Each --vllm-endpoint answers as a vLLM server before anything else runs (a dead URL or another kind of
-    server is one line, not a failure after the model was fetched and quantized)."""
-    from harness.runtime.vllm.client import NotVllm, vllm_identity
-
-    for fmt, url in spec.vllm_endpoints.items():
-        try:
-            vllm_identity(url)
-        except NotVllm as exc:
-            raise UserError(f"--vllm-endpoint {fmt}={url}: {exc}; start the vLLM server there or fix the URL") \
-                from None
-
-
 def prepare_output_dir(out_dir: Path) -> Path:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -284,20 +273,6 @@ def load_tokenizer(model_path: Path, trust_remote_code: bool):
             raise UserError(f"{model_path}: cannot load its tokenizer ({first}); a model directory needs its "
                             "tokenizer files (tokenizer.json, or tokenizer.model, with tokenizer_config.json) beside "
                             "config.json") from None
-
-
-def check_prompt_lengths(prompts: dict[str, list[Prompt]], model_config: dict) -> None:
-    """A prompt plus its new tokens beyond the model's context is refused here, before any model loads (it would
-    fail or be cut off silently deep in a worker)."""
-    limit = model_config.get("text_config", model_config).get("max_position_embeddings")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-        return
-    too_long = [p for rendered in prompts.values() for p in rendered if p.tokens + p.max_new_tokens > limit]
-    if too_long:
-        listed = ", ".join(f"{p.evalset}/{p.item_id} ({p.tokens:,} + {p.max_new_tokens} new)" for p in too_long[:5])
-        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
-        raise UserError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit:,} tokens "
-                        f"(max_position_embeddings): {listed}{more}; shorten those items or lower max_new_tokens")
 
 
 def render_prompts(tokenizer, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:

@@ -11,15 +11,14 @@ detected a drop of the margin: its minimum detectable effect at `power` is at mo
 
 from __future__ import annotations
 
-import difflib
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from harness.errors import UserError
+from harness.errors import UserError, did_you_mean
 
 GIB = 1024**3
 SCORE_SCALE = 100.0  # every score is in points on 0-100
@@ -215,28 +214,28 @@ def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = N
     return policy
 
 
-def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
+def _keyed_entries(data: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(table, key) of every [margins]/[floors]/[min_items_for] key: "metric" or "evalset/metric"."""
     for table in ("margins", "floors", "min_items_for"):
         for key in data.get(table) or {}:
-            metric = key.rsplit("/", 1)[-1]
-            if metric not in known:
-                raise UserError(f"{source}: key '{table}.{key}': unknown metric '{metric}'{_did_you_mean(metric, known)} "
-                                f"(known: {', '.join(known)}; keys are 'metric' or 'evalset/metric')")
+            yield table, key
+
+
+def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
+    for table, key in _keyed_entries(data):
+        metric = key.rsplit("/", 1)[-1]
+        if metric not in known:
+            raise UserError(f"{source}: key '{table}.{key}': unknown metric '{metric}'{did_you_mean(metric, known)} "
+                            f"(known: {', '.join(known)}; keys are 'metric' or 'evalset/metric')")
 
 
 def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
-    for table in ("margins", "floors", "min_items_for"):
-        for key in data.get(table) or {}:
-            evalset, slash, _ = key.rpartition("/")
-            if slash and evalset not in known:
-                raise UserError(f"{source}: key '{table}.{key}': no evalset '{evalset}' in this run"
-                                f"{_did_you_mean(evalset, known)} (evalsets: {', '.join(known)}); a key for a set "
-                                "that is not there would be ignored")
-
-
-def _did_you_mean(word: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    for table, key in _keyed_entries(data):
+        evalset, slash, _ = key.rpartition("/")
+        if slash and evalset not in known:
+            raise UserError(f"{source}: key '{table}.{key}': no evalset '{evalset}' in this run"
+                            f"{did_you_mean(evalset, known)} (evalsets: {', '.join(known)}); a key for a set "
+                            "that is not there would be ignored")
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:

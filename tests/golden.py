@@ -113,7 +113,8 @@ def record(out: Path) -> dict:
     inputs = prepare_inputs(spec_for(COMMAND, out))
     runs: dict = {}
     run_all_formats(inputs, runs)
-    report = json.loads(_built(inputs, runs, out, time.time() - started))
+    build_outputs(inputs, runs, out, wall_s=time.time() - started)
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     recorded = {"command": list(COMMAND), "created_at": report["created_at"], "wall_s": report["wall_s"],
                 "device": report["device"], "environment": report["environment"],
                 "runs": {name: run_record(run) for name, run in runs.items()}}
@@ -133,11 +134,6 @@ def write_expected(scratch: Path) -> None:
     for name in COMPARED:
         (EXPECTED / name).write_text(placeholders((replayed / name).read_text(encoding="utf-8"), replayed),
                                      encoding="utf-8")
-
-
-def _built(inputs, runs: dict, out: Path, wall_s: float) -> str:
-    build_outputs(inputs, runs, out, wall_s=wall_s)
-    return (out / "report.json").read_text(encoding="utf-8")
 
 
 def score_differences(formats: dict, expected: dict | None = None) -> dict[str, float]:

@@ -7,6 +7,7 @@ import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.errors import UserError
 from harness.evalsets.data import Row
 from harness.evalsets.spec import Spec
 from harness.metrics.tokenizers import detect_language
@@ -147,3 +148,17 @@ def render_plain(evalset: EvalSet, item: EvalItem) -> str:
     blocks += [f"{_user_text(evalset, ex)}\n{cue}{gap}{ex.answer}" for ex in evalset.few_shot]
     blocks.append(f"{_user_text(evalset, item)}\n{cue}")
     return "\n\n".join(blocks)
+
+
+def check_prompt_lengths(prompts: dict[str, list[Prompt]], model_config: dict) -> None:
+    """A prompt plus its new tokens beyond the model's context is refused here, before any model loads (it would
+    fail or be cut off silently deep in a worker)."""
+    limit = model_config.get("text_config", model_config).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return
+    too_long = [p for rendered in prompts.values() for p in rendered if p.tokens + p.max_new_tokens > limit]
+    if too_long:
+        listed = ", ".join(f"{p.evalset}/{p.item_id} ({p.tokens:,} + {p.max_new_tokens} new)" for p in too_long[:5])
+        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+        raise UserError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit:,} tokens "
+                        f"(max_position_embeddings): {listed}{more}; shorten those items or lower max_new_tokens")

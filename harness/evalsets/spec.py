@@ -8,7 +8,6 @@ given, so that loading goes on and reports the problems of the data too.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from harness.errors import did_you_mean
 from harness.evalsets.data import DATA_FORMATS
 from harness.evalsets.paths import display_path
 from harness.metrics import METRIC_SPECS, metric_names
@@ -212,9 +212,7 @@ def _problem(error: ErrorDetails, table: dict[str, Any]) -> tuple[str, str]:
     """(key, message) of one validation error; the message without the file and line."""
     key, *entry = (str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(key, SPEC_KEYS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        return key, f"key '{key}' unknown{hint}; known keys: {', '.join(SPEC_KEYS)}"
+        return key, f"key '{key}' unknown{did_you_mean(key, SPEC_KEYS)}; known keys: {', '.join(SPEC_KEYS)}"
     if error["type"] in (_CHECK, _UNKNOWN_TASK):
         return key, error["msg"]
     if key == "columns" and entry:  # a column name that is not a string

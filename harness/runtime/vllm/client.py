@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from harness import progress
+from harness.errors import UserError
 
 REQUEST_TIMEOUT_S = 1800.0
 
@@ -93,6 +94,17 @@ def vllm_identity(base_url: str, timeout: float = 10.0) -> tuple[str, list[dict]
         raise NotVllm("GET /v1/models lists models that are not vLLM's own (no owned_by \"vllm\" and "
                       "max_model_len): an OpenAI-compatible server of another kind")
     return version, models
+
+
+def check_endpoints(endpoints: dict[str, str]) -> None:
+    """Each --vllm-endpoint (format -> URL) answers as a vLLM server, before anything else runs: a dead URL or
+    another kind of server is one line, not a failure after the model was fetched and quantized."""
+    for fmt, url in endpoints.items():
+        try:
+            vllm_identity(url)
+        except NotVllm as exc:
+            raise UserError(f"--vllm-endpoint {fmt}={url}: {exc}; start the vLLM server there or fix the URL") \
+                from None
 
 
 def get_text(url: str, timeout: float = 10.0) -> str:

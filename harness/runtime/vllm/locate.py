@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.errors import UserError
 from harness.runtime.device import FORCE_AVX2_ENV, cpu_is_avx2_only
-from harness.runtime.vllm.server import with_forced_cpu
+from harness.runtime.vllm.server import KERNEL_LIBRARY, with_forced_cpu
 
 PROJECT_ENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -47,7 +47,7 @@ info["device"] = "cuda" if torch.cuda.is_available() else "cpu"
 if info["device"] == "cpu":
     from vllm.platforms import current_platform
     current_platform.import_kernels()
-    mapped = re.findall(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so", open("/proc/self/maps").read())
+    mapped = re.findall(sys.argv[1], open("/proc/self/maps").read(), re.M)  # server.KERNEL_LIBRARY's pattern
     info["cpu_kernel_library"] = mapped[0] if mapped else None
     info["cpu_w4a16"] = hasattr(torch.ops._C, "cpu_gemm_wna16")
 print("@@probe " + json.dumps(info))
@@ -116,8 +116,8 @@ def probe(python: str) -> dict:
     env.pop(FORCE_AVX2_ENV, None)
     env.pop("PYTHONPATH", None)
     try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              env=with_forced_cpu(env))
+        done = subprocess.run([python, "-c", _PROBE, KERNEL_LIBRARY.pattern], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, env=with_forced_cpu(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"vLLM at {python}: could not ask it what it serves ({exc})") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith("@@probe ")]

