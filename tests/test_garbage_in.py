@@ -336,3 +336,19 @@ def test_empty_or_constant_outputs_fail_the_format_with_the_reason(predictions, 
         decision = decide_format(FormatOutcome(name="baseline", items={}), FormatOutcome(
             name="int8", status="failed", error=run.error, items={}), Policy())
         assert decision.verdict == "NO-GO" and decision.reasons[0].startswith(reason)
+
+
+@pytest.mark.parametrize("value", [0.5 * 300, -1.0, float("nan"), "80", None, True])
+def test_a_metric_that_scores_off_the_scale_stops_before_any_verdict(value, monkeypatch):
+    """A registered metric (a plugin's) whose item score is not a number on 0-100 is an error naming the metric,
+    never a score that the statistics would take."""
+    from harness.errors import UserError
+    from harness.metrics import METRIC_SPECS, MetricSpec, score_prediction
+
+    monkeypatch.setitem(METRIC_SPECS, "off_scale", MetricSpec("off_scale", "generation",
+                                                              item_score=lambda p, refs, lang: value))
+    with pytest.raises(UserError, match=r"metric 'off_scale' scored an item .*: a metric's item_score must return"):
+        score_prediction("generation", "en", "one two", ["one two three"], ["off_scale"])
+    monkeypatch.setitem(METRIC_SPECS, "on_scale", MetricSpec("on_scale", "generation",
+                                                             item_score=lambda p, refs, lang: 42))
+    assert score_prediction("generation", "en", "one two", ["one two three"], ["on_scale"]) == {"on_scale": 42.0}

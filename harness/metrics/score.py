@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
+from harness.errors import UserError
 from harness.metrics.qa import abstains, qa_scores
 from harness.metrics.registry import METRIC_SPECS
 from harness.metrics.rouge import RougeScorer
@@ -45,7 +46,12 @@ def _registered_score(spec, prediction: str, golds: Sequence[str], language: str
                       abstain_phrases: Sequence[str]) -> float:
     if spec.task == "qa" and not golds:  # unanswerable: the QA rule for every metric
         return 100.0 if abstains(prediction, abstain_phrases) else 0.0
-    return float(spec.item_score(prediction, golds, language))
+    value = spec.item_score(prediction, golds, language)
+    # A plugin's score reaches the paired statistics and the verdict: only a number on quantgate's 0-100 scale may.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 100.0:
+        raise UserError(f"metric '{spec.name}' scored an item {value!r}: a metric's item_score must return a number "
+                        "from 0 to 100 (points); fix the metric (a 0-1 score times 100)")
+    return float(value)
 
 
 def score_item(evalset: EvalSet, item: EvalItem, prediction: str) -> dict[str, float]:
