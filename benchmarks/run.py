@@ -5,6 +5,8 @@
 3. cache: the full demo run repeated unchanged vs cold
 4. quantization: quantgate's GPTQ and AWQ stages vs GPTQModel called directly
 5. serve: the same SQuAD items through the transformers backend and the vLLM backend (a real vllm serve)
+6. fidelity: the calibration of the fidelity rule, KL and top-1 agreement against task drops on a ladder of formats
+   (benchmarks/fidelity_bench.py); not a speed figure, the defaults of the policy's [fidelity] come from it
 
 Absolute times on a shared machine are noise; the ratios, measured minutes apart on the same machine, are the
 result, judged on CPU time where other jobs could inflate wall time. Writes reports/bench/latest.md (see
@@ -29,9 +31,11 @@ from benchmarks.common import ROOT, say  # noqa: E402
 from benchmarks.report import build_report, summary_table  # noqa: E402
 
 EVALSET = ROOT / "benchmarks" / "shared_evalsets" / "squad_200.toml"
-FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8}
-QUICK = {"items": 24, "repeats": 1, "profile_items": 8, "cache_items": 2, "calibration_samples": 4, "latency_requests": 2}
-STEPS = ("eval", "profile", "cache", "quantize", "serve")
+FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8,
+        "fidelity_items": 200}
+QUICK = {"items": 24, "repeats": 1, "profile_items": 8, "cache_items": 2, "calibration_samples": 4, "latency_requests": 2,
+         "fidelity_items": 6}
+STEPS = ("eval", "profile", "cache", "quantize", "serve", "fidelity")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -47,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"calibration texts for the demo run in 3-4 (default {FULL['calibration_samples']})")
     parser.add_argument("--latency-requests", type=int,
                         help=f"--latency-requests of the demo run in 3 (default {FULL['latency_requests']})")
+    parser.add_argument("--fidelity-items", type=int,
+                        help=f"items per public set in 6 (default {FULL['fidelity_items']}: every item)")
     parser.add_argument("--batch-size", type=int, default=8, help="generation batch size, every side (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every side (default 1)")
     parser.add_argument("--no-lm-eval-default-batch", dest="lm_eval_default_batch", action="store_false",
@@ -86,7 +92,7 @@ def main(argv: list[str]) -> int:
     demo = work / "checkpoint" / "smollm2-135m-instruct-bf16"
     if not demo.is_dir():
         shutil.copytree(resolve_source("demo").path, demo)
-    eval_run = cache_run = profile = serve_run = None
+    eval_run = cache_run = profile = serve_run = fidelity_run = None
     quantize_runs = []
     try:
         if "eval" in args.steps:
@@ -117,12 +123,18 @@ def main(argv: list[str]) -> int:
             from benchmarks.serve_bench import run_serve_bench
 
             serve_run = run_serve_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "serve")
+        if "fidelity" in args.steps:
+            from benchmarks.fidelity_bench import run_fidelity_bench
+
+            fidelity_run = run_fidelity_bench(demo, work / "fidelity", args.fidelity_items, args.calibration_samples,
+                                              args.threads, args.batch_size)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     run = {"args": args, "eval_run": eval_run, "profile": profile, "cache_run": cache_run,
            "quantize_runs": quantize_runs, "load_before": load_before, "load_after": os.getloadavg(),
-           "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z"), "serve_run": serve_run}
+           "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z"), "serve_run": serve_run,
+           "fidelity_run": fidelity_run}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     from benchmarks.results import save
@@ -132,13 +144,16 @@ def main(argv: list[str]) -> int:
 
 
 def write(out: Path, run: dict) -> int:
+    from benchmarks.fidelity_bench import render_fidelity_bench
     from benchmarks.serve_bench import render_serve_bench
 
     run = dict(run)
     serve_lines = render_serve_bench(run.pop("serve_run", None))
+    fidelity_lines = render_fidelity_bench(run.pop("fidelity_run", None))
     markdown, checks = build_report(**run)
-    if serve_lines:
-        markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(serve_lines) + "\n"
+    for lines in (serve_lines, fidelity_lines):
+        if lines:
+            markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
     out.write_text(markdown, encoding="utf-8")
     print("\n".join(summary_table(checks)))
     say(f"wrote {out} (and the raw results in {out.with_suffix('.json').name})")

@@ -29,6 +29,8 @@ from typing import Any, Iterable, Literal
 from harness import units
 from harness.measure.capacity.gpus import with_article
 from harness.measure.latency import P95_MIN_REQUESTS
+from harness.fidelity.rule import FidelityJudgment, judge_fidelity
+from harness.fidelity.summary import FidelityItem
 from harness.policy import Policy
 from harness.stats import PairedComparison, compare_paired, items_needed
 
@@ -68,15 +70,21 @@ class FormatOutcome:
     latency_source: str = "transformers"  # or "vLLM server": where ttft/tpot p95 were measured
     served_refusal: str | None = None  # backend vllm: why vLLM cannot serve this format (then it cannot be GO)
     saturation: dict | None = None  # backend vllm: the saturation check at the planned flags (load.saturation)
+    fidelity: dict[str, dict[str, FidelityItem]] = field(default_factory=dict)  # evalset -> id -> against baseline
+    fidelity_note: str | None = None  # why fidelity was not measured (harness.fidelity.plan)
+    languages: dict[str, str] = field(default_factory=dict)  # evalset -> language ("en", "zh")
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity"]
+    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity"]
     status: CheckStatus
     detail: str
     reason: str  # the line for `reasons` when the check does not pass
+    # inconclusive only for want of items (an interval that straddles the margin, too few items, MDE above the
+    # margin): the open question the fidelity rule may settle (Policy.fidelity.basis)
+    wants_evidence: bool = False
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "kind": self.kind, "status": self.status, "detail": self.detail,
@@ -90,9 +98,14 @@ class FormatDecision:
     reasons: list[str]
     checks: list[dict[str, str]]
     scores: dict[str, dict[str, dict[str, Any]]]  # evalset -> metric -> report.json score entry
+    # which rule carried the verdict: "tasks", "fidelity", "tasks and fidelity"; "" when none did (NO-GO or
+    # INCONCLUSIVE, or a failed run)
+    rule: str = ""
+    fidelity: dict[str, dict[str, Any]] = field(default_factory=dict)  # evalset -> FidelityJudgment.as_dict()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": self.reasons, "checks": self.checks, "scores": self.scores}
+        return {"verdict": self.verdict, "reasons": self.reasons, "checks": self.checks, "scores": self.scores,
+                "rule": self.rule, "fidelity": self.fidelity}
 
 
 def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy) -> FormatDecision:
@@ -126,10 +139,27 @@ def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Pol
             )
             scores[evalset][metric] = entry
             checks.extend(metric_checks)
+    judgments = _fidelity_judgments(baseline, candidate, policy, decided=[e for e in scores if any(
+        entry["gated"] for entry in scores[e].values())])
+    # Without any fidelity figures (`quantgate decide` on scores alone, a backend that measures none) the rule has
+    # nothing to say, and a line per evalset would only repeat that; "tasks_and_fidelity" needs it all the same.
+    if policy.fidelity.basis == "tasks_and_fidelity" or (policy.fidelity.basis != "tasks" and candidate.fidelity):
+        checks.extend(Check(f"{j.evalset}/fidelity", "fidelity", j.status, j.detail, f"{j.evalset}/fidelity: {j.detail}")
+                      for j in judgments)
     checks.extend(_budget_checks(candidate, policy))
     if candidate.calibration_overlap:
         checks.append(_calibration_check(candidate.calibration_overlap))
-    return _decision(candidate.name, checks, scores)
+    return _decision(candidate.name, checks, scores, policy.fidelity.basis,
+                     {j.evalset: j.as_dict() for j in judgments})
+
+
+def _fidelity_judgments(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy,
+                        decided: list[str]) -> list[FidelityJudgment]:
+    """The fidelity rule on every evalset the verdict gates on (harness.fidelity.rule)."""
+    return [judge_fidelity(evalset, candidate.fidelity.get(evalset), policy,
+                           clusters=baseline.clusters.get(evalset) or candidate.clusters.get(evalset),
+                           language=candidate.languages.get(evalset) or baseline.languages.get(evalset),
+                           note=candidate.fidelity_note) for evalset in decided]
 
 
 def _calibration_check(overlapping: tuple[str, ...]) -> Check:
@@ -142,29 +172,53 @@ def _calibration_check(overlapping: tuple[str, ...]) -> Check:
                  "cannot be GO; calibrate on text that is not evaluated (--calibration FILE)")
 
 
-def _decision(name: str, checks: list[Check], scores: dict) -> FormatDecision:
+def _decision(name: str, checks: list[Check], scores: dict, basis: str = "tasks",
+              fidelity: dict[str, dict[str, Any]] | None = None) -> FormatDecision:
+    """The verdict from the checks. Any fail: NO-GO. Then which rule carries a GO (Policy.fidelity.basis):
+    "tasks": every check passes (fidelity is reported, not judged); "tasks_and_fidelity": every check passes,
+    the fidelity checks included; "tasks_or_fidelity": every check but the fidelity ones passes (the task rule),
+    or every fidelity check passes and the only open checks are task metrics that want more items (the fidelity
+    rule). Otherwise INCONCLUSIVE, with every open check's reason."""
     failed = [c for c in checks if c.status == "fail"]
     open_ = [c for c in checks if c.status == "inconclusive"]
+    fidelity_checks = [c for c in checks if c.kind == "fidelity"]
+    fidelity_holds = bool(fidelity_checks) and all(c.status == "pass" for c in fidelity_checks)
+    task_open = [c for c in open_ if c.kind != "fidelity"]
+    rule = ""
     if failed:
         verdict: Verdict = "NO-GO"
-    elif open_:
-        verdict = "INCONCLUSIVE"
+    elif basis == "tasks_or_fidelity" and not task_open:
+        verdict, rule = "GO", "tasks and fidelity" if fidelity_holds else "tasks"
+    elif basis == "tasks_or_fidelity" and fidelity_holds and all(c.wants_evidence for c in task_open):
+        verdict, rule = "GO", "fidelity"
+    elif not open_:
+        verdict, rule = "GO", "tasks and fidelity" if fidelity_checks else "tasks"
     else:
-        verdict = "GO"
-    reasons = [c.reason for c in failed + open_] if failed or open_ else [_go_reason(checks)]
-    return FormatDecision(name, verdict, reasons, [c.as_dict() for c in checks], scores)
+        verdict = "INCONCLUSIVE"
+    if verdict == "GO":
+        reasons = [_go_reason(checks, rule, task_open)]
+    else:
+        reasons = [c.reason for c in failed + open_]
+    return FormatDecision(name, verdict, reasons, [c.as_dict() for c in checks], scores, rule, fidelity or {})
 
 
-def _go_reason(checks: list[Check]) -> str:
+def _go_reason(checks: list[Check], rule: str, task_open: list[Check]) -> str:
     kinds = [c.kind for c in checks]
-    parts = [
-        f"{kinds.count('metric')} gated metric(s) above their margins",
+    others = [
         *([f"{kinds.count('floor')} floor(s) met"] if "floor" in kinds else []),
         *(["memory within budget"] if "memory" in kinds else []),
         *(["latency within budget"] if "latency" in kinds else []),
         *(["fits the serving target"] if "capacity" in kinds else []),
     ]
-    return "every check passes: " + ", ".join(parts)
+    metrics = f"{kinds.count('metric')} gated metric(s) above their margins"
+    fidelity = f"fidelity within the policy's limits on {kinds.count('fidelity')} evalset(s)"
+    if rule == "fidelity":
+        wanting = ", ".join(c.name for c in task_open)
+        return ("GO by the fidelity rule: " + ", ".join([fidelity, *others]) + f"; the task metrics show no drop "
+                f"beyond their margins, but their sets are too small to show it alone ({wanting})")
+    if rule == "tasks and fidelity":
+        return "GO by the task and fidelity rules: every check passes: " + ", ".join([metrics, fidelity, *others])
+    return "GO by the task rule: every check passes: " + ", ".join([metrics, *others])
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -273,8 +327,8 @@ def _metric_check(
     name: str, metric: str, c: PairedComparison, margin: float | None, evidence: _Evidence,
     base: list[float], cand: list[float],
 ) -> Check:
-    def check(status: CheckStatus, detail: str) -> Check:
-        return Check(name, "metric", status, detail, f"{name}: {detail}")
+    def check(status: CheckStatus, detail: str, wants_evidence: bool = False) -> Check:
+        return Check(name, "metric", status, detail, f"{name}: {detail}", wants_evidence)
 
     if margin is None:
         return check("inconclusive", f"gated, but the policy sets no margin; add `{metric} = <points>` under [margins]")
@@ -301,10 +355,12 @@ def _metric_check(
         if not gaps:
             return check("pass", f"{measured} lies above {bound}")
         return check("inconclusive", f"{measured} lies above {bound}, but that is not evidence yet: {'; '.join(gaps)}; "
-                                     f"{_items_to_add(c, margin, evidence)}")
+                                     f"{_items_to_add(c, margin, evidence)}", wants_evidence=True)
+    # A mean drop beyond the margin is a task signal the fidelity rule must not talk over, however wide the interval.
     return check(
         "inconclusive",
         f"{measured} straddles {bound}; add items: this set can detect drops of {num(c.mde)} points or more",
+        wants_evidence=c.delta is not None and c.delta >= -margin,
     )
 
 

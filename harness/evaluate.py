@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from harness.decide import FormatDecision, FormatOutcome, ServingFit, decide_format
 from harness.evalsets.prompts import shared_prefix_tokens
+from harness.fidelity.summary import FidelityItem
 from harness.metrics import score_item
 from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
                                       WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
@@ -49,7 +50,21 @@ def score(inputs, run, samples: list[dict]) -> FormatOutcome:
         cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
         calibration_overlap=_calibration_overlap(inputs, name),
         serving_fit=serving_fit(inputs, run) if name != "baseline" else None,
+        fidelity=fidelity_items(run, samples), fidelity_note=getattr(run, "fidelity_note", None),
+        languages={e.name: e.language for e in inputs.evalsets},
     )
+
+
+def fidelity_items(run, samples: list[dict]) -> dict[str, dict[str, FidelityItem]]:
+    """The format's per-item fidelity (harness.fidelity), also added to its samples.jsonl rows as `fidelity`."""
+    by_set = {name: {str(row["id"]): FidelityItem.from_json(row) for row in result["items"]}
+              for name, result in (getattr(run, "fidelity", None) or {}).items()}
+    for sample in samples:
+        item = by_set.get(sample["evalset"], {}).get(sample["id"]) if sample["format"] == run.name else None
+        if item is not None:
+            sample["fidelity"] = {"kl": item.kl, "top1_agreement": item.top1_agreement,
+                                  "first_flip": item.first_flip, "tokens": item.positions}
+    return by_set
 
 
 def decide(inputs, outcomes: dict[str, FormatOutcome]) -> dict[str, FormatDecision]:

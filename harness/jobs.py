@@ -59,6 +59,28 @@ class GenerateTask:
 
 
 @dataclass(frozen=True)
+class FidelityTask:
+    """One evalset's fidelity work (harness.fidelity): mode "reference" (the baseline: teacher-force its own
+    generations at generation_path, items' prompt ids given, write reference_path) or "compare" (another format:
+    teacher-force the reference's ids, write result_path)."""
+
+    evalset: str
+    key: str
+    mode: str  # "reference" | "compare"
+    reference_path: str
+    result_path: str = ""
+    generation_path: str = ""
+    items: tuple[tuple[str, tuple[int, ...]], ...] = ()  # reference mode: (id, prompt token ids)
+
+    @classmethod
+    def from_json(cls, data: dict) -> FidelityTask:
+        return cls(**{**data, "items": tuple((i, tuple(ids)) for i, ids in data.get("items") or ())})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class QuantizeJob:
     source_path: str
     recipe: dict  # Recipe.as_dict()
@@ -90,6 +112,7 @@ class EvaluateJob:
     batch_size: int
     measure: MeasureTask | None = None
     generate: tuple[GenerateTask, ...] = ()
+    fidelity: tuple[FidelityTask, ...] = ()  # after the generations, outside the measured timeline
     format: str = ""
     devices: str | None = None
     dtype: str = "auto"
@@ -104,7 +127,8 @@ class EvaluateJob:
     def from_json(cls, data: dict) -> EvaluateJob:
         measure = data.get("measure")
         return cls(**{**data, "measure": MeasureTask.from_json(measure) if measure else None,
-                      "generate": tuple(GenerateTask.from_json(t) for t in data.get("generate") or ())})
+                      "generate": tuple(GenerateTask.from_json(t) for t in data.get("generate") or ()),
+                      "fidelity": tuple(FidelityTask.from_json(t) for t in data.get("fidelity") or ())})
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -24,7 +24,8 @@ from harness.calibration import CalibrationSet, check_overlap, choose_calibratio
 from harness.environment import environment
 from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
 from harness.evalsets.prompts import check_prompt_lengths
-from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
+from harness.fidelity.plan import FidelityPlan
+from harness.jobs import EvaluateJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
 from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
 from harness.metrics import metric_names
@@ -58,6 +59,8 @@ class FormatRun:
     stages_run: list[str] = field(default_factory=list)
     served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
     devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")
+    fidelity: dict[str, dict] = field(default_factory=dict)  # evalset -> its comparison (harness.fidelity.teacher)
+    fidelity_note: str | None = None  # why fidelity was not measured (for every evalset or some)
 
 
 @dataclass
@@ -163,6 +166,14 @@ def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
     for thread in lanes:
         while thread.is_alive():
             thread.join(0.5)  # a short join keeps Ctrl-C deliverable to this thread
+    # A format that ran beside the baseline found no reference to compare with: its fidelity runs now (all else
+    # of it is cached, so only the comparison loads the model).
+    for fmt in formats:
+        run = runs.get(fmt)
+        if fmt != "baseline" and run is not None and run.status == "ok" and run.fidelity_note \
+                and run.fidelity_note.startswith("no baseline reference") and runs.get("baseline") \
+                and runs["baseline"].status == "ok":
+            runs[fmt] = run_format(inputs, fmt, run.devices)
 
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:
@@ -340,6 +351,7 @@ class DevicePlan:
     generate: tuple[GenerateTask, ...]
     measurement: ResultFile
     generations: dict[str, ResultFile]
+    fidelity: FidelityPlan = FidelityPlan((), {})
 
 
 @dataclass(frozen=True)
@@ -350,6 +362,7 @@ class DeviceRun:
     generations: dict[str, ResultFile]
     stages_run: tuple[str, ...] = ()
     error: str | None = None
+    fidelity: FidelityPlan = FidelityPlan((), {})
 
 
 @dataclass(frozen=True)
@@ -404,32 +417,37 @@ def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str 
     (with `generate` False, the vLLM server generates instead)."""
     plan = pending_evaluation(inputs, fmt, artifact.key)
     tasks = plan.generate if generate else ()
+    fidelity = plan.fidelity.tasks
     stages_run: tuple[str, ...] = ()
     error = None
-    if plan.measure or tasks:
+    if plan.measure or tasks or fidelity:
         progress.say(f"{fmt}: loading the model to " + " and ".join(
             (["measure memory and latency"] if plan.measure else []) +
-            ([f"generate on {len(tasks)} evalset(s)"] if tasks else [])))
-        job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices)
+            ([f"generate on {len(tasks)} evalset(s)"] if tasks else []) +
+            ([f"measure fidelity on {len(fidelity)} evalset(s)"] if fidelity else [])))
+        job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices, fidelity)
         failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
-        stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks])
+        stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks]
+                           + [f"fidelity:{t.evalset}" for t in fidelity])
         if exit_.returncode != 0:
             error = _failure_reason(failure_path, exit_, "evaluation")
     else:
         progress.say(f"{fmt}: reusing cached results (measurement" + (
             f", generations on {len(plan.generations)} evalset(s))" if generate else ")"))
-    return DeviceRun(plan.measurement, plan.generations, stages_run, error)
+    return DeviceRun(plan.measurement, plan.generations, stages_run, error, plan.fidelity)
 
 
 def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
-                 generate: list[GenerateTask], devices: str | None = None) -> EvaluateJob:
+                 generate: list[GenerateTask], devices: str | None = None,
+                 fidelity: tuple[FidelityTask, ...] = ()) -> EvaluateJob:
     spec = inputs.spec
     return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
                        trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
                        runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                       fidelity=tuple(fidelity),
                        failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
 
 
@@ -537,10 +555,14 @@ def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
     return profile_budget(inputs) if profile_wanted() else None
 
 
+GENERATION_RECORD = 2  # 2: outputs carry their token ids (the fidelity stage's reference continuation)
+
+
 def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: list[Prompt]) -> str:
     """Prompts as rendered (template included) with their max_new_tokens: a change to either reruns the set."""
     return stable_hash({"artifact": artifact_key, "settings": settings, "evalset": evalset_hash,
-                        "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts]})
+                        "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts],
+                        "record": GENERATION_RECORD})
 
 
 def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
@@ -565,7 +587,42 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
         if not (reusable(spec, path) and _valid_result(path, "outputs")):
             generate_tasks.append(GenerateTask(evalset.name, gen_key, prompts[0].max_new_tokens if prompts else 1,
                                                tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
-    return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations)
+    return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations,
+                      fidelity_plan(inputs, fmt, artifact_key, settings, generations))
+
+
+def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict,
+                  generations: dict[str, ResultFile]) -> FidelityPlan:
+    """The format's fidelity tasks (harness.fidelity.plan), or a plan with the reason it measures none."""
+    from harness.fidelity.plan import plan_comparison, plan_reference
+
+    refused = fidelity_refusal(inputs, fmt)
+    if refused:
+        return FidelityPlan((), {}, refused)
+    may_reuse = lambda path: reusable(inputs.spec, path)  # noqa: E731
+    if fmt == "baseline":
+        return plan_reference({name: file.key for name, file in generations.items()},
+                              {name: file.path for name, file in generations.items()},
+                              {e.name: [(p.item_id, p.ids) for p in inputs.prompts[e.name]] for e in inputs.evalsets},
+                              may_reuse)
+    baseline = {e.name: generate_key(inputs.source.fingerprint, settings, e.content_hash, inputs.prompts[e.name])
+                for e in inputs.evalsets}
+    return plan_comparison(artifact_key, settings, baseline, may_reuse)
+
+
+def fidelity_refusal(inputs: RunInputs, fmt: str) -> str | None:
+    """Why this run measures no fidelity for the format, in one line; None when it does."""
+    from harness.runtime.registry import runtime_class
+
+    if inputs.spec.backend == "vllm":
+        return ("not measured with --backend vllm yet: the formats' outputs come from the server there, and "
+                "fidelity through its prompt_logprobs is not built; run with --backend transformers to measure it")
+    runtime = device_runtime(inputs.spec)
+    if not hasattr(runtime_class(runtime), "next_token_logprobs"):
+        return f"not measured: the {runtime} runtime gives no next-token log-probabilities (TeacherForcing)"
+    if inputs.candidate_notes.get(fmt):
+        return "not measured: its tokenizer differs from the baseline's, so their tokens cannot be compared"
+    return None
 
 
 def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
@@ -578,7 +635,8 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
                     generations={name: dict(file.as_dict(), result=file.read("outputs"))
                                  for name, file in generations.items()},
                     stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
-                    served=served.block if served else None, devices=devices)
+                    served=served.block if served else None, devices=devices,
+                    fidelity=read_fidelity(fmt, device.fidelity), fidelity_note=device.fidelity.note)
     missing = [n for n, e in run.generations.items() if e["result"] is None]
     if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
@@ -587,6 +645,14 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     if run.status == "ok" and degenerate:
         return replace(run, status="failed", error=degenerate)
     return run
+
+
+def read_fidelity(fmt: str, plan: FidelityPlan) -> dict[str, dict]:
+    """A format's comparisons read back (the baseline's references are read by the others' workers only)."""
+    if fmt == "baseline":
+        return {}
+    results = {name: read_json(Path(path)) for name, path in plan.results.items()}
+    return {name: value for name, value in results.items() if isinstance(value, dict) and "items" in value}
 
 
 def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) -> str | None:

@@ -12,6 +12,7 @@ detected a drop of the margin: its minimum detectable effect at `power` is at mo
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
@@ -75,6 +76,49 @@ class ServingTarget(BaseModel):
 
 DEFAULT_SERVING_LEN = 4096
 
+# Defaults of the fidelity rule (harness.fidelity, docs/fidelity.md: the calibration they come from).
+DEFAULT_MAX_KL = 0.05  # nats per token, KL(baseline || format)
+DEFAULT_MIN_TOP1_AGREEMENT = 94.0  # percent of output positions
+
+
+class FidelityRule(BaseModel):
+    """[fidelity]: how closely a format must reproduce the baseline, token by token, for the fidelity rule to carry
+    a GO (harness.decide). Keys of the *_for tables are an evalset's name or a language ("en", "zh")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    basis: Literal["tasks_or_fidelity", "tasks_and_fidelity", "tasks"] = "tasks_or_fidelity"
+    max_kl: float = Field(default=DEFAULT_MAX_KL, gt=0, le=10)
+    min_top1_agreement: float = Field(default=DEFAULT_MIN_TOP1_AGREEMENT, gt=0, le=100)
+    max_kl_for: dict[str, float] = Field(default_factory=dict)
+    min_top1_agreement_for: dict[str, float] = Field(default_factory=dict)
+    min_items: int | None = Field(default=None, ge=2)  # items per evalset; unset: the policy's min_items
+
+    @field_validator("max_kl_for")
+    @classmethod
+    def _kl_in_range(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, kl in value.items():
+            if not (math.isfinite(kl) and 0 < kl <= 10):
+                raise ValueError(f"key 'fidelity.max_kl_for.{key}' = {kl}: must be a KL in nats per token, > 0 "
+                                 "and at most 10")
+        return value
+
+    @field_validator("min_top1_agreement_for")
+    @classmethod
+    def _agreement_in_range(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, share in value.items():
+            if not (math.isfinite(share) and 0 < share <= 100):
+                raise ValueError(f"key 'fidelity.min_top1_agreement_for.{key}' = {share}: must be a percentage in "
+                                 "(0, 100]")
+        return value
+
+    def kl_limit(self, evalset: str, language: str | None) -> float:
+        return self.max_kl_for.get(evalset, self.max_kl_for.get(language or "", self.max_kl))
+
+    def agreement_limit(self, evalset: str, language: str | None) -> float:
+        return self.min_top1_agreement_for.get(evalset, self.min_top1_agreement_for.get(language or "",
+                                                                                        self.min_top1_agreement))
+
 
 class Policy(BaseModel):
     """What a candidate format must satisfy to be GO. Keys of `margins`, `floors` and `min_items_for` are `metric`
@@ -98,6 +142,7 @@ class Policy(BaseModel):
     resamples: int = Field(default=2000, ge=2000)
     seed: int = 0
     serving: ServingTarget = Field(default_factory=ServingTarget)
+    fidelity: FidelityRule = Field(default_factory=FidelityRule)
 
     @field_validator("margins", mode="before")
     @classmethod
@@ -236,6 +281,13 @@ def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str)
             raise UserError(f"{source}: key '{table}.{key}': no evalset '{evalset}' in this run"
                             f"{did_you_mean(evalset, known)} (evalsets: {', '.join(known)}); a key for a set "
                             "that is not there would be ignored")
+    fidelity = data.get("fidelity") or {}
+    for table in ("max_kl_for", "min_top1_agreement_for"):
+        for key in fidelity.get(table) or {} if isinstance(fidelity, dict) else {}:
+            if key not in known and not re.fullmatch(r"[a-z]{2,3}", key):
+                raise UserError(f"{source}: key 'fidelity.{table}.{key}': neither an evalset of this run"
+                                f"{did_you_mean(key, known)} (evalsets: {', '.join(known)}) nor a language code "
+                                "(en, zh, ...); a key for a set that is not there would be ignored")
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
@@ -249,9 +301,11 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
 
 def _describe(err: dict[str, Any]) -> str:
     location = ".".join(str(part) for part in err["loc"])
-    if err["type"] == "extra_forbidden" and not location.startswith("serving."):
+    if err["type"] == "extra_forbidden" and not location.startswith(("serving.", "fidelity.")):
         allowed = ", ".join(Policy.model_fields)
         return f"unknown key '{location}' (allowed: {allowed})"
+    if err["type"] == "extra_forbidden" and location.startswith("fidelity."):
+        return f"unknown key '{location}' (allowed: {', '.join(FidelityRule.model_fields)})"
     if err["type"] == "extra_forbidden" and location.startswith("serving."):
         return f"unknown key '{location}' (allowed: {', '.join(ServingTarget.model_fields)})"
     message = err["msg"]

@@ -152,7 +152,24 @@ def _evaluate(job: EvaluateJob, runtime: type[Runtime], timeline) -> dict | None
     if result is not None and job.measure.profile_tokens:
         result["profile"] = _profile(model, job.measure, timeline)
         atomic_write_json(Path(job.measure.result_path), result)
+    if job.fidelity:
+        _fidelity(model, job.fidelity, timeline)
     return result
+
+
+def _fidelity(model, tasks, timeline) -> None:
+    """The fidelity tasks (harness.fidelity), last and outside the timeline: their full-vocabulary forwards are
+    not the evaluated workload, and must not raise the peaks its memory budget is judged on."""
+    from harness.fidelity import TOP_K
+    from harness.fidelity.teacher import compare_to_reference, write_reference
+
+    if timeline is not None:
+        timeline.stop()
+    for task in tasks:
+        if task.mode == "reference":
+            write_reference(model, task, TOP_K)
+        else:
+            compare_to_reference(model, task)
 
 
 def _profile(model, measure, timeline) -> dict:
@@ -186,7 +203,8 @@ def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict
         timings.append(timing)
         for index, generation in zip(batch, generations):
             outputs[index] = {"id": items[index].id, "prediction": generation.text,
-                              "new_tokens": generation.new_tokens, "prompt_tokens": generation.prompt_tokens}
+                              "new_tokens": generation.new_tokens, "prompt_tokens": generation.prompt_tokens,
+                              "token_ids": list(generation.token_ids)}
         done += len(batch)
         progress.step(label, done, len(items))
     return {"evalset": task.evalset, "key": task.key, "outputs": outputs,

@@ -45,7 +45,7 @@ def run_record(run) -> dict:
             "measurement": {"path": run.measurement.path, "key": run.measurement.key,
                             "result": run.measurement.result},
             "generations": run.generations, "stages_run": list(run.stages_run), "served": run.served,
-            "devices": run.devices}
+            "devices": run.devices, "fidelity": run.fidelity, "fidelity_note": run.fidelity_note}
 
 
 def format_run(record: dict):

@@ -37,7 +37,7 @@ def test_identical_scores_are_go():
     assert d.verdict == "GO"
     s = d.scores["en_faq"]["f1"]
     assert (s["delta"], s["ci_low"], s["ci_high"], s["n"], s["status"], s["gated"]) == (0.0, 0.0, 0.0, 60, "pass", True)
-    assert d.reasons == ["every check passes: 1 gated metric(s) above their margins"]
+    assert d.reasons == ["GO by the task rule: every check passes: 1 gated metric(s) above their margins"]
     detail = d.checks[0]["detail"]
     assert d.checks == [{"name": "en_faq/f1", "kind": "metric", "status": "pass", "detail": detail,
                          "reason": f"en_faq/f1: {detail}"}]
@@ -247,7 +247,7 @@ def test_policy_unknown_key_is_a_user_error(tmp_path):
         load_policy(path)
     message = str(err.value)
     assert message.startswith(f"{path}: unknown key 'marginz' (allowed: margins, floors, max_memory_bytes, ")
-    assert message.endswith("confidence, resamples, seed, serving)")
+    assert message.endswith("confidence, resamples, seed, serving, fidelity)")
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,20 @@ def test_report_has_every_key_filled_with_measured_numbers(demo_run):
                 if name != "baseline":
                     assert score["delta"] is not None
     assert report["formats"]["baseline"]["verdict"] == "BASELINE"
+    # fidelity, teacher-forced on the baseline's output: every candidate, every gated set, 4 items each
+    for name in FORMATS[1:]:
+        entry = report["formats"][name]
+        assert set(entry["fidelity"]) == set(report["evalsets"]), name
+        assert any(stage.startswith("fidelity:") for stage in entry["stages_run"]) or not entry["stages_run"]
+        for evalset, fidelity in entry["fidelity"].items():
+            assert fidelity["items"] == 4 and fidelity["positions"] >= 4, (name, evalset)
+            assert 0 <= fidelity["kl"]["ci_low"] <= fidelity["kl"]["value"] <= fidelity["kl"]["ci_high"] < 5
+            assert 0 <= fidelity["top1_agreement"]["value"] <= 100
+            assert fidelity["status"] in ("fail", "inconclusive")  # never a pass on 4 items (min_items 30)
     samples = [json.loads(line) for line in (out / report["samples"]).read_text().splitlines()]
+    with_fidelity = [s for s in samples if "fidelity" in s]
+    assert {s["format"] for s in with_fidelity} == set(FORMATS[1:])
+    assert len(with_fidelity) == 4 * len(report["evalsets"]) * (len(FORMATS) - 1)
     assert len(samples) == 4 * 4 * len(report["evalsets"])
     assert {"format", "evalset", "id", "prediction"} <= set(samples[0])
     for name in ("report.md", "report.html", "junit.xml", "scores.csv"):

@@ -23,12 +23,13 @@ from typing import Any
 from harness import __version__
 from harness.decide import FormatOutcome, baseline_scores, decide_format, exit_code, num, signed
 from harness.errors import UserError
+from harness.fidelity.summary import FidelityItem
 from harness.jsonl import ONE_OBJECT_PER_LINE, read_jsonl_numbered
 from harness.metrics import metric_names
 from harness.policy import load_policy
 
 DEFAULT_GROUP = "scores"
-NOT_METRICS = {"id", "evalset", "group", "format", "new_tokens", "prompt_tokens", "index"}
+NOT_METRICS = {"id", "evalset", "group", "format", "new_tokens", "prompt_tokens", "index", "fidelity"}
 MAX_LISTED = 10
 
 
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     )
     candidate = FormatOutcome(
         name="candidate", items=_only(cand_rows, shared, base_order), gates=gates, clusters=clusters,
-        cluster_by=cluster_by,
+        cluster_by=cluster_by, fidelity=read_fidelity(args.candidate),
+        fidelity_note="not in the candidate file (add a `fidelity` object per line: kl, top1_agreement, tokens)",
     )
     decision = decide_format(baseline, candidate, policy)
     code = exit_code({"candidate": decision}, policy)
@@ -106,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
     _print_table(decision, baseline_scores(baseline), policy.confidence)
     for note in notes:
         print(f"note: {note}")
-    print(f"\nVerdict: {decision.verdict}")
+    for evalset, judged in decision.fidelity.items():
+        print(f"fidelity {evalset}: {judged['status']}: {judged['detail']}")
+    print(f"\nVerdict: {decision.verdict}" + (f" (by the {decision.rule} rule{'s' if ' and ' in decision.rule else ''})"
+                                             if decision.rule else ""))
     for reason in decision.reasons:
         print(f"  - {reason}")
 
@@ -189,6 +194,39 @@ def read_scores(path: Path, *, scale: float = 100.0, allow_missing: bool = False
         rows = {g: {i: {m: v * factor for m, v in row.items()} for i, row in items.items()}
                 for g, items in rows.items()}
     return rows, order, clusters
+
+
+FIDELITY_LINE = ('"fidelity": {"kl": 0.012, "top1_agreement": 97.5, "tokens": 48}: KL(baseline || candidate) in '
+                 'nats per token, top-1 agreement in %, output tokens compared (quantgate run writes it in '
+                 'samples.jsonl)')
+
+
+def read_fidelity(path: Path) -> dict[str, dict[str, FidelityItem]]:
+    """group -> id -> the item's fidelity, from the lines that carry a `fidelity` object (samples.jsonl's shape).
+    Every figure is checked: KL a finite number >= 0, agreement a percentage, tokens a positive integer."""
+    found: dict[str, dict[str, FidelityItem]] = {}
+    for number, record in read_jsonl_numbered(path, fix=SCORE_LINE):
+        value = record.get("fidelity")
+        if value is None:
+            continue
+        where = f"{path}:{number}: field 'fidelity"
+        if not isinstance(value, dict):
+            raise UserError(f"{where}': expected an object, got {value!r}; write {FIDELITY_LINE}")
+        kl, agreement, tokens = value.get("kl"), value.get("top1_agreement"), value.get("tokens", 1)
+        if not (_is_number(kl) and math.isfinite(kl) and kl >= 0):
+            raise UserError(f"{where}.kl': {kl!r} is not a KL (a finite number of nats per token, >= 0); "
+                            f"write {FIDELITY_LINE}")
+        if not (_is_number(agreement) and 0 <= agreement <= 100):
+            raise UserError(f"{where}.top1_agreement': {agreement!r} is not a percentage from 0 to 100; "
+                            f"write {FIDELITY_LINE}")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise UserError(f"{where}.tokens': {tokens!r} is not a positive whole number of tokens; "
+                            f"write {FIDELITY_LINE}")
+        flip = value.get("first_flip")
+        group = record.get("evalset", DEFAULT_GROUP)
+        found.setdefault(group, {})[str(record.get("id"))] = FidelityItem(
+            tokens, float(kl) * tokens, float(agreement) * tokens / 100, first_flip=flip if isinstance(flip, int) else None)
+    return found
 
 
 def _metric_fields(records) -> list[str]:

@@ -42,12 +42,13 @@ def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -
         if name == "baseline":
             entry.update(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
                          reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],
-                         checks=[], scores=baseline_scores(baseline))
+                         checks=[], scores=baseline_scores(baseline), rule=None, fidelity=None)
         else:
             decision = decisions[name]
             entry.update(role="candidate", verdict=decision.verdict,
                          reasons=[*decision.reasons, *comparison_notes(inputs, name)],
-                         checks=decision.checks, scores=decision.scores)
+                         checks=decision.checks, scores=decision.scores, rule=decision.rule or None,
+                         fidelity=decision.fidelity or None)
         formats[name] = entry
     report = {
         "schema_version": SCHEMA_VERSION,

@@ -13,6 +13,8 @@ import html
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from harness.report.fidelity import (FIDELITY_COLUMNS, fidelity_caption, fidelity_rows, largest_lines,
+                                     position_lines)
 from harness.report.plots import Plot, render_plots
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
@@ -53,7 +55,7 @@ def e(value: Any) -> str:
 def render_html(report: RunReport, samples: list[dict[str, Any]], plots: list[Plot] | None = None) -> str:
     """The page; `plots` defaults to drawing them (pass [] to leave plots out)."""
     if plots is None:
-        plots = render_plots(report)
+        plots = render_plots(report, samples)
     groups = worst_regressions(report, samples, limit=max(layout.rows_per_group for layout in _LAYOUTS))
     page = ""
     for layout in _LAYOUTS:
@@ -116,11 +118,14 @@ def _verdict_table(report: RunReport, layout: _Layout) -> str:
     rows = [
         [
             f'<a href="#fmt-{row.anchor}">{e(row.name)}</a>',
-            _badge(row.verdict),
+            _badge(row.verdict) + (f'<br><span class="note">{e(row.verdict_text[len(row.verdict):].strip())}</span>'
+                                   if row.verdict_text != row.verdict else ""),
             e(row.peak),
             e(row.weights),
             e(row.tpot_p50),
             _gated_cell(row, layout),
+            (f'<span class="s-{_STATUS_CLASS[row.fidelity_status]}">{e(row.fidelity)}</span>'
+             if row.fidelity_status else e(row.fidelity or DASH)),
             _flags(row.vllm_flags) if row.vllm_flags else DASH,
         ]
         for row in verdict_rows(report)
@@ -205,7 +210,7 @@ def _format_section(
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
     parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(report, fmt),
-              _serving(report, fmt), _checks(fmt, layout)]
+              _serving(report, fmt), _fidelity(fmt), _checks(fmt, layout)]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
@@ -260,6 +265,18 @@ def _capacity(report: RunReport, fmt: FormatResult) -> str:
         return ""
     command = "" if serving_rows(fmt) else vllm_command(fmt)  # with `serving`, its vLLM row prints it
     return f"<h3>Capacity</h3><p>{e(text)}</p>" + (f"<pre><code>{e(command)}</code></pre>" if command else "")
+
+
+def _fidelity(fmt: FormatResult) -> str:
+    rows = fidelity_rows(fmt)
+    if not rows:
+        return ""
+    extra = "".join(f"<li>{e(line)}</li>" for line in position_lines(fmt))
+    largest = "".join(f"<li>{e(line)}</li>" for line in largest_lines(fmt))
+    return (f"<h3>Fidelity to the baseline</h3><p>{e(fidelity_caption(fmt))}</p>"
+            + _table(FIDELITY_COLUMNS, [[e(c) for c in row] for row in rows])
+            + (f"<ul>{extra}</ul>" if extra else "")
+            + (f"<h4>Largest divergence</h4><ul>{largest}</ul>" if largest else ""))
 
 
 def _serving(report: RunReport, fmt: FormatResult) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.report.fidelity import (FIDELITY_COLUMNS, fidelity_caption, fidelity_rows, largest_lines,
+                                     position_lines)
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
 from harness.report.units import DASH, clip, excerpt, prompt_excerpt
@@ -123,11 +125,12 @@ def _verdict_table(report: RunReport, layout: _Layout) -> str:
     for row in verdict_rows(report):
         cells = [
             md_cell(row.name),
-            row.verdict if row.verdict == "BASELINE" else f"**{row.verdict}**",
+            row.verdict if row.verdict == "BASELINE" else f"**{row.verdict_text}**",
             row.peak,
             row.weights,
             row.tpot_p50,
             _gated_cell(row, layout),
+            md_cell(row.fidelity) + (f" {_STATUS_MARK[row.fidelity_status]}" if row.fidelity_status else ""),
             md_code(clip(row.vllm_flags, layout.cell_chars)) if row.vllm_flags else DASH,
         ]
         rows.append("| " + " | ".join(cells) + " |")
@@ -187,10 +190,26 @@ def _format_section(
         _latency_table(report, fmt),
         _capacity(report, fmt),
         _serving(report, fmt, layout),
+        _fidelity(fmt, layout),
     ]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     return "\n\n".join(p for p in parts if p)
+
+
+def _fidelity(fmt: FormatResult, layout: _Layout) -> str:
+    rows = fidelity_rows(fmt)
+    if not rows:
+        return ""
+    parts = ["**Fidelity to the baseline**\n\n" + md_inline(fidelity_caption(fmt)),
+             "\n".join(_table(FIDELITY_COLUMNS, rows, layout, "fidelity rows")).strip()]
+    positions = position_lines(fmt)
+    if positions:
+        parts.append(_bullets([md_inline(line) for line in positions], layout))
+    largest = largest_lines(fmt)
+    if largest:
+        parts.append("**Largest divergence** (items)\n\n" + _bullets([md_inline(line) for line in largest], layout))
+    return "\n\n".join(parts)
 
 
 def _bullets(items: list[str], layout: _Layout) -> str:

@@ -35,7 +35,7 @@ class Plot:
     error: str | None = None
 
 
-def render_plots(report: RunReport) -> list[Plot]:
+def render_plots(report: RunReport, samples: list[dict[str, Any]] | tuple = ()) -> list[Plot]:
     # matplotlib writes its font cache into MPLCONFIGDIR when it is first imported: keep it in our cache.
     os.environ["MPLCONFIGDIR"] = str(cache_dir("matplotlib"))
     try:
@@ -47,6 +47,8 @@ def render_plots(report: RunReport) -> list[Plot]:
         ("latency", "Latency per format (batch 1)", _latency),
         ("memory", "Memory breakdown", _memory_breakdown),
         ("forest", "Gated deltas against the margin", _forest),
+        ("fidelity_items", "Fidelity per item", lambda report: _fidelity_items(report, samples)),
+        ("fidelity_positions", "Fidelity by output position", _fidelity_positions),
     ]
     for name, fmt in formats_in_order(report):
         if memory_timeline(fmt) is not None:
@@ -213,6 +215,52 @@ def _forest(report: RunReport) -> tuple[Any, str] | None:
     if left_out:
         caption += f" {left_out} more rows are in the tables."
     return figure, caption
+
+
+def _fidelity_items(report: RunReport, samples) -> tuple[Any, str] | None:
+    """Each item's KL per candidate (one row per format): where the divergence concentrates."""
+    names = [name for name, fmt in candidates(report) if fmt.fidelity]
+    per_format = {name: [s["fidelity"]["kl"] for s in samples
+                         if s.get("format") == name and isinstance(s.get("fidelity"), dict)
+                         and is_number(s["fidelity"].get("kl"))] for name in names}
+    per_format = {name: values for name, values in per_format.items() if values}
+    if not per_format:
+        return None
+    figure = _figure(7.0, 1.2 + 0.45 * len(per_format))
+    ax = figure.subplots()
+    ys = list(range(len(per_format)))[::-1]
+    for y, (name, values) in zip(ys, per_format.items()):
+        jitter = [y + 0.25 * (((i * 37) % 17) / 16 - 0.5) for i in range(len(values))]
+        ax.scatter([max(v, 1e-5) for v in values], jitter, s=10, alpha=0.6, color=_colour(report.formats[name]))
+        limits = [e.max_kl for e in (report.formats[name].fidelity or {}).values()]
+        if limits:
+            ax.plot([max(limits)] * 2, [y - 0.4, y + 0.4], color="#cf222e", linestyle="--", linewidth=1.5)
+    ax.set_xscale("log")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(list(per_format))
+    ax.set_xlabel("KL(baseline ‖ format) per item, nats/token (log scale)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title("Per-item divergence from the baseline (red: the policy's max_kl)")
+    return figure, ("One dot per item: its mean KL over its output tokens. A few items far right carry most of the "
+                    "divergence; read them in the fidelity tables.")
+
+
+def _fidelity_positions(report: RunReport) -> tuple[Any, str] | None:
+    """Mean KL by band of output positions, per candidate and evalset: does it grow with the answer's length?"""
+    lines = [(f"{name} · {evalset}", entry.by_position) for name, fmt in candidates(report)
+             for evalset, entry in (fmt.fidelity or {}).items() if entry.by_position and len(entry.by_position) > 1]
+    if not lines:
+        return None
+    figure = _figure(7.0, 3.2)
+    ax = figure.subplots()
+    for label, bands in lines[:MAX_FOREST_ROWS]:
+        ax.plot([b.start for b in bands], [b.kl for b in bands], marker="o", markersize=3, label=label)
+    ax.set_xlabel("output position (first token of a 16-token band)")
+    ax.set_ylabel("mean KL, nats/token")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Divergence along the answer")
+    return figure, "Mean KL per 16-token band of the output; a rising line means long answers drift further."
 
 
 TIMELINE_COLOURS = {"rss_bytes": "#0969da", "nvml_used_bytes": "#cf222e", "cuda_reserved_bytes": "#8250df",

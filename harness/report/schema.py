@@ -32,13 +32,13 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from harness.errors import UserError
 
 # samples.jsonl: one record per scored item, these fields and then the item's metric -> score (0-100)
-SAMPLE_FIELDS = frozenset({"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens"})
+SAMPLE_FIELDS = frozenset({"format", "evalset", "id", "prompt", "prediction", "references", "new_tokens", "fidelity"})
 SCHEMA_VERSION = 2  # 2: every check carries its `reason` (see upgrade_v1)
 READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)  # a version-1 report is upgraded when it is read
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m harness schema > docs/report.schema.json"
 
-CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity"]
+CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
@@ -588,6 +588,61 @@ class Generation(_Strict):
                                                          "batches (absent in early version-1 reports)")
 
 
+class FidelityInterval(_Strict):
+    """A token-weighted mean with its interval (harness.fidelity.summary)."""
+
+    value: float | None = Field(description="the mean over every output position of the evalset")
+    ci_low: float | None = Field(description="lower end of its confidence interval (items or clusters resampled)")
+    ci_high: float | None = Field(description="upper end")
+
+
+class FidelityPosition(_Strict):
+    """Mean KL over one band of output positions: does divergence grow with the length of the answer?"""
+
+    start: int = Field(description="first output position of the band (0: the first generated token)")
+    end: int = Field(description="last output position of the band")
+    kl: float = Field(description="mean KL(baseline || format) over the band's tokens, nats per token")
+    tokens: int = Field(description="tokens in the band over all items (count)")
+
+
+class FidelityItemEntry(_Strict):
+    """One item among those where the format departs most from the baseline."""
+
+    id: str = Field(description="the item's id")
+    kl: float = Field(description="its mean KL(baseline || format), nats per token")
+    top1_agreement: float = Field(description="its positions where the format's top token is the baseline's, %")
+    first_flip: int | None = Field(description="first output position where they differ; null: none did")
+    tokens: int = Field(description="output positions compared (count)")
+
+
+class FidelityEntry(_Strict):
+    """How closely a candidate reproduces the baseline on one evalset, token by token, teacher-forced on the
+    baseline's greedy output (harness.fidelity), and the fidelity rule's judgment of it."""
+
+    items: int | None = Field(default=None, description="items compared (count); absent when not measured")
+    positions: int | None = Field(default=None, description="output positions compared over all items (count)")
+    kl: FidelityInterval | None = Field(default=None, description="KL(baseline || format), nats per token, over the "
+                                        "baseline's top-32 tokens plus one bucket for the rest: a lower bound of "
+                                        "the full-vocabulary KL")
+    top1_agreement: FidelityInterval | None = Field(default=None, description="positions where the format's most "
+                                                    "likely token is the baseline's, %")
+    target_logprob: float | None = Field(default=None, description="mean log-probability the format gives the "
+                                         "baseline's token, nats")
+    flipped_items: int | None = Field(default=None, description="items where some position's top token departs "
+                                      "from the baseline's (count)")
+    median_first_flip: float | None = Field(default=None, description="median first such position among them")
+    clusters: int | None = Field(default=None, description="clusters resampled when items share a context")
+    method: str | None = Field(default=None, description="how the means and intervals were computed")
+    by_position: list[FidelityPosition] | None = Field(default=None, description="mean KL by band of output "
+                                                       "positions")
+    largest: list[FidelityItemEntry] | None = Field(default=None, description="the items with the largest KL, "
+                                                    "largest first (at most 5)")
+    status: CheckStatus = Field(description="the fidelity rule on this evalset: pass, fail or inconclusive")
+    detail: str = Field(description="the figures against the limits, in words")
+    max_kl: float = Field(description="the policy's max_kl for this evalset, nats per token")
+    min_top1_agreement: float = Field(description="the policy's min_top1_agreement for this evalset, %")
+
+
 class FormatResult(_Strict):
     """One format's result: its verdict and why, and what it measured."""
 
@@ -617,6 +672,11 @@ class FormatResult(_Strict):
     generation: Generation | None = Field(description="generation totals")
     served: Served | None = Field(default=None, description="the format served by vLLM (settings.backend 'vllm'); "
                                   "absent or null with the transformers backend")
+    rule: str | None = Field(default=None, description="which rule carried the verdict: 'tasks', 'fidelity' or "
+                             "'tasks and fidelity'; null when none did (NO-GO, INCONCLUSIVE) and for the baseline")
+    fidelity: dict[str, FidelityEntry] | None = Field(default=None, description="evalset -> how closely the "
+                                                      "candidate reproduces the baseline there; null for the "
+                                                      "baseline")
 
 
 # --- run-level blocks -------------------------------------------------------------------------------
@@ -728,6 +788,19 @@ class PolicyServing(_Strict):
                                                     "null: 1")
 
 
+class PolicyFidelity(_Strict):
+    """[fidelity]: the fidelity rule's limits and how it combines with the task metrics (harness/decide.py)."""
+
+    basis: Literal["tasks_or_fidelity", "tasks_and_fidelity", "tasks"] = Field(
+        description="which rules may carry a GO: either (default), both, or the task metrics alone")
+    max_kl: float = Field(description="largest KL(baseline || format) the rule accepts, nats per token")
+    min_top1_agreement: float = Field(description="smallest top-1 agreement the rule accepts, %")
+    max_kl_for: dict[str, float] = Field(description="max_kl per evalset name or language")
+    min_top1_agreement_for: dict[str, float] = Field(description="min_top1_agreement per evalset name or language")
+    min_items: int | None = Field(description="items per evalset the rule needs (count); null: the policy's "
+                                              "min_items")
+
+
 class Policy(_Open):
     """The decision policy the run used (harness/policy.py; policies/default.toml). Open: every key the writing
     version had passes through. Margins and floors are points on 0-100, keyed 'metric' or 'evalset/metric'."""
@@ -751,6 +824,8 @@ class Policy(_Open):
     seed: int | None = Field(default=None, description="bootstrap seed")
     serving: PolicyServing | None = Field(default=None, description="the serving target of the capacity check "
                                                                     "(absent in earlier reports)")
+    fidelity: PolicyFidelity | None = Field(default=None, description="the fidelity rule (absent in earlier "
+                                                                      "reports)")
 
 
 class EvalsetInfo(_Strict):

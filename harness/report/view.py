@@ -16,21 +16,27 @@ from harness.errors import UserError
 from harness.jsonl import read_jsonl
 from harness.measure.capacity.gpus import with_article
 from harness.report import schema
+from harness.report.fidelity import fidelity_cell, verdict_text
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
 from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_interval, fmt_ms, fmt_num, fmt_signed, is_number
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
 LEGEND = (
-    ("GO", "means every gated metric's 95% interval of (candidate − baseline) lies above −margin on enough "
-     "evidence (at least min_items items, and a set that could detect a drop of the margin), every floor holds "
-     "and every memory/latency budget holds."),
-    ("NO-GO", "means an interval lies wholly below −margin, a floor or budget fails, or the format did not run "
-     "(its error is shown)."),
+    ("GO", "means every floor and memory/latency budget holds and a rule carries it (named beside the verdict): "
+     "the task rule, every gated metric's 95% interval of (candidate − baseline) above −margin on enough evidence "
+     "(at least min_items items, and a set that could detect a drop of the margin); or the fidelity rule, the "
+     "format reproduces the baseline token by token within the policy's KL and top-1 limits on every gated "
+     "evalset while no gated metric's mean drops past its margin."),
+    ("NO-GO", "means an interval lies wholly below −margin, the fidelity interval lies wholly beyond its limit, a "
+     "floor or budget fails, or the format did not run (its error is shown)."),
     ("INCONCLUSIVE", "means the data cannot tell: an interval straddles −margin, the set is too small, or the "
      "metric cannot tell formats apart. Add items; MDE is the smallest drop this evalset could detect."),
     ("Deltas", "are paired item by item on a 0–100 scale: −1.2 [−3.0, +0.5] is the mean change and its 95% "
      "interval; ✓ pass, ✗ fail, ? inconclusive."),
+    ("Fidelity", "is KL(baseline ‖ format) in nats per token and how often the format's top token is the "
+     "baseline's, teacher-forced on the baseline's own output; the verdict table shows the worst evalset's 95% "
+     "bounds."),
     ("Memory", "is the peak of each format's own process on the device named in its section; BASELINE is the "
      "reference every candidate is compared with."),
 )
@@ -44,7 +50,7 @@ class GatedScore:
 
 
 VERDICT_COLUMNS = ("Format", "Verdict", "Peak memory", "Weights", "TPOT p50", "Gated metrics: delta [95% CI]",
-                   "vLLM flags")
+                   "Fidelity to the baseline", "vLLM flags")
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class VerdictRow:
     error: str | None  # a failed format's error
     gated: list[GatedFigure]
     vllm_flags: str  # "" when none
+    fidelity: str = ""  # harness.report.fidelity.fidelity_cell
+    fidelity_status: str = ""
+    verdict_text: str = ""  # the verdict and the rule that carried it: "GO (fidelity rule)"
 
 
 def verdict_rows(report: RunReport) -> list[VerdictRow]:
@@ -88,8 +97,9 @@ def _verdict_row(report: RunReport, index: int, name: str, fmt: FormatResult) ->
     error = (fmt.error or "no error recorded") if fmt.status == "failed" else None
     weights = memory.weights_bytes if memory is not None else None
     flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
+    fidelity, fidelity_status = fidelity_cell(fmt)
     return VerdictRow(index, name, baseline, fmt.verdict, peak, fmt_bytes(weights), fmt_ms(_tpot_p50(fmt)), error,
-                      gated, flags)
+                      gated, flags, fidelity, fidelity_status, verdict_text(fmt))
 
 
 def _tpot_p50(fmt: FormatResult) -> float | None:

@@ -28,6 +28,9 @@ class Generation:
     text: str
     prompt_tokens: int
     new_tokens: int
+    # The generated ids up to and including the stop token (when one ended it): the reference continuation
+    # the fidelity stage teacher-forces every format on (harness.fidelity).
+    token_ids: tuple[int, ...] = ()
 
 
 class Runtime(Protocol):
@@ -65,4 +68,14 @@ class ProfileForward(Protocol):
         """One forward of `sequences` x `tokens_per_sequence` dummy tokens, as a serving engine's profile run: no
         KV cache kept, logits for each sequence's last position only, softmaxed in float32 (the sampler);
         nothing returned, everything freed."""
+        ...
+
+
+class TeacherForcing(Protocol):
+    """Optional for a Runtime: next-token log-probabilities over the whole vocabulary at given positions, what
+    harness.fidelity compares formats on. A runtime without it measures no fidelity."""
+
+    def next_token_logprobs(self, input_ids: list[int], first: int):
+        """One batch-1 forward over input_ids; a float32 tensor [len(input_ids) - first, vocab] whose row i is
+        log p(. | input_ids[:first + i]), the distribution that predicts input_ids[first + i]."""
         ...

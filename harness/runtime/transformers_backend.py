@@ -88,6 +88,17 @@ class LoadedModel:
             torch.cuda.synchronize()
         del output, probabilities, input_ids
 
+    def next_token_logprobs(self, input_ids: list[int], first: int):
+        """harness.runtime.base.TeacherForcing: one forward, no KV cache kept, logits of the positions that predict
+        input_ids[first:] only, log-softmaxed in float32."""
+        import torch
+
+        wanted = len(input_ids) - first
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=wanted + 1).logits[0, :-1]
+            return torch.log_softmax(logits.float(), dim=-1).cpu()
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[Generation], BatchTiming]:
         """Greedy-generate for one batch of token-id prompts (left-padded to the longest)."""
         generations, timing, _ = self._generate(prompts, max_new_tokens, keep_cache=False)
@@ -129,7 +140,9 @@ class LoadedModel:
         results = []
         for prompt, row in zip(prompts, new):
             kept = until_stop(row, stops)
-            results.append(Generation(self.tokenizer.decode(kept, skip_special_tokens=True).strip(), len(prompt), len(kept)))
+            continuation = row[:len(kept) + 1] if len(kept) < len(row) else kept  # with its stop token
+            results.append(Generation(self.tokenizer.decode(kept, skip_special_tokens=True).strip(), len(prompt),
+                                      len(kept), tuple(continuation)))
         steps = len(clock.stamps)
         ttft = (clock.stamps[0] - start) if clock.stamps else end - start
         return results, BatchTiming(len(prompts), width, steps, ttft, end - start), cache_bytes

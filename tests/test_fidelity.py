@@ -1,0 +1,258 @@
+"""Fidelity (harness.fidelity): the figures, their intervals, the verdict's fidelity rule, and the teacher-forced
+measurement on real models (the baseline against itself, and a planted perturbation ladder)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.decide import FormatOutcome, decide_format
+from harness.errors import UserError
+from harness.fidelity.summary import FidelityItem, summarize_fidelity
+from harness.policy import Policy, policy_from_dict
+
+# --- the per-position figures ----------------------------------------------------------------------
+
+
+def _position_figures(base, fmt, k=4):
+    import torch
+
+    from harness.fidelity.teacher import position_figures
+
+    base, fmt = torch.log_softmax(torch.tensor(base), -1), torch.log_softmax(torch.tensor(fmt), -1)
+    values, indices = torch.topk(base, k, dim=-1)
+    return position_figures(fmt, indices, values, indices[:, 0])
+
+
+def test_identical_distributions_have_zero_kl_and_full_agreement():
+    logits = np.random.default_rng(0).normal(size=(5, 10)).tolist()
+    figures = _position_figures(logits, logits)
+    assert figures["kl_sum"] == 0.0 and figures["agree"] == 5 and figures["first_flip"] is None
+
+
+def test_top_k_kl_is_a_lower_bound_of_the_full_kl_and_grows_with_the_change():
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(20, 50))
+    previous = 0.0
+    for scale in (0.05, 0.2, 0.8):
+        other = base + scale * rng.normal(size=base.shape)
+        figures = _position_figures(base.tolist(), other.tolist(), k=8)
+        p = np.exp(base - np.log(np.exp(base).sum(-1, keepdims=True)))
+        q = np.exp(other - np.log(np.exp(other).sum(-1, keepdims=True)))
+        full = float((p * (np.log(p) - np.log(q))).sum())
+        assert 0 < figures["kl_sum"] <= full + 1e-6
+        assert figures["kl_sum"] > previous
+        previous = figures["kl_sum"]
+
+
+def test_a_changed_top_token_is_a_flip_at_its_position():
+    base = [[3.0, 0.0, 0.0], [3.0, 0.0, 0.0], [3.0, 0.0, 0.0]]
+    fmt = [[3.0, 0.0, 0.0], [0.0, 3.0, 0.0], [3.0, 0.0, 0.0]]
+    figures = _position_figures(base, fmt, k=3)
+    assert figures["first_flip"] == 1 and figures["agree"] == 2
+
+
+# --- intervals -----------------------------------------------------------------------------------
+
+
+def _items(kls, tokens=20, agree=1.0):
+    return {f"q{i}": FidelityItem(tokens, kl * tokens, agree * tokens) for i, kl in enumerate(kls)}
+
+
+def test_identical_format_gives_a_zero_width_interval_at_zero():
+    summary = summarize_fidelity(_items([0.0] * 30))
+    assert (summary.kl.value, summary.kl.ci_low, summary.kl.ci_high) == (0.0, 0.0, 0.0)
+    assert summary.top1_agreement.ci_low == 100.0 and summary.flipped_items == 0
+
+
+def test_the_interval_holds_the_token_weighted_mean_and_clusters_widen_it():
+    rng = np.random.default_rng(2)  # items of one cluster share most of their divergence
+    kls = np.repeat(rng.gamma(2.0, 0.01, size=5), 8) + rng.gamma(2.0, 0.001, size=40)
+    plain = summarize_fidelity(_items(kls))
+    assert plain.kl.ci_low < plain.kl.value < plain.kl.ci_high and plain.kl.ci_low >= 0
+    assert plain.kl.value == pytest.approx(float(np.mean(kls)))
+    clustered = summarize_fidelity(_items(kls), {f"q{i}": f"c{i // 8}" for i in range(40)})
+    assert clustered.clusters == 5 and clustered.kl.ci_high - clustered.kl.ci_low > plain.kl.ci_high - plain.kl.ci_low
+
+
+# --- the verdict's fidelity rule -----------------------------------------------------------------
+
+
+def _outcomes(n=30, f1_drop=0.0, kl=0.0, agree=1.0, spread=0.0):
+    rng = np.random.default_rng(3)
+    base = {f"q{i}": {"f1": 60.0 + 20 * (i % 3)} for i in range(n)}
+    cand = {i: {"f1": row["f1"] - f1_drop + (spread * rng.normal() if spread else 0.0)} for i, row in base.items()}
+    kls = np.full(n, kl) if np.isscalar(kl) else np.asarray(kl)
+    fidelity = {"faq": {i: FidelityItem(20, float(k) * 20, agree * 20) for i, k in zip(base, kls)}}
+    return (FormatOutcome("baseline", items={"faq": base}, gates={"faq": ["f1"]}),
+            FormatOutcome("int8", items={"faq": cand}, gates={"faq": ["f1"]}, fidelity=fidelity))
+
+
+def test_a_truly_identical_format_is_go_on_30_items_by_the_fidelity_rule():
+    baseline, candidate = _outcomes()
+    decision = decide_format(baseline, candidate, Policy())
+    assert decision.verdict == "GO" and decision.rule == "fidelity"
+    assert decision.reasons[0].startswith("GO by the fidelity rule")
+    assert decision.fidelity["faq"]["status"] == "pass"
+
+
+def test_the_same_evidence_without_fidelity_is_inconclusive():
+    baseline, candidate = _outcomes()
+    for policy in (Policy(), policy_from_dict({"fidelity": {"basis": "tasks"}}),
+                   policy_from_dict({"fidelity": {"basis": "tasks_and_fidelity"}})):
+        alone = decide_format(baseline, FormatOutcome("int8", items=candidate.items, gates=candidate.gates), policy)
+        assert alone.verdict == "INCONCLUSIVE" and alone.rule == ""
+    assert decide_format(baseline, candidate, policy_from_dict({"fidelity": {"basis": "tasks"}})).verdict \
+        == "INCONCLUSIVE"
+    assert decide_format(baseline, candidate, policy_from_dict({"fidelity": {"basis": "tasks_and_fidelity"}})
+                         ).verdict == "INCONCLUSIVE"
+
+
+def test_fidelity_clearly_beyond_the_limit_is_no_go_with_the_figures():
+    baseline, candidate = _outcomes(kl=0.3, agree=0.8)
+    decision = decide_format(baseline, candidate, Policy())
+    assert decision.verdict == "NO-GO"
+    assert any("faq/fidelity: KL 0.300" in r and "further from the baseline" in r for r in decision.reasons)
+
+
+def test_too_few_items_or_a_straddling_interval_cannot_carry_a_go():
+    baseline, candidate = _outcomes(n=10)
+    assert decide_format(baseline, candidate, Policy()).verdict == "INCONCLUSIVE"
+    kls = np.random.default_rng(4).gamma(1.0, 0.05, size=30)  # mean about 0.05: straddles max_kl
+    baseline, candidate = _outcomes(kl=kls)
+    decision = decide_format(baseline, candidate, Policy())
+    assert decision.verdict == "INCONCLUSIVE" and "straddles" in decision.fidelity["faq"]["detail"]
+
+
+def test_a_task_drop_beyond_the_margin_is_never_talked_over_by_fidelity():
+    """A mean task drop past the margin keeps the verdict from GO whatever the fidelity figures say: planted drops
+    of twice the margin, noisy enough that the task interval straddles, with perfect fidelity."""
+    gone = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        baseline = {f"q{i}": {"f1": float(rng.uniform(20, 100))} for i in range(35)}
+        candidate = {i: {"f1": row["f1"] - 4.0 + float(rng.normal(0, 12))} for i, row in baseline.items()}
+        fidelity = {"faq": {i: FidelityItem(20, 0.0, 20) for i in baseline}}
+        decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
+                                 FormatOutcome("gptq", items={"faq": candidate}, gates={"faq": ["f1"]},
+                                               fidelity=fidelity), Policy())
+        delta = decision.scores["faq"]["f1"]["delta"]
+        if decision.verdict == "GO":
+            assert delta >= -2.0, "GO with a mean drop past the margin"
+        gone += delta < -2.0 and decision.verdict != "GO"
+    assert gone > 10
+
+
+@pytest.mark.parametrize("fidelity, message", [
+    ({"max_kl": -0.1}, "fidelity.max_kl"),
+    ({"max_kl": "0.05"}, "fidelity.max_kl"),
+    ({"min_top1_agreement": 140.0}, "fidelity.min_top1_agreement"),
+    ({"basis": "vibes"}, "fidelity.basis"),
+    ({"max_kld": 0.1}, "unknown key 'fidelity.max_kld'"),
+    ({"max_kl_for": {"en": float("nan")}}, "fidelity.max_kl_for.en"),
+])
+def test_a_fidelity_policy_that_cannot_mean_what_it_says_is_refused(fidelity, message):
+    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+        policy_from_dict({"fidelity": fidelity})
+
+
+def test_per_language_and_per_evalset_limits_apply(tmp_path):
+    from harness.policy import load_policy
+
+    path = tmp_path / "policy.toml"
+    path.write_text('[fidelity.max_kl_for]\nzh = 0.02\nen_faq = 0.2\n', encoding="utf-8")
+    policy = load_policy(path, known_evalsets=["en_faq", "zh_faq"])
+    assert policy.fidelity.kl_limit("zh_faq", "zh") == 0.02 and policy.fidelity.kl_limit("en_faq", "en") == 0.2
+    path.write_text('[fidelity.max_kl_for]\nen_fqa = 0.2\n', encoding="utf-8")
+    with pytest.raises(UserError, match="fidelity.max_kl_for.en_fqa.*did you mean 'en_faq'"):
+        load_policy(path, known_evalsets=["en_faq", "zh_faq"])
+
+
+# --- quantgate decide with fidelity ----------------------------------------------------------------
+
+
+def _write(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_decide_takes_per_item_fidelity_and_names_the_rule(tmp_path, capsys):
+    from harness.cli import main
+
+    base = _write(tmp_path / "b.jsonl", [{"id": f"q{i}", "f1": 50.0 + i} for i in range(30)])
+    rows = [{"id": f"q{i}", "f1": 50.0 + i, "fidelity": {"kl": 0.004, "top1_agreement": 99.0, "tokens": 30}}
+            for i in range(30)]
+    cand = _write(tmp_path / "c.jsonl", rows)
+    assert main(["decide", "--baseline", str(base), "--candidate", str(cand)]) == 0
+    out = capsys.readouterr().out
+    assert "Verdict: GO (by the fidelity rule)" in out and "fidelity scores: pass" in out
+    rows[7]["fidelity"]["kl"] = "0.004"
+    _write(cand, rows)
+    assert main(["decide", "--baseline", str(base), "--candidate", str(cand)]) == 2
+    assert "c.jsonl:8: field 'fidelity.kl': '0.004' is not a KL" in capsys.readouterr().err
+    rows[7]["fidelity"] = {"kl": 0.004, "top1_agreement": 0.99, "tokens": 0}
+    _write(cand, rows)
+    assert main(["decide", "--baseline", str(base), "--candidate", str(cand)]) == 2
+    assert "field 'fidelity.tokens'" in capsys.readouterr().err
+
+
+# --- on real models ------------------------------------------------------------------------------
+
+
+def _tiny(demo_checkpoint: Path, target: Path, noise: float) -> Path:
+    """A small Llama with the demo tokenizer; `noise` adds Gaussian noise of that relative size to every weight."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, dtype="float32")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0)  # sharper distributions than the initializer's near-uniform ones
+            parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(target)
+    for file in demo_checkpoint.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, target / file.name)
+    return target
+
+
+@pytest.mark.slow
+def test_teacher_forced_ladder_on_real_models(tmp_path, demo_checkpoint):
+    """The baseline against itself is exactly 0 / 100%; planted noise of growing size gives growing KL."""
+    from harness.fidelity.summary import FidelityItem, summarize_fidelity
+    from harness.fidelity.teacher import compare_to_reference, write_reference
+    from harness.jobs import FidelityTask, GenerateItem, GenerateTask
+    from harness.runtime.transformers_backend import LoadedModel
+    from harness.worker import generate_evalset
+
+    baseline = LoadedModel(_tiny(demo_checkpoint, tmp_path / "base", 0.0))
+    prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(6)]
+    task = GenerateTask("faq", "k", 12, tuple(GenerateItem(f"q{i}", p) for i, p in enumerate(prompts)))
+    generated = generate_evalset(baseline, task, baseline.encode, batch_size=3)
+    assert all(o["token_ids"] and len(o["token_ids"]) >= o["new_tokens"] for o in generated["outputs"])
+    (tmp_path / "gen.json").write_text(json.dumps(generated))
+    reference = tmp_path / "ref.npz"
+    write_reference(baseline, FidelityTask("faq", "r", "reference", str(reference), generation_path=str(tmp_path / "gen.json"),
+                                           items=tuple((f"q{i}", tuple(baseline.encode(p))) for i, p in enumerate(prompts))), 32)
+
+    def measured(model, name):
+        out = tmp_path / f"{name}.json"
+        compare_to_reference(model, FidelityTask("faq", name, "compare", str(reference), result_path=str(out)))
+        items = {row["id"]: FidelityItem.from_json(row) for row in json.loads(out.read_text())["items"]}
+        return summarize_fidelity(items)
+
+    itself = measured(baseline, "self")
+    assert itself.kl.value == 0.0 and itself.top1_agreement.value == 100.0 and itself.flipped_items == 0
+    assert itself.positions == sum(len(o["token_ids"]) for o in generated["outputs"])
+    kls = [measured(LoadedModel(_tiny(demo_checkpoint, tmp_path / f"n{noise}", noise)), f"n{noise}").kl.value
+           for noise in (0.02, 0.1, 0.4)]
+    assert 0 < kls[0] < kls[1] < kls[2], kls
