@@ -38,6 +38,10 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
 
     cache = demo_cache(work / "cache", demo)
     env = dict(child_env(), QUANTGATE_CACHE=str(cache))
+    from harness.launcher import set_gptqmodel_cpu_workers
+
+    quantize_env = dict(env)
+    set_gptqmodel_cpu_workers(quantize_env)  # as quantgate's own quantize workers get it
     texts = list(choose_calibration(None, [], calibration_samples).texts)
     calibration_path = work / "calibration.json"
     calibration_path.write_text(json.dumps(texts), encoding="utf-8")
@@ -51,12 +55,13 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
             run_child("benchmarks.gptqmodel_direct", {"recipe": recipe.as_dict(), "source_path": str(demo),
                                                       "calibration_path": str(calibration_path),
                                                       "out_dir": str(out), "threads": threads},
-                      work / f"quantize-{bits}", base_env=env)
+                      work / f"quantize-{bits}", base_env=quantize_env)
         candidates += ["--candidate", f"gptq{bits}bit={out}"]
     run_dir = work / "run"
     command = [sys.executable, "-m", "harness", "run", "--model", "demo", "--formats", ",".join(("baseline",) + BUILT_IN),
                *candidates, "--evalsets", *(str(ROOT / "benchmarks" / "shared_evalsets" / f"{s}.toml") for s in SETS),
-               "--max-items", str(items), "--batch-size", str(batch_size), "--threads", str(threads),
+               "--allow-outside-paths", "--max-items", str(items), "--batch-size", str(batch_size),
+               "--threads", str(threads),
                "--calibration-samples", str(calibration_samples), "--latency-requests", "2", "--out", str(run_dir)]
     say(f"fidelity: quantgate run on the ladder, {items} items per set ({' '.join(command[3:])})")
     with open(work / "run.log", "w", encoding="utf-8") as log:

@@ -481,8 +481,9 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     # The server is planned before the measurement is read back (the format as run_served has always seen it).
     planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
                         devices=devices)
+    reference = (device.measurement.read() or {}).get("probe_reply") if fmt == "baseline" else None
     block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
-                       planned)
+                       planned, reference_reply=reference)
     error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
     return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error)
 

@@ -94,22 +94,14 @@ class FidelityRule(BaseModel):
     min_top1_agreement_for: dict[str, float] = Field(default_factory=dict)
     min_items: int | None = Field(default=None, ge=2)  # items per evalset; unset: the policy's min_items
 
-    @field_validator("max_kl_for")
+    @field_validator("max_kl_for", "min_top1_agreement_for")
     @classmethod
-    def _kl_in_range(cls, value: dict[str, float]) -> dict[str, float]:
-        for key, kl in value.items():
-            if not (math.isfinite(kl) and 0 < kl <= 10):
-                raise ValueError(f"key 'fidelity.max_kl_for.{key}' = {kl}: must be a KL in nats per token, > 0 "
-                                 "and at most 10")
-        return value
-
-    @field_validator("min_top1_agreement_for")
-    @classmethod
-    def _agreement_in_range(cls, value: dict[str, float]) -> dict[str, float]:
-        for key, share in value.items():
-            if not (math.isfinite(share) and 0 < share <= 100):
-                raise ValueError(f"key 'fidelity.min_top1_agreement_for.{key}' = {share}: must be a percentage in "
-                                 "(0, 100]")
+    def _limits_in_range(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        high, what = (10, "a KL in nats per token, > 0 and at most 10") if info.field_name == "max_kl_for" \
+            else (100, "a percentage in (0, 100]")
+        for key, limit in value.items():
+            if not (math.isfinite(limit) and 0 < limit <= high):
+                raise ValueError(f"key 'fidelity.{info.field_name}.{key}' = {limit}: must be {what}")
         return value
 
     def kl_limit(self, evalset: str, language: str | None) -> float:

@@ -17,8 +17,8 @@ from pathlib import Path
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.formats import FormatSpec
-from harness.runtime.vllm.client import (CompletionRequest, Endpoint, NotVllm, RequestFailed, Sampling, complete_all,
-                                         get_json, vllm_identity)
+from harness.runtime.vllm.client import (CompletionRequest, Endpoint, NotVllm, RequestFailed, Sampling, complete,
+                                         complete_all, get_json, vllm_identity)
 from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_defaults_launch, gpu_launch, refusal
 from harness.runtime.vllm.load import latency_at, saturation
 from harness.runtime.vllm.locate import VllmInstall
@@ -103,9 +103,11 @@ def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str 
 
 
 def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoint_url: str | None,
-               generations: dict[str, dict], reusable, run=None) -> dict:
+               generations: dict[str, dict], reusable, run=None, reference_reply: str | None = None) -> dict:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
-    cached). `reusable(path)` says whether a cache entry may be used (--no-cache)."""
+    cached). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
+    transformers' greedy reply to the first latency prompt, which the server must reproduce
+    (baseline_reproduced) before anything it answers is scored."""
     spec = inputs.spec
     try:
         plan = launch_plan_for(inputs, served, install, run)
@@ -131,7 +133,7 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
     if not pending and reusable(block_path) and isinstance(cached_block, dict) and "status" in cached_block:
         progress.say(f"{served.name}: reusing served results (vLLM)")
         return cached_block
-    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending)
+    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending, reference_reply)
     if block["status"] == "ok":
         atomic_write_json(block_path, block)
     return block
@@ -145,12 +147,15 @@ def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
 
 
 def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan: LaunchPlan, concurrencies,
-                      pending) -> dict:
+                      pending, reference_reply: str | None = None) -> dict:
     log_path = inputs.out_dir / "logs" / f"{served.name}.vllm.log"
     block = served_block(install, endpoint_url, status="ok", scored=True)
     if endpoint_url:
-        return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
-                        alive=lambda: _answers(endpoint_url))
+        try:
+            return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
+                            alive=lambda: _answers(endpoint_url), reference_reply=reference_reply)
+        except ServerFailed as exc:
+            return dict(block, status="failed", reason=str(exc))
     env = dict(plan.env, **({"CUDA_VISIBLE_DEVICES": served.devices} if served.devices else {}))
     launch = ServerLaunch(install.launcher, served.artifact_path, served.name, plan.args, env,
                           model_flag=install.model_flag)
@@ -169,7 +174,7 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
                                    f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's "
                                    f"probe assumes, so the served dtype and refusals may be wrong (log: {log_path})")
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
-                             block, alive=server.alive)
+                             block, alive=server.alive, reference_reply=reference_reply)
             if not server.alive():
                 block.update(status="failed", reason=f"the vLLM server died: {server.failure_reason()} "
                                                      f"(log: {log_path})")
@@ -187,12 +192,17 @@ def served_block(install: VllmInstall | None, endpoint_url: str | None, **values
              "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else install.source if install else None,
              "version": None if endpoint_url or install is None else install.version, "endpoint": endpoint_url,
              "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None, "startup_s": None, "log": None,
-             "kv_cache": None, "latency": {}, "saturation": None, "rss_peak_bytes": None}
+             "kv_cache": None, "latency": {}, "saturation": None, "rss_peak_bytes": None, "baseline_probe": None}
     block.update(values)
     return block
 
 
-def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive) -> dict:
+def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive,
+             reference_reply: str | None = None) -> dict:
+    workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
+    if reference_reply is not None and workload:
+        reply = complete(endpoint, workload[0], served.sampling).text
+        block["baseline_probe"] = baseline_reproduced(reference_reply, reply, where=endpoint.base_url)
     for evalset, prompts, gen_key, path in pending:
         requests = [CompletionRequest(p.ids, p.max_new_tokens) for p in prompts]
         started = time.time()
@@ -203,7 +213,6 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
         atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
                                  "wall_s": round(time.time() - started, 3), "latency": {}, "batches": [],
                                  "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)})
-    workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
     for concurrency in concurrencies:
         block["latency"][f"concurrency_{concurrency}"] = latency_at(
             endpoint, workload, served.sampling, concurrency,
@@ -212,6 +221,23 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
     block["saturation"] = saturation(endpoint, filler, served.sampling, concurrency=plan.max_num_seqs,
                                      max_model_len=plan.max_model_len, alive=alive)
     return block
+
+
+PROBE_PREFIX_CHARS = 5  # served vs transformers baseline agreed on at least this many leading characters on every
+# item measured (16 items; 11 identical), where float32 and bf16 kernels may flip a near-tie later in the reply
+
+
+def baseline_reproduced(transformers_reply: str, served_reply: str, *, where: str) -> str:
+    """The served baseline's greedy reply to the first latency prompt must open as transformers' does: a server
+    that serves another model, dtype or template answers differently from the first words. Returns the block's
+    `baseline_probe` line; raises ServerFailed when they differ."""
+    ours, theirs = " ".join(transformers_reply.split()), " ".join(served_reply.split())
+    width = min(PROBE_PREFIX_CHARS, len(ours))
+    if ours[:width] == theirs[:width] and (width or not theirs):
+        return f"reproduced: the first {width} characters of transformers' reply ({ours[:40]!r})"
+    raise ServerFailed(f"the served baseline does not reproduce the transformers baseline on the probe prompt: "
+                       f"transformers answers {ours[:60]!r}, the server at {where} {theirs[:60]!r}; it may serve "
+                       "another model, dtype or chat template, so its scores would not be the baseline's")
 
 
 def kv_comparison(plan: LaunchPlan, facts: StartupFacts) -> dict | None:

@@ -113,3 +113,28 @@ def demo_checkpoint(demo_cache) -> Path:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=900, check=True)
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
+    """A small random Llama with the demo model's tokenizer, saved to `target`; `noise` adds Gaussian noise of that
+    size (relative to each weight's spread) on top of the same seeded weights."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, dtype="float32")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0)  # sharper distributions than the initializer's near-uniform ones
+            parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(target)
+    for file in demo_checkpoint.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, target / file.name)
+    return target

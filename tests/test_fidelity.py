@@ -4,11 +4,11 @@ measurement on real models (the baseline against itself, and a planted perturbat
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_llama
 
 from harness.decide import FormatOutcome, decide_format
 from harness.errors import UserError
@@ -203,28 +203,6 @@ def test_decide_takes_per_item_fidelity_and_names_the_rule(tmp_path, capsys):
 # --- on real models ------------------------------------------------------------------------------
 
 
-def _tiny(demo_checkpoint: Path, target: Path, noise: float) -> Path:
-    """A small Llama with the demo tokenizer; `noise` adds Gaussian noise of that relative size to every weight."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, dtype="float32")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.mul_(4.0)  # sharper distributions than the initializer's near-uniform ones
-            parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
-    model.save_pretrained(target)
-    for file in demo_checkpoint.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(file, target / file.name)
-    return target
-
-
 @pytest.mark.slow
 def test_teacher_forced_ladder_on_real_models(tmp_path, demo_checkpoint):
     """The baseline against itself is exactly 0 / 100%; planted noise of growing size gives growing KL."""
@@ -234,7 +212,7 @@ def test_teacher_forced_ladder_on_real_models(tmp_path, demo_checkpoint):
     from harness.runtime.transformers_backend import LoadedModel
     from harness.worker import generate_evalset
 
-    baseline = LoadedModel(_tiny(demo_checkpoint, tmp_path / "base", 0.0))
+    baseline = LoadedModel(tiny_llama(demo_checkpoint, tmp_path / "base"))
     prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(6)]
     task = GenerateTask("faq", "k", 12, tuple(GenerateItem(f"q{i}", p) for i, p in enumerate(prompts)))
     generated = generate_evalset(baseline, task, baseline.encode, batch_size=3)
@@ -253,6 +231,6 @@ def test_teacher_forced_ladder_on_real_models(tmp_path, demo_checkpoint):
     itself = measured(baseline, "self")
     assert itself.kl.value == 0.0 and itself.top1_agreement.value == 100.0 and itself.flipped_items == 0
     assert itself.positions == sum(len(o["token_ids"]) for o in generated["outputs"])
-    kls = [measured(LoadedModel(_tiny(demo_checkpoint, tmp_path / f"n{noise}", noise)), f"n{noise}").kl.value
+    kls = [measured(LoadedModel(tiny_llama(demo_checkpoint, tmp_path / f"n{noise}", noise)), f"n{noise}").kl.value
            for noise in (0.02, 0.1, 0.4)]
     assert 0 < kls[0] < kls[1] < kls[2], kls

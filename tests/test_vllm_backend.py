@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import E2E_ARGS, ROOT, quantgate
+from conftest import E2E_ARGS, ROOT, quantgate, tiny_llama
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, Sampling, complete, get_text, metric_total
 from harness.runtime.vllm.launch_plan import CPU_BLOCK_SIZE, predict_cpu_kv
 from harness.runtime.vllm.locate import PROJECT_ENV
@@ -290,6 +290,17 @@ def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_p
                   f"baseline={server.base_url}", "--out", str(out), cache=demo_cache)
         served = json.loads((out / "report.json").read_text())["formats"]["baseline"]["served"]
         block, hits = _prefix_cache_hits(Endpoint(server.base_url, "team-baseline"), shared=300, requests=3)
+        # The same server judged as the baseline of another model (same tokenizer, other weights): it answers, it is
+        # vLLM, and it does not reproduce that model's greedy reply, so nothing it says is scored as the baseline.
+        other = tiny_llama(demo_checkpoint, tmp_path / "other-model")
+        wrong = tmp_path / "wrong"
+        quantgate("run", "--model", str(other), "--formats", "baseline", "--max-items", "2", "--max-new-tokens", "12",
+                  "--latency-requests", "3", "--max-num-seqs", "4", "--vllm-endpoint", f"baseline={server.base_url}",
+                  "--out", str(wrong), cache=demo_cache)
+        misjudged = json.loads((wrong / "report.json").read_text())["formats"]["baseline"]
+    assert misjudged["status"] == "failed" and misjudged["served"]["status"] == "failed"
+    assert "does not reproduce the transformers baseline on the probe prompt" in misjudged["error"]
+    assert served["baseline_probe"].startswith("reproduced: the first 5 characters")
     assert served["status"] == "ok" and served["endpoint"] == server.base_url and served["version"] == "0.32.0"
     assert served["source"].startswith("--vllm-endpoint") and served["command"] is None
     assert served["endpoint_models"][0]["id"] == "team-baseline"
@@ -415,3 +426,15 @@ def test_a_gpu_server_without_a_plan_takes_vllm_defaults():
     words = " ".join(launch.args)
     assert "--max-model-len 2048" in words and "--max-num-seqs 8" in words and "--tensor-parallel-size 2" in words
     assert launch.env == {} and launch.kv is None  # nothing predicted: no CPU KV space on a GPU
+
+
+def test_a_served_baseline_must_open_its_reply_as_transformers_does():
+    from harness.runtime.vllm.server import ServerFailed
+    from harness.served import baseline_reproduced
+
+    assert baseline_reproduced("The capital of France is Paris.", "The capital  of France is Paris, a city",
+                               where="http://x").startswith("reproduced: the first 5 characters")
+    assert baseline_reproduced("", "", where="http://x").startswith("reproduced")
+    for served in ("Paris is the capital.", "", "Th"):
+        with pytest.raises(ServerFailed, match="does not reproduce the transformers baseline"):
+            baseline_reproduced("The capital of France is Paris.", served, where="http://x")

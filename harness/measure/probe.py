@@ -89,9 +89,12 @@ def measure_format(model: Runtime, measure: MeasureTask, tokens, load_peak, weig
     for prompt, _ in batch1[: measure.warmup]:
         model.generate([prompt], 4)
     mark("latency")
-    timings_1 = []
+    timings_1, probe_reply = [], None
     for index, (prompt, max_new) in enumerate(batch1, 1):
-        timings_1.append(model.generate([prompt], max_new)[1])
+        generations, timing = model.generate([prompt], max_new)
+        timings_1.append(timing)
+        if probe_reply is None:  # what a served baseline must reproduce (harness.served.baseline_reproduced)
+            probe_reply = generations[0].text
         progress.step("latency at batch 1", index, len(batch1))
     batched = [tokens(p) for p in measure.batched]
     max_new = measure.batched_max_new_tokens
@@ -124,6 +127,7 @@ def measure_format(model: Runtime, measure: MeasureTask, tokens, load_peak, weig
                     "batch_1": latency_block(timings_1), "batched": latency_block([timing])},
         "prompt_tokens_max": max((len(p) for p, _ in batch1), default=0),
         "compute_dtype": model.dtype,
+        "probe_reply": probe_reply,
     }
 
 

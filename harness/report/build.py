@@ -76,7 +76,8 @@ def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -
                               "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
         "formats": formats,
         "recommendation": recommend(decisions, {n: o.peak_bytes for n, o in outcomes.items()}),
-        "exit_code": exit_code(decisions, inputs.policy),
+        # a baseline that failed leaves nothing judged, whatever the candidates' (or no candidates') verdicts
+        "exit_code": exit_code(decisions, inputs.policy) or int(baseline.status != "ok"),
         "samples": "samples.jsonl",
     }
     return report

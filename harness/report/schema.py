@@ -412,6 +412,9 @@ class Served(_Strict):
     rss_peak_bytes: int | None = Field(description="peak resident set size of the server's process tree, bytes "
                                                    "(CPU); null on a GPU or when not sampled")
     scored: bool = Field(description="this format's scores came from the server (else from transformers)")
+    baseline_probe: str | None = Field(default=None, description="the baseline: how its served reply to the first "
+                                       "latency prompt compares with transformers' ('reproduced: ...'); null for "
+                                       "other formats, and when the served results were cached before the check")
     endpoint_models: list[EndpointModel] | None = Field(default=None, description="--vllm-endpoint: what the "
                                                         "server's /v1/models lists; absent when quantgate started it")
 
