@@ -6,6 +6,7 @@ Keys are content hashes of everything that determines a result, never paths or m
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -63,6 +64,13 @@ def atomic_write_text(path: Path, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno != errno.ENOSPC:
+            raise
+        full = OSError(errno.ENOSPC, exc.strerror or "No space left on device", str(path))
+        full.bytes_needed = len(text.encode("utf-8"))  # what this write needed; the old file, if any, is intact
+        raise full from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

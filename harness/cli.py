@@ -118,7 +118,10 @@ def disk_full_line(exc: OSError) -> str:
     where = Path(exc.filename) if exc.filename else Path.cwd()
     folder = next((p for p in (where, *where.parents) if p.is_dir()), Path("/"))
     free = shutil.disk_usage(folder).free
-    return (f"{exc.filename or 'a file'}: the disk is full ({free / 2**20:,.0f} MiB free on {folder}); free some "
+    needed = getattr(exc, "bytes_needed", None)
+    room = f"{free / 2**20:,.0f} MiB free on {folder}" + (
+        f", writing it needs {max(needed / 2**20, 0.01):,.2f} MiB" if needed else "")
+    return (f"{exc.filename or 'a file'}: the disk is full ({room}); free some "
             "space (`quantgate cache ls` shows what the cache holds) and rerun with --resume: every stage already "
             "written is kept, each file is written whole or not at all")
 

@@ -352,3 +352,26 @@ def test_a_metric_that_scores_off_the_scale_stops_before_any_verdict(value, monk
     monkeypatch.setitem(METRIC_SPECS, "on_scale", MetricSpec("on_scale", "generation",
                                                              item_score=lambda p, refs, lang: 42))
     assert score_prediction("generation", "en", "one two", ["one two three"], ["on_scale"]) == {"on_scale": 42.0}
+
+
+def test_a_write_that_fills_the_disk_names_the_room_it_needed_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """The write itself fails (fsync reports ENOSPC, as it does on a full disk): the file keeps its previous
+    content, no temp file is left, and the line says how much room the write needed."""
+    import errno
+    import os
+
+    from harness.cache import atomic_write_text
+    from harness.cli import disk_full_line
+
+    target = tmp_path / "report.json"
+    target.write_text("previous\n")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError) as caught:
+        atomic_write_text(target, "x" * 3_000_000)
+    assert target.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    line = disk_full_line(caught.value)
+    assert line.startswith(f"{target}: the disk is full (") and "writing it needs 2.86 MiB" in line
