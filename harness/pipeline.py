@@ -373,6 +373,7 @@ class Served:
     generations: dict[str, ResultFile]
     stages_run: tuple[str, ...] = ()
     error: str | None = None
+    fidelity: FidelityPlan = FidelityPlan((), {}, "not measured: vLLM does not serve this format")
 
 
 def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> FormatRun:
@@ -482,10 +483,17 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
                         devices=devices)
     reference = (device.measurement.read() or {}).get("probe_reply") if fmt == "baseline" else None
+    refused_fidelity = TOKENIZER_DIFFERS if inputs.candidate_notes.get(fmt) else None
+    fidelity: dict[str, str] | None = None if refused_fidelity else {}
     block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
-                       planned, reference_reply=reference)
+                       planned, reference_reply=reference, fidelity=fidelity)
     error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
-    return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error)
+    missing = [e.name for e in inputs.evalsets if e.name not in (fidelity or {})]
+    note = refused_fidelity or ((f"not measured through vLLM for {', '.join(missing)}: the served baseline left no "
+                                 "reference there (it was not served, or failed)") if missing and fmt != "baseline"
+                                else None)
+    return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error,
+                  FidelityPlan((), fidelity or {}, note))
 
 
 def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
@@ -615,21 +623,24 @@ def fidelity_refusal(inputs: RunInputs, fmt: str) -> str | None:
     """Why this run measures no fidelity for the format, in one line; None when it does."""
     from harness.runtime.registry import runtime_class
 
-    if inputs.spec.backend == "vllm":
-        return ("not measured with --backend vllm yet: the formats' outputs come from the server there, and "
-                "fidelity through its prompt_logprobs is not built; run with --backend transformers to measure it")
+    if inputs.spec.backend == "vllm":  # measured through the server instead (harness.served)
+        return "measured through the vLLM server"
     runtime = device_runtime(inputs.spec)
     if not hasattr(runtime_class(runtime), "next_token_logprobs"):
         return f"not measured: the {runtime} runtime gives no next-token log-probabilities (TeacherForcing)"
     if inputs.candidate_notes.get(fmt):
-        return "not measured: its tokenizer differs from the baseline's, so their tokens cannot be compared"
+        return TOKENIZER_DIFFERS
     return None
+
+
+TOKENIZER_DIFFERS = "not measured: its tokenizer differs from the baseline's, so their tokens cannot be compared"
 
 
 def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
                     devices: str | None) -> FormatRun:
     """The format's result: its stages' records with the measurement and the generations read back."""
     generations = {**device.generations, **(served.generations if served else {})}
+    fidelity = served.fidelity if served else device.fidelity  # backend vllm: the server's (harness.fidelity.served)
     error = device.error or (served.error if served else None)
     run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
                     measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
@@ -637,7 +648,7 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
                                  for name, file in generations.items()},
                     stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
                     served=served.block if served else None, devices=devices,
-                    fidelity=read_fidelity(fmt, device.fidelity), fidelity_note=device.fidelity.note)
+                    fidelity=read_fidelity(fmt, fidelity), fidelity_note=fidelity.note)
     missing = [n for n, e in run.generations.items() if e["result"] is None]
     if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",

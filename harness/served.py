@@ -103,11 +103,13 @@ def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str 
 
 
 def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoint_url: str | None,
-               generations: dict[str, dict], reusable, run=None, reference_reply: str | None = None) -> dict:
+               generations: dict[str, dict], reusable, run=None, reference_reply: str | None = None,
+               fidelity: dict[str, str] | None = None) -> dict:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
     cached). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
     transformers' greedy reply to the first latency prompt, which the server must reproduce
-    (baseline_reproduced) before anything it answers is scored."""
+    (baseline_reproduced) before anything it answers is scored. fidelity gets evalset -> the path of the format's
+    served fidelity (the baseline's: its reference; harness.fidelity.served)."""
     spec = inputs.spec
     try:
         plan = launch_plan_for(inputs, served, install, run)
@@ -128,15 +130,76 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
         cached = read_json(path) if endpoint_url is None else None
         if not (reusable(path) and isinstance(cached, dict) and "outputs" in cached):
             pending.append((evalset, prompts, gen_key, path))
+    fidelity_pending = [] if fidelity is None else plan_served_fidelity(inputs, served, key, generations, reusable,
+                                                                        fidelity)
     # A server the user runs may serve another build tomorrow under the same URL: it is asked anew every run.
     cached_block = read_json(block_path) if endpoint_url is None else None
-    if not pending and reusable(block_path) and isinstance(cached_block, dict) and "status" in cached_block:
+    if not pending and not fidelity_pending and reusable(block_path) and isinstance(cached_block, dict) \
+            and "status" in cached_block:
         progress.say(f"{served.name}: reusing served results (vLLM)")
         return cached_block
-    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending, reference_reply)
+    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending, reference_reply,
+                              fidelity_pending)
     if block["status"] == "ok":
         atomic_write_json(block_path, block)
     return block
+
+
+def served_reference_map(inputs) -> Path:
+    """Where the served baseline says which reference each evalset's served fidelity is measured against."""
+    return inputs.out_dir / "stages" / "baseline" / "served-fidelity.json"
+
+
+def plan_served_fidelity(inputs, served: ServedFormat, key: str, generations: dict[str, dict], reusable,
+                         fidelity: dict[str, str]) -> list[tuple]:
+    """The served fidelity work still to do: the baseline's references, or this format's comparisons against the
+    references the served baseline wrote. Fills `fidelity` (evalset -> result path)."""
+    from harness.fidelity.served import served_comparison_path, served_reference_path
+
+    pending: list[tuple] = []
+    if served.name == "baseline":
+        for evalset in inputs.evalsets:
+            reference = served_reference_path(generations[evalset.name]["key"])
+            fidelity[evalset.name] = str(reference)
+            if not (reusable(reference) and isinstance(read_json(reference), dict)):
+                pending.append(("reference", evalset, Path(generations[evalset.name]["path"]), reference))
+        atomic_write_json(served_reference_map(inputs), fidelity)
+        return pending
+    references = read_json(served_reference_map(inputs)) or {}
+    for evalset in inputs.evalsets:
+        reference = Path(references[evalset.name]) if evalset.name in references else None
+        if reference is None or not reference.is_file():
+            continue
+        comparison = served_comparison_path(key, reference)
+        fidelity[evalset.name] = str(comparison)
+        if not (reusable(comparison) and isinstance(read_json(comparison), dict)):
+            pending.append(("compare", evalset, reference, comparison))
+    return pending
+
+
+def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple]) -> None:
+    from harness.fidelity.served import compare_served, write_served_reference
+
+    encode = None
+    for kind, evalset, source, path in pending:
+        label = f"{served.name}: fidelity {evalset.name} (vLLM prompt_logprobs)"
+        if kind == "reference":
+            if encode is None:
+                encode = _encoder(inputs)
+            outputs = (read_json(source) or {}).get("outputs") or []
+            write_served_reference(endpoint, evalset.name, inputs.prompts[evalset.name], outputs, encode, path, label)
+        else:
+            compare_served(endpoint, source, path, label)
+
+
+def _encoder(inputs):
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(inputs.source.path, trust_remote_code=inputs.spec.trust_remote_code)
+    return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
@@ -147,13 +210,14 @@ def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
 
 
 def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan: LaunchPlan, concurrencies,
-                      pending, reference_reply: str | None = None) -> dict:
+                      pending, reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
     log_path = inputs.out_dir / "logs" / f"{served.name}.vllm.log"
     block = served_block(install, endpoint_url, status="ok", scored=True)
     if endpoint_url:
         try:
             return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
-                            alive=lambda: _answers(endpoint_url), reference_reply=reference_reply)
+                            alive=lambda: _answers(endpoint_url), reference_reply=reference_reply,
+                            fidelity_pending=fidelity_pending)
         except ServerFailed as exc:
             return dict(block, status="failed", reason=str(exc))
     env = dict(plan.env, **({"CUDA_VISIBLE_DEVICES": served.devices} if served.devices else {}))
@@ -174,7 +238,8 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
                                    f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's "
                                    f"probe assumes, so the served dtype and refusals may be wrong (log: {log_path})")
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
-                             block, alive=server.alive, reference_reply=reference_reply)
+                             block, alive=server.alive, reference_reply=reference_reply,
+                             fidelity_pending=fidelity_pending)
             if not server.alive():
                 block.update(status="failed", reason=f"the vLLM server died: {server.failure_reason()} "
                                                      f"(log: {log_path})")
@@ -198,7 +263,7 @@ def served_block(install: VllmInstall | None, endpoint_url: str | None, **values
 
 
 def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive,
-             reference_reply: str | None = None) -> dict:
+             reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
     workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
     if reference_reply is not None and workload:
         reply = complete(endpoint, workload[0], served.sampling).text
@@ -213,6 +278,7 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
         atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
                                  "wall_s": round(time.time() - started, 3), "latency": {}, "batches": [],
                                  "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)})
+    measure_served_fidelity(inputs, served, endpoint, list(fidelity_pending))
     for concurrency in concurrencies:
         block["latency"][f"concurrency_{concurrency}"] = latency_at(
             endpoint, workload, served.sampling, concurrency,

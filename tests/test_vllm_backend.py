@@ -134,9 +134,12 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
     int8_predictions = [s["prediction"] for s in served_samples if s["format"] == "int8"]
     assert int8_predictions and sum(bool(p) for p in int8_predictions) >= 0.8 * len(int8_predictions)
     assert not any("vLLM cannot serve it" in r for r in int8["reasons"]), int8["reasons"]
-    # Fidelity is not measured through the server yet: the report says so instead of showing transformers' figures.
-    assert all(entry.get("kl") is None and "not measured with --backend vllm" in entry["detail"]
-               for entry in int8["fidelity"].values())
+    # Fidelity through the servers' prompt_logprobs: int8 against the served baseline on every set, every item.
+    samples_int8 = [s for s in served_samples if s["format"] == "int8" and "fidelity" in s]
+    assert len(samples_int8) == len(int8_predictions)
+    for evalset, entry in int8["fidelity"].items():
+        assert entry["items"] >= 1 and 0 <= entry["kl"]["value"] < 2 and 0 <= entry["top1_agreement"]["value"] <= 100
+    assert any(entry["kl"]["value"] > 0 for entry in int8["fidelity"].values())  # int8 is not the baseline
     gptq = report["formats"]["gptq"]["served"]
     if probed["w4a16"]:
         assert gptq["status"] == "ok" and "CPUWNA16LinearKernel" in gptq["kernels"]
@@ -298,9 +301,19 @@ def test_a_server_the_user_runs(vllm_install, demo_checkpoint, demo_cache, tmp_p
                   "--latency-requests", "3", "--max-num-seqs", "4", "--vllm-endpoint", f"baseline={server.base_url}",
                   "--out", str(wrong), cache=demo_cache)
         misjudged = json.loads((wrong / "report.json").read_text())["formats"]["baseline"]
+        # The baseline against itself through the same server: KL 0, every top token the same.
+        from harness.fidelity.served import compare_served
+        from harness.fidelity.summary import FidelityItem, summarize_fidelity
+
+        references = json.loads((out / "stages" / "baseline" / "served-fidelity.json").read_text())
+        itself = tmp_path / "itself.json"
+        compare_served(Endpoint(server.base_url, "team-baseline"), Path(next(iter(references.values()))), itself, "self")
+        rows = json.loads(itself.read_text())["items"]
+        summary = summarize_fidelity({r["id"]: FidelityItem.from_json(r) for r in rows})
     assert misjudged["status"] == "failed" and misjudged["served"]["status"] == "failed"
     assert "does not reproduce the transformers baseline on the probe prompt" in misjudged["error"]
     assert served["baseline_probe"].startswith("reproduced: the first 5 characters")
+    assert rows and summary.kl.value < 1e-6 and summary.top1_agreement.value == 100.0
     assert served["status"] == "ok" and served["endpoint"] == server.base_url and served["version"] == "0.32.0"
     assert served["source"].startswith("--vllm-endpoint") and served["command"] is None
     assert served["endpoint_models"][0]["id"] == "team-baseline"

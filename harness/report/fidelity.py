@@ -48,12 +48,14 @@ def fidelity_rows(fmt: FormatResult) -> list[list[str]]:
     return rows
 
 
-def fidelity_caption(fmt: FormatResult) -> str:
+def fidelity_caption(fmt: FormatResult, served: bool = False) -> str:
     entries = list((fmt.fidelity or {}).values())
     method = next((e.method for e in entries if e.method), None)
-    text = ("Teacher-forced on the baseline's greedy output: KL(baseline ‖ format) over the baseline's top-32 tokens "
-            "plus the rest (a lower bound of the full-vocabulary KL) and how often the format's top token is the "
-            "baseline's, at every output position.")
+    tokens = ("the baseline's top-20 tokens that the format's server also names (vLLM prompt_logprobs)" if served
+              else "the baseline's top-32 tokens")
+    text = (f"Teacher-forced on the baseline's greedy output: KL(baseline ‖ format) over {tokens} plus the rest (a "
+            "lower bound of the full-vocabulary KL) and how often the format's top token is the baseline's, at every "
+            "output position.")
     return text + (f" {method[0].upper() + method[1:]}." if method else "")
 
 

@@ -210,7 +210,7 @@ def _format_section(
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
     parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(report, fmt),
-              _serving(report, fmt), _fidelity(fmt), _checks(fmt, layout)]
+              _serving(report, fmt), _fidelity(fmt, report.settings.backend == "vllm"), _checks(fmt, layout)]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
@@ -267,13 +267,13 @@ def _capacity(report: RunReport, fmt: FormatResult) -> str:
     return f"<h3>Capacity</h3><p>{e(text)}</p>" + (f"<pre><code>{e(command)}</code></pre>" if command else "")
 
 
-def _fidelity(fmt: FormatResult) -> str:
+def _fidelity(fmt: FormatResult, served: bool = False) -> str:
     rows = fidelity_rows(fmt)
     if not rows:
         return ""
     extra = "".join(f"<li>{e(line)}</li>" for line in position_lines(fmt))
     largest = "".join(f"<li>{e(line)}</li>" for line in largest_lines(fmt))
-    return (f"<h3>Fidelity to the baseline</h3><p>{e(fidelity_caption(fmt))}</p>"
+    return (f"<h3>Fidelity to the baseline</h3><p>{e(fidelity_caption(fmt, served))}</p>"
             + _table(FIDELITY_COLUMNS, [[e(c) for c in row] for row in rows])
             + (f"<ul>{extra}</ul>" if extra else "")
             + (f"<h4>Largest divergence</h4><ul>{largest}</ul>" if largest else ""))

@@ -190,18 +190,18 @@ def _format_section(
         _latency_table(report, fmt),
         _capacity(report, fmt),
         _serving(report, fmt, layout),
-        _fidelity(fmt, layout),
+        _fidelity(fmt, layout, served=report.settings.backend == "vllm"),
     ]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     return "\n\n".join(p for p in parts if p)
 
 
-def _fidelity(fmt: FormatResult, layout: _Layout) -> str:
+def _fidelity(fmt: FormatResult, layout: _Layout, served: bool = False) -> str:
     rows = fidelity_rows(fmt)
     if not rows:
         return ""
-    parts = ["**Fidelity to the baseline**\n\n" + md_inline(fidelity_caption(fmt)),
+    parts = ["**Fidelity to the baseline**\n\n" + md_inline(fidelity_caption(fmt, served)),
              "\n".join(_table(FIDELITY_COLUMNS, rows, layout, "fidelity rows")).strip()]
     positions = position_lines(fmt)
     if positions:

@@ -625,8 +625,9 @@ class FidelityEntry(_Strict):
     items: int | None = Field(default=None, description="items compared (count); absent when not measured")
     positions: int | None = Field(default=None, description="output positions compared over all items (count)")
     kl: FidelityInterval | None = Field(default=None, description="KL(baseline || format), nats per token, over the "
-                                        "baseline's top-32 tokens plus one bucket for the rest: a lower bound of "
-                                        "the full-vocabulary KL")
+                                        "baseline's top-32 tokens (through vLLM: its top-20 the format's server "
+                                        "also names) plus one bucket for the rest: a lower bound of the "
+                                        "full-vocabulary KL")
     top1_agreement: FidelityInterval | None = Field(default=None, description="positions where the format's most "
                                                     "likely token is the baseline's, %")
     target_logprob: float | None = Field(default=None, description="mean log-probability the format gives the "

@@ -158,6 +158,30 @@ def complete(endpoint: Endpoint, request: CompletionRequest, sampling: Sampling)
                             chunk_gaps_s=tuple(b - a for a, b in zip(stamps, stamps[1:])))
 
 
+def prompt_logprobs(endpoint: Endpoint, prompt_ids: tuple[int, ...] | list[int],
+                    top_k: int) -> list[dict[int, tuple[float, int]] | None]:
+    """The server's log-probabilities at every prompt position (vLLM's `prompt_logprobs`): entry j holds, for the
+    distribution that predicts prompt_ids[j], its top_k tokens and the actual one as {token id: (logprob, rank)}
+    (rank 1: the most likely); entry 0 is None. One forward, one token generated (and ignored)."""
+    body = {"model": endpoint.model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": top_k}
+    http = urllib.request.Request(endpoint.base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(http, timeout=REQUEST_TIMEOUT_S) as response:
+            data = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        raise RequestFailed(f"the server answered {exc.code}: {_error_message(exc)}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise RequestFailed(f"the server dropped the request ({getattr(exc, 'reason', exc)})") from None
+    entries = (data.get("choices") or [{}])[0].get("prompt_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(prompt_ids):
+        raise RequestFailed(f"the server gave no prompt_logprobs for {len(prompt_ids)} prompt tokens "
+                            f"(got {type(entries).__name__}); it may not be vLLM, or too old for them")
+    return [None if entry is None else {int(token): (float(v["logprob"]), int(v.get("rank") or 0))
+                                        for token, v in entry.items()} for entry in entries]
+
+
 def complete_all(endpoint: Endpoint, requests: list[CompletionRequest], sampling: Sampling, *, concurrency: int,
                  label: str, alive: Callable[[], bool] | None = None) -> list[ServedCompletion]:
     """Every request, `concurrency` in flight (the server batches them), in the order given. `alive` is asked
