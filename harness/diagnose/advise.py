@@ -1,0 +1,296 @@
+"""From a log's facts to a Diagnosis: which memory ran out, the figures (quoted, with where each came from) and
+the changes that would fix it, best first, each with its effect from the log's own numbers or the memory model.
+
+Batch size is named only where it is the lever (the sampler warm-up allocates logits for --max-num-seqs sequences;
+a profile run's peak follows --max-num-batched-tokens): where one sequence of --max-model-len does not fit the KV
+cache, no batch size helps, and the answer says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.diagnose.readers import GIB, VllmFacts, read_nvidia_smi, read_torch_oom, read_vllm, size_gib
+from harness.diagnose.records import Change, Diagnosis, Figure
+
+DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
+MAX_UTILIZATION = 0.95  # above this the CUDA context and other processes are left too little
+FRAGMENTED_SHARE = 0.05  # reserved-but-unallocated above this share of the GPU (and the request): fragmentation
+WATERMARK = 0.85  # the share of GPU memory a load test should stay under
+BLOCK = 16
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the user told `diagnose` besides the log (the log wins where it says otherwise)."""
+
+    kv_bytes_per_token: int | None = None  # from --model's config (memory model)
+    weights_16bit_bytes: int | None = None
+    weights_4bit_bytes: int | None = None
+    model_source: str = ""
+    gpu_total_gib: float | None = None  # --target-gpu
+    gpu_name: str = ""
+
+
+class NotADiagnosableLog(ValueError):
+    """The text holds none of the messages diagnose reads."""
+
+
+def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagnosis:
+    if (facts := read_vllm(text)) is not None and _vllm_has_story(facts):
+        return _vllm(facts, source, context)
+    if (oom := read_torch_oom(text)) is not None:
+        return _torch(oom[0], oom[1], source, context)
+    if (trace := read_nvidia_smi(text)) is not None:
+        return _smi(trace, source, context)
+    if facts is not None:
+        return _vllm(facts, source, context)
+    raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, vLLM start-up "
+                             "or failure lines, nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv "
+                             "output); pass the server's whole log or the full error text")
+
+
+def _vllm_has_story(facts: VllmFacts) -> bool:
+    return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below, facts.oom, facts.kv_tokens))
+
+
+# --- vLLM ---------------------------------------------------------------------------------------------------------
+
+
+def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
+    figures: list[Figure] = []
+
+    def quote(label: str, value: str, line: int | None) -> None:
+        figures.append(Figure(label, value, f"log line {line}" if line else "log"))
+
+    for key, quoted in facts.flags.items():
+        quote(f"--{key.replace('_', '-')}", str(quoted.value), quoted.line)
+    if facts.weights_gib:
+        quote("weights loaded", f"{facts.weights_gib.value:.2f} GiB", facts.weights_gib.line)
+    if facts.kv_memory_gib:
+        quote("KV cache memory", f"{facts.kv_memory_gib.value:.2f} GiB", facts.kv_memory_gib.line)
+    if facts.kv_tokens:
+        quote("KV cache holds", f"{facts.kv_tokens.value:,} tokens", facts.kv_tokens.line)
+    if facts.graph_gib:
+        quote("CUDA graphs", f"{facts.graph_gib.value:.2f} GiB", facts.graph_gib.line)
+    utilization = float(facts.flags["gpu_memory_utilization"].value) if "gpu_memory_utilization" in facts.flags \
+        else None
+    per_token = _kv_bytes_per_token(facts, context)
+    if per_token:
+        figures.append(Figure("KV bytes per token", f"{per_token[0]:,}", per_token[1]))
+    total_gib = context.gpu_total_gib
+    if facts.free_below:
+        free, total, wanted_u, requested = (float(v) for v in str(facts.free_below.value).split(":"))
+        total_gib = total
+        quote("free at start-up", f"{free:.2f} of {total:.2f} GiB", facts.free_below.line)
+        held = total - free
+        most = math.floor((free / total - 0.01) * 100) / 100
+        return Diagnosis(source, "vllm", "memory_held_elsewhere",
+                         f"another process holds {held:.2f} GiB of the GPU: vLLM wants {wanted_u} x {total:.2f} = "
+                         f"{requested:.2f} GiB but only {free:.2f} GiB is free", tuple(figures), (
+                             Change(f"--gpu-memory-utilization {most:.2f}",
+                                    f"asks for {most * total:.2f} GiB, within the {free:.2f} GiB free (less KV cache "
+                                    "than planned: the log of the next start says how many tokens)"),
+                             Change("stop the other process (nvidia-smi --query-compute-apps=pid,used_memory "
+                                    "--format=csv names it)", f"frees {held:.2f} GiB for this server")),
+                         ("which process holds the memory: nvidia-smi --query-compute-apps=pid,used_memory --format=csv",))
+    if facts.kv_needed or facts.v0_too_long:
+        return _kv_too_small(facts, source, figures, per_token, utilization, total_gib, context)
+    if facts.no_kv_memory:
+        return _no_kv_memory(facts, source, figures, utilization, total_gib, context)
+    if facts.oom is not None:
+        return _vllm_oom(facts, source, figures)
+    length = facts.flags.get("max_model_len")
+    summary = (f"the server started: its KV cache holds {facts.kv_tokens.value:,} tokens"
+               + (f", {facts.kv_tokens.value / float(length.value):.2f} sequences of --max-model-len {length.value}"
+                  if length else "")) if facts.kv_tokens else "no memory failure in this log"
+    return Diagnosis(source, "vllm", "fits", summary, tuple(figures))
+
+
+def _kv_bytes_per_token(facts: VllmFacts, context: Context) -> tuple[int, str] | None:
+    """From the log where it gives both sides (KV memory over the tokens it holds, or the memory one max-len sequence
+    needs), else from --model's config."""
+    if facts.kv_needed:
+        length, needed = str(facts.kv_needed.value).split(":")[:2]
+        return round(float(needed) * GIB / int(length)), f"log line {facts.kv_needed.line}: {needed} GiB / {length} tokens"
+    if facts.kv_memory_gib and facts.kv_tokens and facts.kv_tokens.value:
+        return (round(facts.kv_memory_gib.value * GIB / facts.kv_tokens.value),
+                f"log lines {facts.kv_memory_gib.line}, {facts.kv_tokens.line}")
+    if context.kv_bytes_per_token:
+        return context.kv_bytes_per_token, f"memory model of {context.model_source}"
+    return None
+
+
+def _kv_too_small(facts, source, figures, per_token, utilization, total_gib, context) -> Diagnosis:
+    if facts.kv_needed:
+        length_text, needed_text, available_text, estimated_text = str(facts.kv_needed.value).split(":")
+        length, needed, available = int(length_text), float(needed_text), float(available_text)
+        holds = int(estimated_text) if estimated_text else int(length * available / needed) // BLOCK * BLOCK
+        line = facts.kv_needed.line
+        summary = (f"the KV cache is too small for --max-model-len {length:,}: one sequence needs {needed:.2f} GiB, "
+                   f"the cache has {available:.2f} GiB (about {holds:,} tokens)")
+    else:
+        length_text, tokens_text = str(facts.v0_too_long.value).split(":")
+        length, holds, line = int(length_text), int(tokens_text), facts.v0_too_long.line
+        available = holds * per_token[0] / GIB if per_token else None
+        needed = length * per_token[0] / GIB if per_token else None
+        summary = f"the KV cache holds {holds:,} tokens, fewer than one sequence of --max-model-len {length:,}"
+    figures.append(Figure("max seq len vs KV cache", f"{length:,} tokens vs about {holds:,}", f"log line {line}"))
+    changes = [Change(f"--max-model-len {holds // BLOCK * BLOCK:,}",
+                      f"the KV cache holds about {holds:,} tokens: one sequence of that length fits, at concurrency 1")]
+    if needed is not None and available is not None:
+        short = needed - available
+        current = utilization or DEFAULT_UTILIZATION
+        if total_gib:
+            wanted = current + short / total_gib
+            rounded = math.ceil(wanted * 100) / 100
+            if rounded <= MAX_UTILIZATION:
+                added = (rounded - current) * total_gib
+                tokens = f" = {int(added * GIB / per_token[0]):,} tokens" if per_token else ""
+                changes.append(Change(f"--gpu-memory-utilization {rounded:.2f}",
+                                      f"adds {added:.2f} GiB{tokens} to the KV cache ({short:.2f} GiB were missing, on "
+                                      f"{total_gib:.1f} GiB)"))
+            else:
+                changes.append(Change("--gpu-memory-utilization (not enough)",
+                                      f"{short:.2f} GiB more would need {wanted:.2f} of the GPU, above "
+                                      f"{MAX_UTILIZATION}: change something else"))
+        changes.append(Change("--kv-cache-dtype fp8",
+                              f"halves the KV bytes per token: the cache then holds about {2 * holds:,} tokens"
+                              + (" (enough for one sequence)" if 2 * holds >= length else " (still short)")))
+    if context.weights_16bit_bytes and context.weights_4bit_bytes:
+        freed = (context.weights_16bit_bytes - context.weights_4bit_bytes) / GIB
+        tokens = f" = about {int(freed * GIB / per_token[0]):,} more tokens" if per_token else ""
+        changes.append(Change("quantize the weights (awq or gptq 4-bit)",
+                              f"weights {context.weights_4bit_bytes / GIB:.2f} GiB instead of "
+                              f"{context.weights_16bit_bytes / GIB:.2f}: {freed:.2f} GiB for the KV cache{tokens}"))
+    changes.append(Change("--tensor-parallel-size 2", "splits the weights and the KV heads over two GPUs: about twice "
+                          "the KV room per sequence"))
+    missing = () if total_gib else ("the GPU's total memory, for the --gpu-memory-utilization arithmetic: "
+                                     "pass --target-gpu, or the log's 'Free memory on device' line",)
+    return Diagnosis(source, "vllm", "kv_cache_too_small",
+                     summary + "; a smaller batch (--max-num-seqs) does not help: one sequence does not fit",
+                     tuple(figures), tuple(changes), missing)
+
+
+def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Diagnosis:
+    weights = facts.weights_gib.value if facts.weights_gib else (
+        context.weights_16bit_bytes / GIB if context.weights_16bit_bytes else None)
+    current = utilization or DEFAULT_UTILIZATION
+    summary = ("nothing is left for the KV cache: the weights, the profile run's activation peak and CUDA graphs "
+               f"fill the {current} share of the GPU" + (f" (weights alone {weights:.2f} GiB)" if weights else ""))
+    changes = []
+    if context.weights_16bit_bytes and context.weights_4bit_bytes:
+        changes.append(Change("quantize the weights (awq or gptq 4-bit)",
+                              f"weights {context.weights_4bit_bytes / GIB:.2f} GiB instead of "
+                              f"{context.weights_16bit_bytes / GIB:.2f}: the difference goes to the KV cache"))
+    changes += [Change("--tensor-parallel-size 2", "halves the weights per GPU"),
+                Change(f"--gpu-memory-utilization {min(MAX_UTILIZATION, current + 0.05):.2f}",
+                       f"{'%.2f GiB' % (0.05 * total_gib) if total_gib else '5% of the GPU'} more for vLLM, if the "
+                       "GPU is not shared"),
+                Change("--max-num-batched-tokens 2048", "lowers the profile run's activation peak (it scales with "
+                       "the tokens of one forward step)"),
+                Change("--enforce-eager", "drops the CUDA-graph pool")]
+    return Diagnosis(source, "vllm", "weights_do_not_fit" if weights and total_gib and weights > current * total_gib
+                     else "no_kv_cache_memory", summary, tuple(figures), tuple(changes),
+                     () if weights else ("the weights' size: the log's 'Model loading took' line, or --model DIR",))
+
+
+def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure]) -> Diagnosis:
+    oom = facts.oom
+    figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
+    if facts.oom_during == "cuda graph capture":
+        return Diagnosis(source, "vllm", "cuda_graph_capture",
+                         f"CUDA-graph capture ran out of memory (tried {oom.tried})", tuple(figures), (
+                             Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode "
+                                    "at small batches)"),
+                             Change("--max-num-seqs 64", "fewer graph sizes to capture, each smaller"),
+                             Change("--gpu-memory-utilization 0.85", "leaves the graphs room outside vLLM's share")))
+    if facts.oom_during == "sampler warm-up":
+        return Diagnosis(source, "vllm", "activation_peak",
+                         "the sampler warm-up ran out of memory: it allocates logits for --max-num-seqs sequences "
+                         "over the vocabulary", tuple(figures), (
+                             Change("--max-num-seqs 128", "halves the warm-up's logits (here the batch size is the "
+                                    "lever)"),))
+    return Diagnosis(source, "vllm", "activation_peak",
+                     f"a forward ran out of memory (tried {oom.tried}): the profile run at --max-num-batched-tokens",
+                     tuple(figures), (Change("--max-num-batched-tokens 4096", "the profile peak scales with the "
+                                             "tokens of one step"),
+                                      Change("--gpu-memory-utilization 0.85", "leaves more outside vLLM's share")))
+
+
+# --- PyTorch ------------------------------------------------------------------------------------------------------
+
+
+def _torch(oom, line: int, source: str, context: Context) -> Diagnosis:
+    where = f"log line {line}"
+    figures = [Figure(label, value, where) for label, value in (
+        ("tried to allocate", oom.tried), ("GPU total", oom.total), ("free", oom.free),
+        ("allocated by PyTorch", oom.allocated), ("reserved but unallocated" if not oom.reserved_is_total
+                                                  else "reserved in total", oom.reserved),
+        ("this process in use", oom.in_use)) if value]
+    tried, total, free = size_gib(oom.tried), size_gib(oom.total), size_gib(oom.free)
+    unallocated = (oom.reserved_unallocated_bytes or 0) / GIB
+    in_use = size_gib(oom.in_use)
+    if tried and total and unallocated >= tried and unallocated >= FRAGMENTED_SHARE * total:
+        return Diagnosis(source, "pytorch-oom", "fragmentation",
+                         f"fragmentation: {unallocated:.2f} GiB is reserved by PyTorch but unallocated, more than the "
+                         f"{tried:.2f} GiB asked for, yet no block of that size is free", tuple(figures), (
+                             Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                                    "lets the allocator grow segments instead of needing one free block of "
+                                    f"{tried:.2f} GiB"),
+                             Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")))
+    if total and free is not None and in_use is not None and total - free - in_use > 0.5:
+        held = total - free - in_use
+        return Diagnosis(source, "pytorch-oom", "memory_held_elsewhere",
+                         f"another process holds {held:.2f} GiB of the {total:.2f} GiB GPU (this process {in_use:.2f},"
+                         f" free {free:.2f})", tuple(figures), (
+                             Change("stop the other process (nvidia-smi --query-compute-apps=pid,used_memory "
+                                    "--format=csv names it)", f"frees {held:.2f} GiB"),))
+    changes = []
+    if context.weights_16bit_bytes and total and context.weights_16bit_bytes / GIB > 0.8 * total:
+        kind, summary = "weights_do_not_fit", (f"the weights ({context.weights_16bit_bytes / GIB:.2f} GiB at 16 bits) "
+                                               f"nearly fill the {total:.2f} GiB GPU")
+        changes.append(Change("quantize (awq or gptq 4-bit)",
+                              f"weights {(context.weights_4bit_bytes or 0) / GIB:.2f} GiB"))
+    else:
+        kind, summary = "out_of_memory", (f"this process's own tensors filled the GPU ({oom.allocated or '?'} allocated"
+                                          f" of {oom.total or '?'}); the {oom.tried} asked for is the last straw, "
+                                          "not necessarily the culprit")
+    changes += [Change("lower the tokens per step (batch x sequence length)", "the activation peak and the KV cache "
+                       "grow with both: the lever when the weights fit"),
+                Change("--tensor-parallel-size 2 (serving) or a larger GPU", "splits the weights")]
+    return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), tuple(changes),
+                     () if context.weights_16bit_bytes else ("which model: --model DIR tells weights from activations",))
+
+
+# --- nvidia-smi ---------------------------------------------------------------------------------------------------
+
+
+def _smi(trace, source: str, context: Context) -> Diagnosis:
+    used = trace.used_mib
+    total = trace.total_mib or ((context.gpu_total_gib or 0) * 1024)
+    peak_at = max(range(len(used)), key=lambda i: used[i])
+    peak = used[peak_at]
+    rise = next((i for i in range(1, len(used)) if used[i] - used[i - 1] > 0.02 * max(peak, 1)), 0)
+    plateau = next((i for i in range(rise + 1, len(used)) if abs(used[i] - used[i - 1]) <= 0.01 * max(peak, 1)),
+                   len(used) - 1)
+    figures = [Figure("samples", str(len(used)), "trace"),
+               Figure("after load", f"{used[plateau]:,.0f} MiB", f"sample {plateau + 1} ({trace.times[plateau]})"),
+               Figure("peak", f"{peak:,.0f} MiB", f"sample {peak_at + 1} ({trace.times[peak_at]})")]
+    if not total:
+        return Diagnosis(source, "nvidia-smi", "within_watermark",
+                         f"peak {peak:,.0f} MiB; the GPU's total is not in the trace", tuple(figures), (),
+                         ("the GPU's total: add memory.total to --query-gpu, or pass --target-gpu",))
+    figures.append(Figure("total", f"{total:,.0f} MiB", "trace"))
+    headroom = WATERMARK * total - peak
+    figures.append(Figure(f"headroom to the {WATERMARK:.0%} watermark", f"{headroom:,.0f} MiB", "arithmetic"))
+    if headroom < 0:
+        return Diagnosis(source, "nvidia-smi", "over_watermark",
+                         f"the peak {peak / total:.1%} of the GPU is above the {WATERMARK:.0%} a load test should stay "
+                         f"under ({-headroom:,.0f} MiB over)", tuple(figures), (
+                             Change(f"--gpu-memory-utilization {math.floor((WATERMARK - (peak - used[plateau]) / total) * 100) / 100:.2f}",
+                                    "vLLM preallocates its share: lower it so the peak stays under the watermark"),))
+    return Diagnosis(source, "nvidia-smi", "within_watermark",
+                     f"the peak {peak / total:.1%} of the GPU stays under the {WATERMARK:.0%} watermark "
+                     f"({headroom:,.0f} MiB to spare)", tuple(figures))

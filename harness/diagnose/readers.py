@@ -1,0 +1,171 @@
+"""What a log says about memory, per log kind. Each reader returns its facts with the line each came from, or None
+when the text is not its kind. The message shapes are the engines' own strings (vLLM: vllm/v1/core/
+kv_cache_utils.py, v1/worker/utils.py, v1/worker/gpu_model_runner.py, entrypoints/serve/utils/api_utils.py; V0:
+worker/worker.py, engine/llm_engine.py; PyTorch: c10/cuda/CUDACachingAllocator.cpp, in harness.measure.oom)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from harness.measure.oom import OomFigures, parse_cuda_oom, parse_size
+
+GIB = 2**30
+
+
+@dataclass
+class Quoted:
+    """A value and the log line (1-based) it came from."""
+
+    value: float | int | str
+    line: int
+
+
+@dataclass
+class VllmFacts:
+    flags: dict[str, Quoted] = field(default_factory=dict)  # max_model_len, gpu_memory_utilization, ...
+    weights_gib: Quoted | None = None
+    kv_memory_gib: Quoted | None = None
+    kv_tokens: Quoted | None = None
+    concurrency: Quoted | None = None  # (tokens per request, x) as "L:x"
+    graph_gib: Quoted | None = None
+    no_kv_memory: Quoted | None = None
+    kv_needed: Quoted | None = None  # "max_len:needed_gib:available_gib:estimated_len"
+    v0_too_long: Quoted | None = None  # "max_len:kv_tokens"
+    free_below: Quoted | None = None  # "free:total:utilization:requested"
+    oom: OomFigures | None = None
+    oom_line: int | None = None
+    oom_during: str | None = None  # "cuda graph capture", "sampler warm-up", "profile run"
+
+
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_SERVE = re.compile(r"vllm serve (\S+)((?: +--?[\w-]+(?:[ =](?!--)\S+)?)*)")
+_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB|the rest of the memory reserved for KV Cache is "
+                        r"([\d.]+) ?GiB|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_GRAPH = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB")
+_NO_KV = re.compile(r"No available memory for the cache blocks")
+_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s'? max seq len \((\d+)\), \(([\d.]+) GiB KV "
+                        r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\.(?: "
+                        r"Based on the available memory, the estimated maximum model length is (\d+)\.)?")
+_V0_TOO_LONG = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
+                          r"stored in KV cache \((\d+)\)")
+_FREE_BELOW = re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
+                         r"GPU memory utilization ?|the engine's budget[^(]*)\(([\d.]+), ([\d.]+) GiB\)")
+_FLAG_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
+              "enforce_eager", "tensor_parallel_size", "quantization", "dtype", "model")
+
+
+def read_vllm(text: str) -> VllmFacts | None:
+    facts = VllmFacts()
+    seen = False
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        if (match := _NON_DEFAULT.search(line)):
+            seen = True
+            try:
+                args = ast.literal_eval(match.group(1))
+            except (ValueError, SyntaxError):
+                args = {}
+            for key in _FLAG_KEYS:
+                if key in args:
+                    facts.flags[key] = Quoted(args[key], number)
+        elif (match := _SERVE.search(line)):
+            seen = True
+            facts.flags.setdefault("model", Quoted(match.group(1), number))
+            for flag, value in re.findall(r"--([\w-]+)(?:[ =]((?!--)\S+))?", match.group(2)):
+                key = flag.replace("-", "_")
+                if key in _FLAG_KEYS:
+                    facts.flags[key] = Quoted(_number(value) if value else True, number)
+        for attribute, pattern in (("weights_gib", _WEIGHTS), ("graph_gib", _GRAPH)):
+            if (match := pattern.search(line)):
+                seen = True
+                setattr(facts, attribute, Quoted(float(match.group(1)), number))
+        if (match := _KV_MEMORY.search(line)):
+            seen = True
+            facts.kv_memory_gib = Quoted(float(next(g for g in match.groups() if g)), number)
+        if (match := _KV_TOKENS.search(line)):
+            seen = True
+            facts.kv_tokens = Quoted(int(match.group(1).replace(",", "")), number)
+        if (match := _CONCURRENCY.search(line)):
+            facts.concurrency = Quoted(f"{match.group(1).replace(',', '')}:{match.group(2)}", number)
+        if _NO_KV.search(line):
+            seen = True
+            facts.no_kv_memory = Quoted("no available memory for the cache blocks", number)
+        if (match := _KV_NEEDED.search(line)):
+            seen = True
+            facts.kv_needed = Quoted(":".join(g or "" for g in match.groups()), number)
+        if (match := _V0_TOO_LONG.search(line)):
+            seen = True
+            facts.v0_too_long = Quoted(f"{match.group(1)}:{match.group(2)}", number)
+        if (match := _FREE_BELOW.search(line)):
+            seen = True
+            facts.free_below = Quoted(":".join(match.groups()), number)
+        if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
+            facts.oom, facts.oom_line = oom, number
+            before = "\n".join(lines[max(0, number - 40):number]).lower()
+            facts.oom_during = ("cuda graph capture" if "captur" in before or "cudagraph" in before.replace(" ", "")
+                                else "sampler warm-up" if "sampler" in before
+                                else "profile run" if "profile" in before or "dummy" in before else None)
+    return facts if seen else None
+
+
+def read_torch_oom(text: str) -> tuple[OomFigures, int] | None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if "out of memory" in line.lower() and (figures := parse_cuda_oom(line)):
+            return figures, number
+    return None
+
+
+@dataclass(frozen=True)
+class SmiTrace:
+    total_mib: float
+    used_mib: tuple[float, ...]
+    times: tuple[str, ...]
+
+
+def read_nvidia_smi(text: str) -> SmiTrace | None:
+    """`nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv[,noheader] [-l N]` (the first GPU's
+    rows), or `nvidia-smi dmon` (its `fb` column, MiB)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    dmon = next((line for line in lines if line.startswith("#") and " fb" in f" {line} "), None)
+    if dmon is not None:
+        columns = dmon.lstrip("#").split()
+        used = [float(parts[columns.index("fb")]) for parts in (line.split() for line in lines if not line.startswith("#"))
+                if len(parts) == len(columns) and _is_float(parts[columns.index("fb")])]
+        return SmiTrace(0.0, tuple(used), tuple(str(i) for i in range(len(used)))) if used else None
+    used, times, total = [], [], 0.0
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 3 or not cells[1].split()[0].replace(".", "").isdigit():
+            continue
+        used.append(float(cells[1].split()[0]))
+        total = float(cells[2].split()[0])
+        times.append(cells[0])
+    return SmiTrace(total, tuple(used), tuple(times)) if used else None
+
+
+def size_gib(text: str | None) -> float | None:
+    size = parse_size(text)
+    return None if size is None else size / GIB
+
+
+def _number(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,37 @@
+"""The records `quantgate diagnose` answers with (its --json is Diagnosis.as_dict())."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Kind = Literal["kv_cache_too_small", "no_kv_cache_memory", "memory_held_elsewhere", "weights_do_not_fit",
+               "activation_peak", "cuda_graph_capture", "fragmentation", "out_of_memory", "over_watermark",
+               "within_watermark", "fits"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    label: str
+    value: str
+    source: str  # "log line N", "--model config.json", "memory model", "assumed: ..."
+
+
+@dataclass(frozen=True)
+class Change:
+    setting: str  # a flag, an environment variable, or an action ("quantize to awq")
+    effect: str  # its predicted effect, with the arithmetic
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    source: str  # the file read, or "stdin"
+    reader: Literal["pytorch-oom", "vllm", "nvidia-smi"]
+    kind: Kind
+    summary: str  # which memory ran out, in one sentence
+    figures: tuple[Figure, ...] = ()
+    changes: tuple[Change, ...] = ()  # best first
+    missing: tuple[str, ...] = field(default=())  # what would sharpen the answer, and how to get it
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,121 @@
+"""`quantgate diagnose`: each message shape (the engines' own strings) gives its kind, the figures quoted with the
+line they came from, and the first change with its arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.diagnose.advise import Context, NotADiagnosableLog, diagnose_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "diagnose"
+
+
+def _diagnose(name: str, context: Context = Context()):
+    return diagnose_text((FIXTURES / name).read_text(), name, context)
+
+
+def test_kv_cache_too_small_for_max_model_len_v1():
+    d = _diagnose("vllm_kv_too_small.log", Context(gpu_total_gib=22.05))
+    assert d.reader == "vllm" and d.kind == "kv_cache_too_small"
+    assert "--max-model-len 32,768" in d.summary and "1.75 GiB" in d.summary and "1.04 GiB" in d.summary
+    assert "a smaller batch (--max-num-seqs) does not help" in d.summary
+    first = d.changes[0]
+    assert first.setting == "--max-model-len 19,456" and "19,456 tokens" in first.effect  # vLLM's own estimate
+    # 0.71 GiB short on 22.05 GiB: 0.90 + 0.0322 -> 0.94, adding 0.88 GiB
+    utilization = next(c for c in d.changes if c.setting.startswith("--gpu-memory-utilization"))
+    assert utilization.setting == "--gpu-memory-utilization 0.94" and utilization.effect.startswith("adds 0.88 GiB = ")
+    per_token = next(f for f in d.figures if f.label == "KV bytes per token")
+    assert per_token.value == f"{round(1.75 * 2**30 / 32768):,}" and per_token.source.startswith("log line 4")
+    assert any(f.label == "weights loaded" and f.value == "14.25 GiB" and f.source == "log line 2" for f in d.figures)
+    assert any(c.setting == "--kv-cache-dtype fp8" and "38,912 tokens" in c.effect for c in d.changes)
+
+
+def test_kv_cache_too_small_without_the_gpu_size_says_what_is_missing():
+    d = _diagnose("vllm_kv_too_small.log")
+    assert d.missing and "--target-gpu" in d.missing[0]
+    assert not any(c.setting.startswith("--gpu-memory-utilization 0.") for c in d.changes)
+
+
+def test_v0_max_seq_len_larger_than_the_kv_cache():
+    d = _diagnose("vllm_v0_too_long.log")
+    assert d.kind == "kv_cache_too_small" and d.changes[0].setting == "--max-model-len 32,000"
+
+
+def test_another_process_holds_memory_at_start_up():
+    d = _diagnose("vllm_free_below.log")
+    assert d.kind == "memory_held_elsewhere" and "19.07 GiB" in d.summary
+    assert d.changes[0].setting == "--gpu-memory-utilization 0.74"  # 60.12 / 79.19 = 0.759, less 0.01, floored
+
+
+def test_no_memory_left_for_the_kv_cache_ranks_quantization_first_with_the_model(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                  "vocab_size": 128256, "max_position_embeddings": 131072,
+                                  "tie_word_embeddings": False}))
+    from harness.commands.diagnose import _context
+
+    class Args:
+        model, target_gpu = str(config), "L4"
+
+    d = _diagnose("vllm_no_kv.log", _context(Args()))
+    assert d.kind in ("no_kv_cache_memory", "weights_do_not_fit") and "21.60 GiB" in d.summary
+    assert d.changes[0].setting.startswith("quantize") and "GiB instead of" in d.changes[0].effect
+
+
+def test_cuda_graph_capture_oom_is_not_answered_with_the_batch_size():
+    d = _diagnose("vllm_graph_oom.log")
+    assert d.kind == "cuda_graph_capture" and d.changes[0].setting == "--enforce-eager"
+
+
+@pytest.mark.parametrize("name, kind, first", [
+    ("torch_fragmentation.txt", "fragmentation", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    ("torch_other_process.txt", "memory_held_elsewhere", "stop the other process"),
+    ("torch_old.txt", "out_of_memory", "lower the tokens per step"),
+])
+def test_pytorch_oom_shapes(name, kind, first):
+    d = _diagnose(name)
+    assert d.reader == "pytorch-oom" and d.kind == kind and d.changes[0].setting.startswith(first)
+    assert any(f.label == "tried to allocate" for f in d.figures)
+
+
+def test_nvidia_smi_trace_baseline_peak_and_watermark():
+    d = _diagnose("nvidia_smi.csv")
+    assert d.reader == "nvidia-smi" and d.kind == "over_watermark"
+    figures = {f.label: f for f in d.figures}
+    assert figures["after load"].value == "73,150 MiB" and figures["peak"].value == "74,980 MiB"
+    assert "10:00:25" in figures["peak"].source
+    assert figures["headroom to the 85% watermark"].value == f"{0.85 * 81559 - 74980:,.0f} MiB"
+
+
+def test_cli_text_json_stdin_and_refusals(tmp_path, capsys, monkeypatch):
+    assert cli.main(["diagnose", str(FIXTURES / "vllm_kv_too_small.log"), "--target-gpu", "L4"]) == 0
+    out = capsys.readouterr().out
+    assert "kv cache too small" in out and "1. --max-model-len 19,456" in out
+    assert cli.main(["diagnose", str(FIXTURES / "torch_old.txt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["kind"] == "out_of_memory"
+    empty = tmp_path / "empty.log"
+    empty.write_text("  \n")
+    binary = tmp_path / "core"
+    binary.write_bytes(b"\x7fELF\x00\x00")
+    other = tmp_path / "other.log"
+    other.write_text("INFO all good\n")
+    for path, message in ((empty, "empty"), (binary, "a binary file"), (other, "no message diagnose reads")):
+        assert cli.main(["diagnose", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((FIXTURES / "nvidia_smi.csv").read_bytes())))
+    assert cli.main(["diagnose", "-"]) == 0
+    assert "stdin (nvidia-smi): over watermark" in capsys.readouterr().out
+
+
+def test_an_unreadable_log_is_refused():
+    with pytest.raises(NotADiagnosableLog):
+        diagnose_text("hello", "x.log")
