@@ -245,10 +245,26 @@ def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan:
                                                      f"(log: {log_path})")
         block["rss_peak_bytes"] = rss.peak or None
     except ServerFailed as exc:
-        block.update(status="failed", reason=str(exc))
+        block.update(status="failed", reason=str(exc) + diagnosed(log_path, offset))
     except RequestFailed as exc:
         block.update(status="failed", reason=f"a request to the vLLM server failed: {exc} (log: {log_path})")
     return block
+
+
+def diagnosed(log_path: Path, offset: int) -> str:
+    """What `quantgate diagnose` makes of this start's log, as a clause for the failure reason ('' when nothing)."""
+    from harness.diagnose.advise import NotADiagnosableLog, diagnose_text
+
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            diagnosis = diagnose_text(log.read().decode("utf-8", errors="replace"), str(log_path))
+    except (OSError, NotADiagnosableLog):
+        return ""
+    if diagnosis.kind == "fits" or not diagnosis.changes:
+        return ""
+    first = diagnosis.changes[0]
+    return f"; diagnosis: {diagnosis.summary}; first change: {first.setting} ({first.effect})"
 
 
 def served_block(install: VllmInstall | None, endpoint_url: str | None, **values) -> dict:

@@ -68,7 +68,15 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, ArtifactCheckFailed):
         return text
     if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "can't allocate memory" in text:
-        return "out of memory: " + oom_reason(parse_cuda_oom(text))
+        figures = parse_cuda_oom(text)
+        if figures is not None:  # the same answer as `quantgate diagnose` gives for the message
+            from harness.diagnose.advise import diagnose_text
+
+            diagnosis = diagnose_text(text, "the worker")
+            first = diagnosis.changes[0] if diagnosis.changes else None
+            return (f"out of memory: {oom_reason(figures)}; diagnosis: {diagnosis.summary}"
+                    + (f"; first change: {first.setting} ({first.effect})" if first else ""))[:700]
+        return "out of memory: " + oom_reason(figures)
     if isinstance(exc, MemoryError):
         return "out of host memory: " + oom_reason(None)
     first = text.strip().splitlines()[0] if text.strip() else ""

@@ -119,3 +119,23 @@ def test_cli_text_json_stdin_and_refusals(tmp_path, capsys, monkeypatch):
 def test_an_unreadable_log_is_refused():
     with pytest.raises(NotADiagnosableLog):
         diagnose_text("hello", "x.log")
+
+
+def test_the_runs_own_failures_carry_the_same_diagnosis(tmp_path):
+    """A worker's CUDA OOM and a vLLM server that would not start get diagnose's answer in their reason."""
+    from harness.served import diagnosed
+    from harness.worker import describe_failure
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    message = (FIXTURES / "torch_fragmentation.txt").read_text().splitlines()[-1]
+    reason = describe_failure(OutOfMemoryError(message))
+    assert reason.startswith("out of memory: ") and "diagnosis: fragmentation: 6.02 GiB is reserved" in reason
+    assert "first change: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in reason
+    log = tmp_path / "server.log"
+    log.write_text("earlier start, already diagnosed\n" + (FIXTURES / "vllm_kv_too_small.log").read_text())
+    clause = diagnosed(log, offset=len("earlier start, already diagnosed\n"))
+    assert clause.startswith("; diagnosis: the KV cache is too small for --max-model-len 32,768")
+    assert "first change: --max-model-len 19,456" in clause
+    assert diagnosed(tmp_path / "missing.log", 0) == ""

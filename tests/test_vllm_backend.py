@@ -451,3 +451,39 @@ def test_a_served_baseline_must_open_its_reply_as_transformers_does():
     for served in ("Paris is the capital.", "", "Th"):
         with pytest.raises(ServerFailed, match="does not reproduce the transformers baseline"):
             baseline_reproduced("The capital of France is Paris.", served, where="http://x")
+
+
+@pytest.mark.slow
+def test_diagnose_reads_a_real_servers_kv_failure_and_its_advice_holds(vllm_install, demo_checkpoint, demo_cache,
+                                                                      tmp_path, monkeypatch):
+    """A real vLLM server started with a KV cache too small for --max-model-len fails; diagnose reads its log and
+    recommends a --max-model-len; started again with it, the server comes up and logs a KV cache that holds it."""
+    from harness.diagnose.advise import diagnose_text
+    from harness.launcher import worker_environment
+    from harness.runtime.vllm.locate import find_vllm
+    from harness.runtime.vllm.server import ServerFailed, ServerLaunch, VllmServer, environment_for_server
+    from harness.runtime.vllm.startup_log import read_startup
+
+    monkeypatch.setenv("QUANTGATE_CACHE", str(demo_cache))
+    install = find_vllm(None)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+
+    def start(length: int, log: Path):
+        launch = ServerLaunch(install.launcher, demo_checkpoint, "demo", ("--max-model-len", str(length),
+                              "--enforce-eager", "--max-num-seqs", "2", "--dtype", "float32"), env,
+                              model_flag=install.model_flag)
+        return VllmServer(launch, log, environment_for_server(worker_environment(os.environ)))
+
+    failed_log = tmp_path / "too-long.log"
+    with pytest.raises(ServerFailed):
+        with start(200_000, failed_log):
+            pass
+    diagnosis = diagnose_text(failed_log.read_text(errors="replace"), "too-long.log")
+    assert diagnosis.kind == "kv_cache_too_small" and "--max-model-len 200,000" in diagnosis.summary
+    advised = int(diagnosis.changes[0].setting.split()[-1].replace(",", ""))
+    assert 10_000 < advised < 200_000
+    with start(advised, tmp_path / "advised.log") as server:
+        facts = read_startup(tmp_path / "advised.log")
+        assert server.alive()
+    assert facts.kv_tokens is not None and facts.kv_tokens >= advised and facts.max_concurrency >= 1.0
