@@ -139,3 +139,15 @@ def test_the_runs_own_failures_carry_the_same_diagnosis(tmp_path):
     assert clause.startswith("; diagnosis: the KV cache is too small for --max-model-len 32,768")
     assert "first change: --max-model-len 19,456" in clause
     assert diagnosed(tmp_path / "missing.log", 0) == ""
+
+
+@pytest.mark.parametrize("name, reader, kind, first", [
+    ("sglang_not_enough.log", "sglang", "no_kv_cache_memory", "--mem-fraction-static 0.45"),
+    ("tgi_prefill.log", "tgi", "activation_peak", "--max-batch-prefill-tokens 8,192"),
+    ("trtllm_kv.log", "trtllm", "kv_cache_too_small", "--max_seq_len 8,224"),
+])
+def test_other_engines_messages(name, reader, kind, first):
+    """The engines' own strings (SGLang model_runner's RuntimeError and weight-load line, TGI's warm-up error,
+    TensorRT-LLM's KVCacheManager line)."""
+    d = _diagnose(name)
+    assert (d.reader, d.kind) == (reader, kind) and d.changes[0].setting == first, d

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.diagnose.readers import GIB, VllmFacts, read_nvidia_smi, read_torch_oom, read_vllm, size_gib
+from harness.diagnose.readers import (GIB, EngineFacts, VllmFacts, read_nvidia_smi, read_other_engines, read_torch_oom,
+                                      read_vllm, size_gib)
 from harness.diagnose.records import Change, Diagnosis, Figure
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
@@ -40,6 +41,8 @@ class NotADiagnosableLog(ValueError):
 def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagnosis:
     if (facts := read_vllm(text)) is not None and _vllm_has_story(facts):
         return _vllm(facts, source, context)
+    if (engine := read_other_engines(text)) is not None:
+        return _other_engine(engine, source, context)
     if (oom := read_torch_oom(text)) is not None:
         return _torch(oom[0], oom[1], source, context)
     if (trace := read_nvidia_smi(text)) is not None:
@@ -217,6 +220,60 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure]) -> Diagnosis
                      tuple(figures), (Change("--max-num-batched-tokens 4096", "the profile peak scales with the "
                                              "tokens of one step"),
                                       Change("--gpu-memory-utilization 0.85", "leaves more outside vLLM's share")))
+
+
+# --- SGLang, TGI, TensorRT-LLM ------------------------------------------------------------------------------------
+
+
+def _other_engine(facts: EngineFacts, source: str, context: Context) -> Diagnosis:
+    figures = [Figure(label, text, f"log line {quoted.line}") for label, quoted, text in (
+        ("--mem-fraction-static", facts.mem_fraction_static, f"{facts.mem_fraction_static.value}"
+         if facts.mem_fraction_static else ""),
+        ("weights loaded", facts.weights_gb, f"{facts.weights_gb.value:.2f} GB" if facts.weights_gb else ""),
+        ("free after the weights", facts.available_gb, f"{facts.available_gb.value:.2f} GB" if facts.available_gb
+         else ""),
+        ("KV cache holds", facts.kv_tokens, f"{facts.kv_tokens.value:,} tokens" if facts.kv_tokens else ""),
+        ("KV cache", facts.kv_gib, f"{facts.kv_gib.value:.2f} GiB" if facts.kv_gib else ""),
+        ("context length", facts.context_len, f"{facts.context_len.value:,} tokens" if facts.context_len else ""),
+        ("prefill tokens of the warm-up", facts.prefill_tokens, f"{facts.prefill_tokens.value:,}"
+         if facts.prefill_tokens else "")) if quoted is not None]
+    if facts.engine == "tgi" and facts.prefill_tokens:
+        half = facts.prefill_tokens.value // 2
+        return Diagnosis(source, "tgi", "activation_peak",
+                         f"the warm-up prefill of {facts.prefill_tokens.value:,} tokens did not fit: the activation peak "
+                         "of one prefill batch", tuple(figures), (
+                             Change(f"--max-batch-prefill-tokens {half:,}", "halves the warm-up batch's activations "
+                                    "(here the batch is the lever)"),))
+    if facts.engine == "sglang" and facts.not_enough:
+        current = facts.mem_fraction_static.value if facts.mem_fraction_static else 0.88
+        total = (facts.weights_gb.value + facts.available_gb.value) if facts.weights_gb and facts.available_gb \
+            else context.gpu_total_gib
+        changes = []
+        if total and facts.weights_gb:
+            fraction = min(0.95, math.ceil((facts.weights_gb.value / total + 0.1) * 100) / 100)
+            changes.append(Change(f"--mem-fraction-static {max(fraction, current + 0.02):.2f}",
+                                  f"the KV pool gets fraction x {total:.1f} GB - {facts.weights_gb.value:.1f} GB of "
+                                  f"weights = {max(fraction, current + 0.02) * total - facts.weights_gb.value:.1f} GB "
+                                  "(mem_fraction_static counts the weights and the KV pool together)"))
+        else:
+            changes.append(Change(f"--mem-fraction-static {min(0.95, current + 0.05):.2f}",
+                                  "mem_fraction_static counts the weights and the KV pool together: raise it"))
+        changes += [Change("quantize the weights (awq or gptq 4-bit)", "about a quarter of the 16-bit weights"),
+                    Change("--tp 2", "splits the weights over two GPUs")]
+        return Diagnosis(source, "sglang", "no_kv_cache_memory",
+                         "nothing is left for the KV pool: --mem-fraction-static leaves no room after the weights",
+                         tuple(figures), tuple(changes))
+    if facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:
+        flag = "--max_seq_len" if facts.engine == "trtllm" else "--context-length"
+        lever = ("kv_cache_config.free_gpu_memory_fraction 0.95 (a share of the memory free after the weights)"
+                 if facts.engine == "trtllm" else "--mem-fraction-static +0.05")
+        return Diagnosis(source, facts.engine, "kv_cache_too_small",
+                         f"the KV cache holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
+                         f"{facts.context_len.value:,}", tuple(figures), (
+                             Change(f"{flag} {facts.kv_tokens.value:,}", "one sequence of that length fits"),
+                             Change(lever, "a larger KV cache")))
+    held = f"its KV cache holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
+    return Diagnosis(source, facts.engine, "fits", f"{facts.engine}: {held}", tuple(figures))
 
 
 # --- PyTorch ------------------------------------------------------------------------------------------------------

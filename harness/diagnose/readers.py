@@ -169,3 +169,63 @@ def _is_float(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@dataclass
+class EngineFacts:
+    """SGLang, TGI and TensorRT-LLM lines (their own strings: sglang srt/model_executor/model_runner.py and
+    mem_cache/memory_pool.py; text-generation-inference server/.../flash_causal_lm.py; TensorRT-LLM
+    kvCacheManager.cpp)."""
+
+    engine: str
+    not_enough: Quoted | None = None  # SGLang: no room for the KV pool
+    mem_fraction_static: Quoted | None = None
+    weights_gb: Quoted | None = None  # SGLang "mem usage" at weight load end
+    available_gb: Quoted | None = None  # SGLang "avail mem" after the weights
+    kv_tokens: Quoted | None = None
+    context_len: Quoted | None = None
+    prefill_tokens: Quoted | None = None  # TGI: the warm-up prefill that did not fit
+    kv_gib: Quoted | None = None  # TensorRT-LLM: the paged KV cache
+
+
+_SGLANG_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static\.(?: Current value: "
+                                r"mem_fraction_static=([\d.]+))?")
+_SGLANG_FRACTION = re.compile(r"mem[_-]fraction[_-]static[=: ]+([\d.]+)")
+_SGLANG_WEIGHTS = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
+_SGLANG_KV = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
+_SGLANG_CONTEXT = re.compile(r"max_total_num_tokens=(\d+).*?context_len=(\d+)")
+_TGI_PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
+_TRTLLM_KV = re.compile(r"Allocated ([\d.]+) GiB for max tokens in paged KV cache \((\d+)\)")
+_TRTLLM_LEN = re.compile(r"max_seq_len=(\d+)")
+
+
+def read_other_engines(text: str) -> EngineFacts | None:
+    facts: EngineFacts | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if (match := _SGLANG_NOT_ENOUGH.search(line)):
+            facts = facts or EngineFacts("sglang")
+            facts.not_enough = Quoted(line.strip()[-200:], number)
+            if match.group(1):
+                facts.mem_fraction_static = Quoted(float(match.group(1)), number)
+        elif (match := _SGLANG_FRACTION.search(line)) and (facts is None or facts.engine == "sglang"):
+            facts = facts or EngineFacts("sglang")
+            facts.mem_fraction_static = facts.mem_fraction_static or Quoted(float(match.group(1)), number)
+        if (match := _SGLANG_WEIGHTS.search(line)):
+            facts = facts or EngineFacts("sglang")
+            facts.available_gb, facts.weights_gb = Quoted(float(match.group(1)), number), Quoted(float(match.group(2)),
+                                                                                                 number)
+        if (match := _SGLANG_KV.search(line)):
+            facts = facts or EngineFacts("sglang")
+            facts.kv_tokens = Quoted(int(match.group(1)), number)
+        if (match := _SGLANG_CONTEXT.search(line)):
+            facts = facts or EngineFacts("sglang")
+            facts.context_len = Quoted(int(match.group(2)), number)
+        if (match := _TGI_PREFILL.search(line)):
+            facts = EngineFacts("tgi") if facts is None or facts.engine != "tgi" else facts
+            facts.prefill_tokens = Quoted(int(match.group(1)), number)
+        if (match := _TRTLLM_KV.search(line)):
+            facts = EngineFacts("trtllm") if facts is None or facts.engine != "trtllm" else facts
+            facts.kv_gib, facts.kv_tokens = Quoted(float(match.group(1)), number), Quoted(int(match.group(2)), number)
+        if facts is not None and facts.engine == "trtllm" and (match := _TRTLLM_LEN.search(line)):
+            facts.context_len = Quoted(int(match.group(1)), number)
+    return facts

@@ -26,7 +26,7 @@ class Change:
 @dataclass(frozen=True)
 class Diagnosis:
     source: str  # the file read, or "stdin"
-    reader: Literal["pytorch-oom", "vllm", "nvidia-smi"]
+    reader: Literal["pytorch-oom", "vllm", "sglang", "tgi", "trtllm", "nvidia-smi"]
     kind: Kind
     summary: str  # which memory ran out, in one sentence
     figures: tuple[Figure, ...] = ()
