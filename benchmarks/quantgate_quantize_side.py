@@ -19,7 +19,8 @@ def main(argv: list[str]) -> int:
     started_env = dict(os.environ)
     from harness import progress
     from harness.config import RunSpec
-    from harness.pipeline import FormatRun, ensure_artifact, prepare_inputs
+    from harness.pipeline import ensure_artifact, prepare_inputs
+    from harness.records import FormatRun
 
     progress.configure(quiet=True)
     fmt = job["format"]

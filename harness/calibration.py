@@ -192,3 +192,18 @@ def with_token_counts(calibration: CalibrationSet, tokenizer) -> CalibrationSet:
     counts = [len(ids) for ids in tokenizer(list(calibration.texts), add_special_tokens=False)["input_ids"]]
     return CalibrationSet(calibration.source, calibration.texts, tuple(counts), calibration.overlap,
                           calibration.languages)
+
+
+def load_calibration(path: str | None, evalsets: Sequence, wanted: int, tokenizer, *,
+                     allow_overlap: bool = False) -> CalibrationSet:
+    """The calibration texts (never the evaluated items), checked for overlap with every item of the sets, not
+    only the --max-items share this run scores."""
+    from harness import progress
+
+    calibration = choose_calibration(path, evalsets, wanted)
+    calibration = check_overlap(calibration, evalsets, allowed=allow_overlap)
+    calibration = with_token_counts(calibration, tokenizer)
+    progress.say(f"calibration: {len(calibration.texts)} texts from {calibration.source}, "
+                 f"{calibration.summary()['tokens_mean']:.0f} tokens on average; overlap with evaluated items: "
+                 f"{calibration.overlap.items_overlapping} of {calibration.overlap.items_total}")
+    return calibration

@@ -372,3 +372,23 @@ def check_baseline_is_full_precision(model_config: dict, config_path: Path, base
     raise UserError(f"--model: {found}: the baseline must be full precision; give the quantized checkpoint as "
                     "--candidate NAME=PATH next to its original, or pass --baseline-is-quantized to compare against "
                     "it anyway")
+
+
+def read_candidates(paths: dict[str, str], model_config: dict, baseline_path: Path, *, trust_remote_code: bool = False,
+                    allow_tokenizer_mismatch: bool = False) -> tuple[dict[str, ExternalCheckpoint], dict[str, list[str]]]:
+    """Each --candidate read and checked against the baseline before anything expensive runs."""
+    from harness import progress
+    from harness.source import check_remote_code
+
+    candidates, notes = {}, {}
+    for name, path in paths.items():
+        candidate = read_candidate(name, path)
+        check_remote_code(candidate.path, trust_remote_code)
+        notes[name] = check_against_baseline(candidate, model_config, baseline_path,
+                                             allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+        candidates[name] = candidate
+        progress.say(f"{name}: external {candidate.method} checkpoint"
+                     + (f", {candidate.bits}-bit" if candidate.bits else "")
+                     + (f", group {candidate.group_size}" if candidate.group_size else "")
+                     + (f", {candidate.layout} layout" if candidate.layout else "") + f" ({candidate.path})")
+    return candidates, notes

@@ -12,76 +12,32 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from harness import __version__, progress
-from harness.cache import (SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree,
-                           seal_dir, stable_hash)
+from harness.cache import SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree, \
+    seal_dir, stable_hash
+from harness.cachekeys import (device_runtime, evaluation_settings, generate_key, measure_key, quantize_device_key,
+                               reusable, valid_result)
+from harness.calibration import load_calibration
 from harness.config import RunSpec
 from harness.errors import Terminated, UserError, interrupted_exit_code
-from harness.calibration import CalibrationSet, check_overlap, choose_calibration, with_token_counts
-from harness.environment import environment
-from harness.evalsets import EvalSet, Prompt, load_evalsets, render_messages, render_plain
-from harness.evalsets.prompts import check_prompt_lengths
+from harness.evalsets import load_evalsets
+from harness.evalsets.prompts import check_prompt_lengths, render_prompts
+from harness.external import check_baseline_is_full_precision, read_candidates
 from harness.fidelity.plan import FidelityPlan
 from harness.jobs import EvaluateJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
 from harness.launcher import run_worker
-from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
+from harness.measure.probe import Measurement
 from harness.metrics import metric_names
-from harness.policy import Policy, load_policy
+from harness.policy import load_policy
 from harness.quantize import quantizer_for, recipe_for
-from harness.external import check_baseline_is_full_precision
 from harness.quantize.base import Recipe
+from harness.records import Artifact, DevicePlan, DeviceRun, FormatRun, ResultFile, RunInputs, Served
 from harness.report.schema import RunReport, report_json
 from harness.runtime.vllm.client import check_endpoints
-from harness.source import ModelSource, check_remote_code, resolve_source
-
-
-
-def device_runtime(spec: RunSpec) -> str:
-    """The runtime of the device stage's worker (harness.runtime.registry): --backend's, where it names one. With
-    --backend vllm, transformers still measures every format (and generates for one vLLM cannot serve); the
-    server's generations are keyed by served.served_key."""
-    return "transformers" if spec.backend == "vllm" else spec.backend
-
-
-@dataclass
-class FormatRun:
-    """One format's result, built once from its stages' records (collect_results)."""
-
-    name: str
-    status: str = "ok"  # ok | failed | interrupted
-    error: str | None = None
-    artifact: dict | None = None
-    measurement: Measurement = field(default_factory=Measurement)
-    generations: dict[str, dict] = field(default_factory=dict)
-    stages_run: list[str] = field(default_factory=list)
-    served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
-    devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")
-    fidelity: dict[str, dict] = field(default_factory=dict)  # evalset -> its comparison (harness.fidelity.teacher)
-    fidelity_note: str | None = None  # why fidelity was not measured (for every evalset or some)
-
-
-@dataclass
-class RunInputs:
-    spec: RunSpec
-    out_dir: Path
-    source: ModelSource
-    model_config: dict
-    evalsets: list[EvalSet]
-    policy: Policy
-    recipes: dict[str, Recipe]
-    prompts: dict[str, list[Prompt]]
-    calibration: CalibrationSet | None  # None when no format calibrates
-    vllm: object | None = None  # backend vllm: the VllmInstall quantgate starts servers from (None: endpoints only)
-    candidates: dict = field(default_factory=dict)  # name -> harness.external.ExternalCheckpoint
-    candidate_notes: dict = field(default_factory=dict)  # name -> notes the report carries (tokenizer mismatch)
-
-    def probe_workload(self) -> ProbeWorkload:
-        """What memory and latency are measured on (measure.probe.probe_workload), from this run's prompts."""
-        return probe_workload([self.prompts[e.name] for e in self.evalsets], self.spec.latency_requests,
-                              self.spec.batch_size)
+from harness.source import check_remote_code, load_tokenizer, resolve_source
 
 
 def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
@@ -190,16 +146,24 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     check_baseline_is_full_precision(model_config, config_path, spec.baseline_is_quantized)
     recipes = {fmt: recipe_for(fmt, model_config, spec.group_size_for(fmt), spec.calibration_samples_for(fmt),
                                spec.seed, config_path=config_path) for fmt in spec.formats if fmt != "baseline"}
-    candidates, candidate_notes = read_candidates(spec, model_config, source.path)
+    candidates, candidate_notes = read_candidates(spec.candidates, model_config, source.path,
+                                                  trust_remote_code=spec.trust_remote_code,
+                                                  allow_tokenizer_mismatch=spec.allow_tokenizer_mismatch)
     recipes.update({name: Recipe(name, bits=c.bits, group_size=c.group_size, calibration_samples=0, seed=spec.seed,
                                  extra=c.recipe_extra()) for name, c in candidates.items()})
     tokenizer = load_tokenizer(source.path, spec.trust_remote_code)
-    prompts = render_prompts(tokenizer, evalsets, spec)
+    prompts = render_prompts(tokenizer, evalsets, spec.max_new_tokens)
     check_prompt_lengths(prompts, model_config)
     calibration = None
     if any(r.calibration_samples for r in recipes.values()):
-        calibration = load_calibration(spec, full_evalsets, tokenizer)
-    vllm = find_vllm_for(spec) if spec.backend == "vllm" else None
+        wanted = max(spec.calibration_samples_for(f) for f in spec.formats if f != "baseline")
+        calibration = load_calibration(spec.calibration, full_evalsets, wanted, tokenizer,
+                                       allow_overlap=spec.allow_calibration_overlap)
+    vllm = None
+    if spec.backend == "vllm":
+        from harness.served import vllm_for_run
+
+        vllm = vllm_for_run(spec)
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
     inputs = RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm,
@@ -215,42 +179,6 @@ def announce_served_refusals(inputs: RunInputs) -> None:
         if refused:
             progress.say(f"{fmt}: vLLM will not serve it, so it is scored in transformers and cannot be GO on this "
                          f"backend: {refused}")
-
-
-def read_candidates(spec: RunSpec, model_config: dict, baseline_path: Path):
-    """Each --candidate read and checked against the baseline before anything expensive runs."""
-    from harness.external import check_against_baseline, read_candidate
-
-    candidates, notes = {}, {}
-    for name, path in spec.candidates.items():
-        candidate = read_candidate(name, path)
-        check_remote_code(candidate.path, spec.trust_remote_code)
-        notes[name] = check_against_baseline(candidate, model_config, baseline_path,
-                                             allow_tokenizer_mismatch=spec.allow_tokenizer_mismatch)
-        candidates[name] = candidate
-        progress.say(f"{name}: external {candidate.method} checkpoint"
-                     + (f", {candidate.bits}-bit" if candidate.bits else "")
-                     + (f", group {candidate.group_size}" if candidate.group_size else "")
-                     + (f", {candidate.layout} layout" if candidate.layout else "") + f" ({candidate.path})")
-    return candidates, notes
-
-
-def find_vllm_for(spec: RunSpec):
-    """The vLLM that serves the formats without an endpoint of their own; none at all is an error up front."""
-    from harness.runtime.vllm.locate import find_vllm
-
-    unknown = [f for f in spec.vllm_endpoints if f not in spec.all_formats()]
-    if unknown:
-        raise UserError(f"--vllm-endpoint {unknown[0]}=...: not a format of this run (formats: "
-                        f"{', '.join(spec.all_formats())})")
-    install = find_vllm(spec.vllm)
-    if install is None and any(f not in spec.vllm_endpoints for f in spec.all_formats()):
-        raise UserError("--backend vllm: no vLLM found; build the project's (nox -s vllm_env), give yours "
-                        "(--vllm PATH/TO/vllm) or a running server per format (--vllm-endpoint FORMAT=URL)")
-    if install is not None:
-        progress.say(f"vLLM: {install.source}, {install.device}"
-                     + (f", CPU kernels {install.cpu_kernel_library}" if install.cpu_kernel_library else ""))
-    return install
 
 
 def prepare_output_dir(out_dir: Path) -> Path:
@@ -271,109 +199,7 @@ def remove_if_empty(directory: Path) -> None:
         pass
 
 
-def load_tokenizer(model_path: Path, trust_remote_code: bool):
-    from harness.quiet import quiet_imports
-
-    with quiet_imports():
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise UserError(f"{model_path}: cannot load its tokenizer ({first}); a model directory needs its "
-                            "tokenizer files (tokenizer.json, or tokenizer.model, with tokenizer_config.json) beside "
-                            "config.json") from None
-
-
-def render_prompts(tokenizer, evalsets: list[EvalSet], spec: RunSpec) -> dict[str, list[Prompt]]:
-    """Render each item through the model's chat template (plain text when it has none) and count its tokens."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    rendered: dict[str, list[Prompt]] = {}
-    for evalset in evalsets:
-        max_new = min(evalset.max_new_tokens, spec.max_new_tokens or evalset.max_new_tokens)
-        texts = [tokenizer.apply_chat_template(render_messages(evalset, item), add_generation_prompt=True,
-                                               tokenize=False) if has_template else render_plain(evalset, item)
-                 for item in evalset.items]
-        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # as LoadedModel.encode does
-        rendered[evalset.name] = [Prompt(evalset.name, item.id, text, len(ids), max_new, tuple(ids))
-                                  for item, text, ids in zip(evalset.items, texts, encoded)]
-    return rendered
-
-
-def load_calibration(spec: RunSpec, evalsets: list[EvalSet], tokenizer) -> CalibrationSet:
-    """The calibration texts (never the evaluated items), checked for overlap with every item of the sets, not
-    only the --max-items share this run scores."""
-    wanted = max(spec.calibration_samples_for(f) for f in spec.formats if f != "baseline")
-    calibration = choose_calibration(spec.calibration, evalsets, wanted)
-    calibration = check_overlap(calibration, evalsets, allowed=spec.allow_calibration_overlap)
-    calibration = with_token_counts(calibration, tokenizer)
-    progress.say(f"calibration: {len(calibration.texts)} texts from {calibration.source}, "
-                 f"{calibration.summary()['tokens_mean']:.0f} tokens on average; overlap with evaluated items: "
-                 f"{calibration.overlap.items_overlapping} of {calibration.overlap.items_total}")
-    return calibration
-
-
 # ---------------------------------------------------------------- one format's stages
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """Stage quantize: the checkpoint a format runs from (the baseline, a --candidate, or quantized here)."""
-
-    key: str | None
-    path: Path | None
-    entry: dict | None  # the report's artifact block
-    stages_run: tuple[str, ...] = ()
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class ResultFile:
-    """A stage result in the cache: where it is and the key it was written under."""
-
-    path: str
-    key: str
-
-    def read(self, required_key: str | None = None) -> dict | None:
-        value = read_json(Path(self.path))
-        return value if isinstance(value, dict) and (required_key is None or required_key in value) else None
-
-    def as_dict(self) -> dict:
-        return {"path": self.path, "key": self.key}
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """What the device stage has left to do (tasks) and where every result lives, done or not."""
-
-    measure: MeasureTask | None
-    generate: tuple[GenerateTask, ...]
-    measurement: ResultFile
-    generations: dict[str, ResultFile]
-    fidelity: FidelityPlan = FidelityPlan((), {})
-
-
-@dataclass(frozen=True)
-class DeviceRun:
-    """Stage run_on_device: the format's one model load that measured and generated."""
-
-    measurement: ResultFile
-    generations: dict[str, ResultFile]
-    stages_run: tuple[str, ...] = ()
-    error: str | None = None
-    fidelity: FidelityPlan = FidelityPlan((), {})
-
-
-@dataclass(frozen=True)
-class Served:
-    """Stage serve (backend vllm): the format's `served` block and the server's generations (none if refused)."""
-
-    block: dict
-    generations: dict[str, ResultFile]
-    stages_run: tuple[str, ...] = ()
-    error: str | None = None
-    fidelity: FidelityPlan = FidelityPlan((), {}, "not measured: vLLM does not serve this format")
 
 
 def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> FormatRun:
@@ -534,27 +360,6 @@ def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifac
     return Artifact(key, out_dir, entry, () if cached else ("quantize",))
 
 
-def evaluation_settings(spec: RunSpec) -> dict:
-    """Everything but the artifact and the prompts that decides a measurement or a generation, library versions
-    included: an upgraded torch or transformers reruns every format's measure and generate stages. "backend" is the
-    runtime that measures and generates, whatever --backend says (a served format's generations have keys of their
-    own)."""
-    return {"backend": device_runtime(spec), "dtype": spec.dtype, "threads": spec.threads, "batch_size": spec.batch_size,
-            "device": measure_device_key(spec.threads), "quantgate": __version__, "environment": environment()}
-
-
-def measure_key(artifact_key: str, settings: dict, workload: ProbeWorkload, warmup: int,
-                profile: tuple[int, int] | None = None) -> str:
-    """`profile`: the (tokens, sequences) of the profile forward the measurement includes; None (no profile) keeps
-    the key a measurement without one always had."""
-    batch1, batched, batched_new = workload
-    key = {"artifact": artifact_key, "settings": settings, "batch1": batch1, "batched": batched,
-           "batched_max_new_tokens": batched_new, "warmup": warmup}
-    if profile:
-        key["profile"] = list(profile)
-    return stable_hash(key)
-
-
 def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
     """(tokens, sequences) of the profile forward the measure stage runs (evaluate.profile_budget); None where it
     runs none (a CPU unless QUANTGATE_PROFILE_ON_CPU=1: harness.measure.profile)."""
@@ -562,16 +367,6 @@ def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
     from harness.measure.profile import profile_wanted
 
     return profile_budget(inputs) if profile_wanted() else None
-
-
-GENERATION_RECORD = 2  # 2: outputs carry their token ids (the fidelity stage's reference continuation)
-
-
-def generate_key(artifact_key: str, settings: dict, evalset_hash: str, prompts: list[Prompt]) -> str:
-    """Prompts as rendered (template included) with their max_new_tokens: a change to either reruns the set."""
-    return stable_hash({"artifact": artifact_key, "settings": settings, "evalset": evalset_hash,
-                        "prompts": [[p.item_id, p.text, p.max_new_tokens] for p in prompts],
-                        "record": GENERATION_RECORD})
 
 
 def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
@@ -583,7 +378,7 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
     measure_path = cache_dir("results") / f"measure-{key}.json"
     measure_task = None
     # A measurement written before a crash in generation lacks the profile that runs last: measured again.
-    if not (reusable(spec, measure_path) and _valid_result(measure_path, "profile" if profile else "memory")):
+    if not (reusable(spec, measure_path) and valid_result(measure_path, "profile" if profile else "memory")):
         profile_tokens, profile_sequences = profile or (0, 0)
         measure_task = MeasureTask(str(measure_path), tuple((text, n) for text, n in batch1), tuple(batched),
                                    batched_new, spec.warmup_requests, profile_tokens, profile_sequences)
@@ -593,7 +388,7 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
         gen_key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
         path = cache_dir("results") / f"generate-{gen_key}.json"
         generations[evalset.name] = ResultFile(str(path), gen_key)
-        if not (reusable(spec, path) and _valid_result(path, "outputs")):
+        if not (reusable(spec, path) and valid_result(path, "outputs")):
             generate_tasks.append(GenerateTask(evalset.name, gen_key, prompts[0].max_new_tokens if prompts else 1,
                                                tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
     return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations,
@@ -681,21 +476,6 @@ def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) ->
     return None
 
 
-def reusable(spec: RunSpec, path: Path) -> bool:
-    """May a cache entry be used at all: always with the cache on; under --no-cache only if this run wrote it."""
-    if spec.use_cache:
-        return True
-    try:
-        return spec.fresh_after is not None and path.stat().st_mtime >= spec.fresh_after
-    except OSError:
-        return False
-
-
-def _valid_result(path: Path, required_key: str) -> bool:
-    value = read_json(path)
-    return isinstance(value, dict) and required_key in value
-
-
 def _failure_reason(failure_path: Path, exit_, stage: str) -> str:
     failure = read_json(failure_path)
     if isinstance(failure, dict) and failure.get("error"):
@@ -731,25 +511,6 @@ def _recipe_text(recipe: Recipe) -> str:
     if recipe.calibration_samples:
         parts.append(f"{recipe.calibration_samples} calibration texts")
     return ", ".join(parts)
-
-
-def quantize_device_key(quantizer, source_path: Path) -> dict:
-    """What changes a quantized artifact besides the recipe: the device kind and the dtype calibration ran in
-    (on a CPU without bf16 units GPTQ calibrates in float32). Not the CPU model: an artifact made on one CPU
-    serves on another."""
-    from harness.runtime.device import is_cuda
-
-    if is_cuda():
-        return {"kind": "cuda"}
-    return {"kind": "cpu", "calibration_dtype": quantizer.calibration_dtype(source_path)}
-
-
-def measure_device_key(threads: int) -> dict:
-    """What changes a measured figure: GPU model and driver, or CPU model, bf16 units and thread count (engine
-    versions are in the environment part of the key)."""
-    from harness.runtime.device import device_key
-
-    return device_key(threads)
 
 
 def write_outputs(out_dir: Path, report: RunReport, samples: tuple[dict, ...]) -> None:

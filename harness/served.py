@@ -455,3 +455,22 @@ def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:
             config = GenerationConfig()
     penalty = getattr(config, "repetition_penalty", None)
     return Sampling(tuple(sorted(stop_ids(config, tokenizer))), penalty if penalty not in (None, 1.0) else None, seed)
+
+
+def vllm_for_run(spec) -> VllmInstall | None:
+    """The vLLM that serves the formats without an endpoint of their own; none at all is an error up front."""
+    from harness.errors import UserError
+    from harness.runtime.vllm.locate import find_vllm
+
+    unknown = [f for f in spec.vllm_endpoints if f not in spec.all_formats()]
+    if unknown:
+        raise UserError(f"--vllm-endpoint {unknown[0]}=...: not a format of this run (formats: "
+                        f"{', '.join(spec.all_formats())})")
+    install = find_vllm(spec.vllm)
+    if install is None and any(f not in spec.vllm_endpoints for f in spec.all_formats()):
+        raise UserError("--backend vllm: no vLLM found; build the project's (nox -s vllm_env), give yours "
+                        "(--vllm PATH/TO/vllm) or a running server per format (--vllm-endpoint FORMAT=URL)")
+    if install is not None:
+        progress.say(f"vLLM: {install.source}, {install.device}"
+                     + (f", CPU kernels {install.cpu_kernel_library}" if install.cpu_kernel_library else ""))
+    return install

@@ -212,3 +212,18 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     seal_dir(tmp)
     remove_tree(target)
     tmp.rename(target)
+
+
+def load_tokenizer(model_path: Path, trust_remote_code: bool):
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"{model_path}: cannot load its tokenizer ({first}); a model directory needs its "
+                            "tokenizer files (tokenizer.json, or tokenizer.model, with tokenizer_config.json) beside "
+                            "config.json") from None

@@ -50,7 +50,7 @@ def run_record(run) -> dict:
 
 def format_run(record: dict):
     from harness.measure.probe import Measurement
-    from harness.pipeline import FormatRun
+    from harness.records import FormatRun
 
     return FormatRun(**{**record, "measurement": Measurement(**record["measurement"])})
 

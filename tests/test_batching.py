@@ -17,13 +17,14 @@ def demo_model_and_prompts(demo_cache, monkeypatch_module):
     monkeypatch_module.setenv("QUANTGATE_CACHE", str(demo_cache))
     from harness.config import RunSpec
     from harness.evalsets import load_evalsets
-    from harness.pipeline import load_tokenizer, render_prompts
+    from harness.evalsets.prompts import render_prompts
+    from harness.source import load_tokenizer
     from harness.runtime.transformers_backend import LoadedModel
     from harness.source import resolve_source
 
     source = resolve_source("demo")
     evalsets = load_evalsets([ROOT / "evalsets" / "en_product_faq_qa.toml", ROOT / "evalsets" / "zh_product_faq_qa.toml"])
-    rendered = render_prompts(load_tokenizer(source.path, False), evalsets, RunSpec(max_new_tokens=12))
+    rendered = render_prompts(load_tokenizer(source.path, False), evalsets, 12)
     # Five of each language, picked to differ in length so every batch needs padding.
     prompts = [p for name in rendered for p in sorted(rendered[name], key=lambda p: p.tokens)[::7][:5]]
     assert len({p.tokens for p in prompts}) > 5

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import pipeline, source
+from harness import cachekeys, pipeline, source
 from harness.cache import is_sealed, seal_dir
 from harness.commands import cache as cache_command
 from harness.config import RunSpec
 from harness.errors import UserError
-from harness.pipeline import Prompt, evaluation_settings, generate_key, measure_key
+from harness.cachekeys import evaluation_settings, generate_key, measure_key
+from harness.evalsets import Prompt
 
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "5.24.0"}
 
@@ -30,8 +31,8 @@ CPU = {"kind": "cpu", "name": "AMD EPYC 7B13", "threads": 1, "cores": 2, "bf16_m
 
 
 def settings(monkeypatch, device=None, threads=1, **versions):
-    monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: dict(device or CPU, threads=threads))
-    monkeypatch.setattr(pipeline, "environment", lambda: {**VERSIONS, **versions})
+    monkeypatch.setattr(cachekeys, "measure_device_key", lambda threads: dict(device or CPU, threads=threads))
+    monkeypatch.setattr(cachekeys, "environment", lambda: {**VERSIONS, **versions})
     return evaluation_settings(RunSpec(threads=threads))
 
 
@@ -83,7 +84,7 @@ def test_real_device_key_names_the_cpu_model_and_bf16_units(monkeypatch):
 
 
 def test_settings_carry_the_library_versions():
-    assert {"torch", "transformers", "python"} <= set(pipeline.environment())
+    assert {"torch", "transformers", "python"} <= set(cachekeys.environment())
 
 
 # ---------------------------------------------------------------- sealed entries

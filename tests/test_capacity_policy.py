@@ -22,7 +22,7 @@ from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape,
 from harness.measure.capacity.vllm import NEWEST_VERSION
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.measure.probe import Measurement
-from harness.pipeline import FormatRun
+from harness.records import FormatRun
 from harness.policy import Policy, ServingTarget, load_policy
 from harness.quantize.base import Recipe
 from harness.report.html import render_html

@@ -65,7 +65,7 @@ def test_forced_no_bf16_path_calibrates_gptq_in_float32(monkeypatch, tmp_path):
 
 def test_the_artifact_key_follows_the_calibration_dtype_not_the_cpu(monkeypatch, tmp_path):
     """A GPTQ artifact calibrated in float32 is another artifact; AWQ's (always the checkpoint's dtype) is not."""
-    from harness.pipeline import quantize_device_key
+    from harness.cachekeys import quantize_device_key
     from harness.quantize import quantizer_for
 
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')

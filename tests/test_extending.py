@@ -146,7 +146,7 @@ def test_backend_names_a_registered_runtime():
     from pydantic import ValidationError
 
     from harness.config import RunSpec
-    from harness.pipeline import device_runtime
+    from harness.cachekeys import device_runtime
     from harness.runtime.registry import RUNTIMES, register_runtime
 
     with pytest.raises(ValidationError, match="vllm or a registered runtime \\(transformers"):

@@ -82,23 +82,24 @@ def test_plots_keep_matplotlib_config_in_the_cache(env):
 
 @pytest.mark.parametrize("allowed", [False, True])
 def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_path, allowed):
-    from harness import pipeline
+    from harness import cachekeys, pipeline
     from harness.config import RunSpec
     from harness.launcher import WorkerExit
     from harness.policy import Policy
     from harness.quantize.base import Recipe
+    from harness.records import RunInputs
     from harness.source import ModelSource
 
     jobs = []
     monkeypatch.setattr(pipeline, "run_worker",
                         lambda job, *args, **kwargs: jobs.append(job.to_json()) or WorkerExit(0, tmp_path / "log"))
     monkeypatch.setattr(pipeline, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
-    monkeypatch.setattr(pipeline, "measure_device_key", lambda threads: {"kind": "cpu"})
+    monkeypatch.setattr(cachekeys, "measure_device_key", lambda threads: {"kind": "cpu"})
     model = tmp_path / "model"
     model.mkdir()
     spec = RunSpec(model=str(model), formats=["baseline", "int8"], out=str(tmp_path / "out"), trust_remote_code=allowed)
-    inputs = pipeline.RunInputs(spec, tmp_path / "out", ModelSource(str(model), "hf", model, "sha256:m"), {}, [],
-                                Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, None)
+    inputs = RunInputs(spec, tmp_path / "out", ModelSource(str(model), "hf", model, "sha256:m"), {}, [],
+                       Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, None)
     pipeline.run_format(inputs, "baseline")
     pipeline.run_format(inputs, "int8")  # the fake worker leaves no artifact: quantize is its only job
     assert [job["kind"] for job in jobs] == ["evaluate", "quantize"]

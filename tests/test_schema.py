@@ -292,7 +292,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.jobs import EvaluateJob
     from harness.measure import memory
     from harness.measure.probe import Measurement
-    from harness.pipeline import FormatRun, Prompt
+    from harness.evalsets import Prompt
+    from harness.records import FormatRun
     from harness.policy import Policy
     from harness.quantize.base import Recipe
     from harness.report.build import build_report, report_document

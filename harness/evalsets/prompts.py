@@ -162,3 +162,19 @@ def check_prompt_lengths(prompts: dict[str, list[Prompt]], model_config: dict) -
         more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
         raise UserError(f"{len(too_long)} prompt(s) do not fit the model's context of {limit:,} tokens "
                         f"(max_position_embeddings): {listed}{more}; shorten those items or lower max_new_tokens")
+
+
+def render_prompts(tokenizer, evalsets: list[EvalSet], max_new_tokens: int | None = None) -> dict[str, list[Prompt]]:
+    """Render each item through the model's chat template (plain text when it has none) and count its tokens;
+    max_new_tokens (--max-new-tokens) caps each set's own."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    rendered: dict[str, list[Prompt]] = {}
+    for evalset in evalsets:
+        max_new = min(evalset.max_new_tokens, max_new_tokens or evalset.max_new_tokens)
+        texts = [tokenizer.apply_chat_template(render_messages(evalset, item), add_generation_prompt=True,
+                                               tokenize=False) if has_template else render_plain(evalset, item)
+                 for item in evalset.items]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # as LoadedModel.encode does
+        rendered[evalset.name] = [Prompt(evalset.name, item.id, text, len(ids), max_new, tuple(ids))
+                                  for item, text, ids in zip(evalset.items, texts, encoded)]
+    return rendered
