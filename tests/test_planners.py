@@ -486,3 +486,25 @@ def test_plan_target_gpu_with_its_memory_overridden(tmp_path, capsys):
     target = json.loads(out)["target"]
     assert target["compute_capability"] == 8.0 and target["memory_bytes"] == 40 * GIB
     assert json.loads(out)["formats"]["gptq"]["engines"]["vllm"]["command"].endswith("--quantization gptq_marlin")
+
+
+def test_a_toy_planner_added_through_the_registry_alone_reaches_plan_and_the_report(capsys):
+    """The seam: register_planner, and `quantgate plan` plans it, titles it and the report's view orders it."""
+    from dataclasses import replace
+
+    from harness import cli
+    from harness.measure.capacity import engine_title, register_planner
+    from harness.measure.capacity.registry import PLANNERS
+
+    def plan_toy(shape, fmt, target, workload, **options):
+        vllm = PLANNERS["vllm"].plan(shape, fmt, target, workload, **options)
+        return replace(vllm, engine="toy", command="toy-serve --kv " + str(vllm.kv_tokens), engine_version="")
+
+    register_planner("toy", "ToyServe", plan_toy)
+    try:
+        assert engine_title("toy") == "ToyServe"
+        assert cli.main(["plan", "--model", "demo", "--target-gpu", "L4", "--engine", "toy", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert '"toy"' in out and "toy-serve --kv" in out
+    finally:
+        PLANNERS.pop("toy")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
-from harness.measure.capacity import (ENGINES, ConfigFieldError, EnginePlan, Gpu, ModelShape, Target,
+from harness.measure.capacity import (ConfigFieldError, EnginePlan, engine_names, Gpu, ModelShape, Target,
                                       TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
                              "(default: every registered format)")
     parser.add_argument("--group-size", type=int, default=None,
                         help="gptq/awq group size (default: the largest of 128/64/32 dividing the layer widths)")
-    parser.add_argument("--engine", default="all", choices=(*ENGINES, "all"),
+    parser.add_argument("--engine", default="all", choices=(*engine_names(), "all"),
                         help="serving engine(s) to plan for (default: all)")
     parser.add_argument("--target-gpu", metavar="NAME",
                         help="target GPU by name: T4, A10G, L4, RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, "
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                         enforce_eager=args.enforce_eager,
                         activation_bytes=None if args.activation_gib is None else int(args.activation_gib * GIB),
                         shared_prefix_tokens=args.shared_prefix_tokens, shared_prefix_source="--shared-prefix-tokens")
-    engines = ENGINES if args.engine == "all" else (args.engine,)
+    engines = engine_names() if args.engine == "all" else (args.engine,)
     try:
         version, version_note = resolve_version(args.vllm_version)
     except ValueError as exc:

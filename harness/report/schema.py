@@ -481,7 +481,8 @@ class ServingPlan(_Strict):
     """One engine's settings for this format on the run's target GPU and the numbers behind them
     (harness.measure.capacity.EnginePlan)."""
 
-    engine: Literal["vllm", "sglang", "trtllm"] = Field(description="the serving engine")
+    engine: str = Field(description="the serving engine, as the planner registry names it: vllm, sglang, trtllm, or "
+                                    "one a plugin registered (harness.measure.capacity.registry)")
     engine_version: str = Field(description="the engine rules followed, e.g. '0.34' for vLLM; '' where not "
                                             "versioned")
     format: str = Field(description="the format planned")

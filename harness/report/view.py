@@ -16,6 +16,7 @@ from harness.errors import UserError
 from harness.jsonl import read_jsonl
 from harness.measure.capacity.gpus import with_article
 from harness.report import schema
+from harness.measure.capacity import engine_names, engine_title
 from harness.report.fidelity import fidelity_cell, verdict_text
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
@@ -442,7 +443,7 @@ def served_view(name: str, served: Served) -> ServedView:
 def served_engine_text(served: Served) -> str:
     """'vLLM 0.32.0 from project environment .venv-vllm; started in 41.2 s; peak RSS 1.20 GiB; log PATH'."""
     source, endpoint = served.source or DASH, served.endpoint
-    parts = [f"{ENGINE_TITLES[served.engine]} {served.version or '(version unknown)'} from {source}"
+    parts = [f"{engine_title(served.engine)} {served.version or '(version unknown)'} from {source}"
              + (f" at {endpoint}" if endpoint and endpoint not in source else "")]
     if is_number(served.startup_s):
         parts.append(f"started in {fmt_num(served.startup_s)} s")
@@ -533,7 +534,6 @@ def capacity_text(report: RunReport, fmt: FormatResult) -> str:
     return text + note
 
 
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 
 @dataclass(frozen=True)
@@ -576,11 +576,11 @@ def serving_rows(fmt: FormatResult) -> list[ServingRow]:
     serving = fmt.serving
     if serving is None:
         return []
-    order = [e for e in ENGINE_TITLES if e in serving] + [e for e in serving if e not in ENGINE_TITLES]
+    order = [e for e in engine_names() if e in serving] + [e for e in serving if e not in engine_names()]
     rows = []
     for engine in order:
         plan = serving[engine]
-        title = ENGINE_TITLES.get(engine, engine) + (f" {plan.engine_version}" if plan.engine_version else "")
+        title = engine_title(engine) + (f" {plan.engine_version}" if plan.engine_version else "")
         if not plan.servable:
             summary = f"cannot serve it: {plan.reason}" if plan.reason else "cannot serve it"
         elif not plan.fits:

@@ -17,20 +17,28 @@ from harness.measure.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, k
 from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
+from harness.measure.capacity.registry import PLANNERS, engine_names, engine_title, register_planner
 from harness.measure.capacity.sglang import check_sglang_command, plan_sglang
 from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, model_shape, pipeline_stage
 from harness.measure.capacity.trtllm import check_trtllm_command, plan_trtllm
 from harness.measure.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
 
-ENGINES = ("vllm", "sglang", "trtllm")
+register_planner("vllm", "vLLM", lambda shape, fmt, target, workload, *, vllm_version=NEWEST_VERSION,
+                 gpu_memory_utilization=None, **_: plan_vllm(shape, fmt, target, workload, version=vllm_version,
+                                                              gpu_memory_utilization=gpu_memory_utilization))
+register_planner("sglang", "SGLang", lambda shape, fmt, target, workload, **_: plan_sglang(shape, fmt, target, workload))
+register_planner("trtllm", "TensorRT-LLM",
+                 lambda shape, fmt, target, workload, **_: plan_trtllm(shape, fmt, target, workload))
+ENGINES = engine_names()  # the built-in engines, in the report's order
 
 __all__ = [
     "ConfigFieldError", "ENGINES", "EnginePlan", "GPUS", "Gpu",
     "MemoryBreakdown", "ModelShape", "Target", "TensorParallelError", "WeightFormat",
     "Workload", "activation_peak_bytes", "attention_shape", "check_sglang_command", "check_trtllm_command",
-    "check_vllm_command", "gpu_by_name", "gpu_of_size", "kernel_support",
+    "check_vllm_command", "engine_names", "engine_title", "gpu_by_name", "gpu_of_size", "kernel_support",
     "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_engine",
     "pipeline_stage", "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm",
+    "register_planner",
     "resolve_version",
     "weight_format", "weights_bytes",
 ]
@@ -38,16 +46,15 @@ __all__ = [
 
 def plan_engine(engine: str, shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
                 vllm_version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
-    """One engine's plan; when it is servable but does not fit, its reason ends with what would (re-planned)."""
-    if engine == "vllm":
-        def planner(s, f, t, w):
-            return plan_vllm(s, f, t, w, version=vllm_version, gpu_memory_utilization=gpu_memory_utilization)
-    elif engine == "sglang":
-        planner = plan_sglang
-    elif engine == "trtllm":
-        planner = plan_trtllm
-    else:
-        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    """One engine's plan (harness.measure.capacity.registry); when it is servable but does not fit, its reason ends
+    with what would (re-planned)."""
+    if engine not in PLANNERS:
+        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(engine_names())})")
+    entry = PLANNERS[engine]
+
+    def planner(s, f, t, w):
+        return entry.plan(s, f, t, w, vllm_version=vllm_version, gpu_memory_utilization=gpu_memory_utilization)
+
     plan = planner(shape, fmt, target, workload)
     if plan.servable and not plan.fits:
         levers = what_would_fit(planner, shape, fmt, target, workload)
@@ -57,6 +64,7 @@ def plan_engine(engine: str, shape: ModelShape, fmt: WeightFormat, target: Targe
 
 
 def plan_engines(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload,
-                 engines: tuple[str, ...] = ENGINES, **options) -> dict[str, EnginePlan]:
-    """plan_engine for each engine, in order."""
-    return {engine: plan_engine(engine, shape, fmt, target, workload, **options) for engine in engines}
+                 engines: tuple[str, ...] | None = None, **options) -> dict[str, EnginePlan]:
+    """plan_engine for each engine (default: every registered one), in order."""
+    return {engine: plan_engine(engine, shape, fmt, target, workload, **options)
+            for engine in (engines if engines is not None else engine_names())}

@@ -12,13 +12,13 @@ from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
                                              check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, shared_prefix_bytes, workload_non_torch)
+from harness.measure.capacity.registry import engine_title
 from harness.measure.capacity.shapes import Attention, ModelShape, pipeline_stage
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
 # vLLM's marlin_utils: output width per GPU divisible by GPTQ_MARLIN_MIN_THREAD_N, input width by _MIN_THREAD_K.
 MARLIN_MIN_THREAD_N, MARLIN_MIN_THREAD_K = 64, 128
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}  # the planners' engines, as written
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
     chooses. The format's note and the kernel choice's go to `notes`."""
     if fmt.bits >= 16:
         return None, None
-    engine = ENGINE_NAMES[key]
+    engine = engine_title(key)
     serving = fmt.serving_on(key)
     if serving.refusal:
         return None, serving.refusal_at(version)
