@@ -9,10 +9,11 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
-from harness.measure.capacity import (ConfigFieldError, EnginePlan, engine_names, Gpu, ModelShape, Target,
-                                      TensorParallelError, Workload, gpu_by_name, gpu_of_size, kernel_support,
+from harness.measure.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
+                                      Workload, engine_names, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
+from harness.measure.capacity.common import capacity_view
 from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import choose_group_size
@@ -212,18 +213,6 @@ def _format_entry(fmt: WeightFormat, by_engine: dict[str, EnginePlan]) -> dict:
             "weights_bytes": next(iter(by_engine.values())).memory.weights_bytes,
             "capacity": capacity_view(vllm) if vllm else None,
             "engines": {engine: plan.as_dict() for engine, plan in by_engine.items()}}
-
-
-def capacity_view(plan: EnginePlan) -> dict:
-    """A vLLM plan in the shape of the report's capacity entry (legacy CapacityPlan's keys)."""
-    memory = plan.memory
-    return {"gpu_memory_gib": memory.gpu_memory_bytes / GIB, "gpu_memory_utilization": plan.gpu_memory_utilization,
-            "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
-            "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
-            "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
-            "servable": plan.servable,
-            "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
-                                   f"of {plan.max_model_len:,} tokens."}
 
 
 def render_text(result: dict) -> str:

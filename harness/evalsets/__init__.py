@@ -22,7 +22,8 @@ from harness.evalsets.data import DATA_FORMATS
 from harness.evalsets.items import (DEFAULT_ABSTAIN_PHRASES, DEFAULT_MAX_NEW_TOKENS, FEW_SHOT_KEYS, EvalItem,
                                     EvalSet, FewShotExample, build_set)
 from harness.evalsets.paths import display_path
-from harness.evalsets.prompts import ABSTAIN_REPLY, TEMPLATE_FIELDS, Prompt, render_messages, render_plain
+from harness.evalsets.prompts import Prompt, render_messages, render_plain
+from harness.evalsets.template import ABSTAIN_REPLY, TEMPLATE_FIELDS
 from harness.evalsets.spec import LANGUAGES, ROW_FIELDS, SPEC_KEYS, TASKS, bare_spec, read_spec
 
 MAX_PROBLEMS_PER_SET = 50

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.evalsets.data import Row, read_rows
 from harness.evalsets.paths import display_path
-from harness.evalsets.prompts import TEMPLATE_FIELDS, check_template, default_template_for
+from harness.evalsets.template import TEMPLATE_FIELDS, check_template, default_template_for
 from harness.evalsets.spec import ROW_FIELDS, Spec, check_metrics
 from harness.metrics import METRIC_SPECS, default_gate, metric_names, tokenizer_name
 from harness.metrics.tokenizers import ZH_SHARE_THRESHOLD, cjk_share, detect_language

@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from harness.errors import UserError
 from harness.metrics.qa import abstains, qa_scores
 from harness.metrics.registry import METRIC_SPECS
 from harness.metrics.rouge import RougeScorer
 
-if TYPE_CHECKING:  # harness.evalsets imports harness.metrics: at run time sets and items are duck-typed
-    from harness.evalsets import EvalItem, EvalSet
+
+
+class ScoredItem(Protocol):
+    """What scoring reads of an item (harness.evalsets.EvalItem is one): metrics is a leaf, so it names no evalset
+    type."""
+
+    answers: Sequence[str]
+    references: Sequence[str]
+
+
+class ScoredSet(Protocol):
+    """What scoring reads of an evalset (harness.evalsets.EvalSet is one)."""
+
+    task: str
+    language: str
+    metrics: Sequence[str]
+    abstain_phrases: Sequence[str]
+
+    def item_language(self, item: ScoredItem) -> str: ...
 
 
 @lru_cache(maxsize=None)
@@ -54,7 +71,7 @@ def _registered_score(spec, prediction: str, golds: Sequence[str], language: str
     return float(value)
 
 
-def score_item(evalset: EvalSet, item: EvalItem, prediction: str) -> dict[str, float]:
+def score_item(evalset: ScoredSet, item: ScoredItem, prediction: str) -> dict[str, float]:
     """Per-metric scores (0-100) of one prediction, in the set's metric order."""
     if evalset.task == "qa":
         return score_prediction("qa", evalset.item_language(item), prediction, item.answers,

@@ -399,3 +399,15 @@ def device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu, tp: int, *
     elif kv_dtype != "auto" and has_capability(gpu, FP8_MIN_CC) is False:
         errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
     return errors
+
+
+def capacity_view(plan: EnginePlan) -> dict:
+    """A vLLM plan in the shape of the report's capacity entry (legacy CapacityPlan's keys)."""
+    memory = plan.memory
+    return {"gpu_memory_gib": memory.gpu_memory_bytes / GIB, "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
+            "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
+            "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
+            "servable": plan.servable,
+            "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
+                                   f"of {plan.max_model_len:,} tokens."}
