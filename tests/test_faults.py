@@ -212,8 +212,8 @@ def test_changed_evalset_line_reruns_only_that_evaluation(reference, demo_cache,
     (edited / "qa.jsonl").write_text("\n".join(lines) + "\n")
     quantgate("run", *FAST, "--evalsets", str(edited), "--out", str(tmp_path / "run"), cache=demo_cache)
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    for name in ("baseline", "int8"):
-        assert report["formats"][name]["stages_run"] == ["generate:qa"], name
+    for name in ("baseline", "int8"):  # and that set's fidelity: the baseline's reference, int8's comparison
+        assert report["formats"][name]["stages_run"] == ["generate:qa", "fidelity:qa"], name
 
 
 def test_truncated_cache_artifact_is_rebuilt(reference, demo_cache, tmp_path):
