@@ -177,7 +177,8 @@ def plan_served_fidelity(inputs, served: ServedFormat, key: str, generations: di
     return pending
 
 
-def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple]) -> None:
+def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple],
+                            max_model_len: int) -> None:
     from harness.fidelity.served import compare_served, write_served_reference
 
     encode = None
@@ -187,7 +188,8 @@ def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pe
             if encode is None:
                 encode = _encoder(inputs)
             outputs = (read_json(source) or {}).get("outputs") or []
-            write_served_reference(endpoint, evalset.name, inputs.prompts[evalset.name], outputs, encode, path, label)
+            write_served_reference(endpoint, evalset.name, inputs.prompts[evalset.name], outputs, encode, path, label,
+                                   max_model_len)
         else:
             compare_served(endpoint, source, path, label)
 
@@ -294,7 +296,7 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
         atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
                                  "wall_s": round(time.time() - started, 3), "latency": {}, "batches": [],
                                  "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)})
-    measure_served_fidelity(inputs, served, endpoint, list(fidelity_pending))
+    measure_served_fidelity(inputs, served, endpoint, list(fidelity_pending), plan.max_model_len)
     for concurrency in concurrencies:
         block["latency"][f"concurrency_{concurrency}"] = latency_at(
             endpoint, workload, served.sampling, concurrency,

@@ -34,13 +34,15 @@ def served_comparison_path(served_key: str, reference: Path) -> Path:
 
 
 def write_served_reference(endpoint: Endpoint, evalset: str, prompts, outputs: list[dict], encode, path: Path,
-                           label: str) -> None:
-    """prompts: the evalset's Prompt records; outputs: the served baseline's generation outputs (id, prediction)."""
+                           label: str, max_model_len: int) -> None:
+    """prompts: the evalset's Prompt records; outputs: the served baseline's generation outputs (id, prediction).
+    A reply re-encoded longer than the context leaves room for is cut: the server must still generate the one
+    token a request asks for ("max_tokens must be at least 1")."""
     replies = {o["id"]: o["prediction"] for o in outputs}
     items = []
     progress.step(label, 0, len(prompts))
     for done, prompt in enumerate(prompts, 1):
-        continuation = list(encode(replies.get(prompt.item_id) or ""))
+        continuation = list(encode(replies.get(prompt.item_id) or ""))[:max(0, max_model_len - len(prompt.ids) - 1)]
         if continuation:
             ids = list(prompt.ids) + continuation
             entries = prompt_logprobs(endpoint, ids, SERVED_TOP_K)[len(prompt.ids):]
