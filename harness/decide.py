@@ -199,6 +199,11 @@ def _decision(name: str, checks: list[Check], scores: dict, basis: str = "tasks"
         reasons = [_go_reason(checks, rule, task_open)]
     else:
         reasons = [c.reason for c in failed + open_]
+        blocking = [c.name for c in task_open if not c.wants_evidence]
+        if verdict == "INCONCLUSIVE" and basis == "tasks_or_fidelity" and fidelity_holds and blocking:
+            reasons.append(f"fidelity holds on every gated evalset, but the fidelity rule cannot carry a GO past "
+                           f"{', '.join(blocking)}: a mean drop beyond its margin, or a check fidelity does not "
+                           "answer")
     return FormatDecision(name, verdict, reasons, [c.as_dict() for c in checks], scores, rule, fidelity or {})
 
 

@@ -234,3 +234,11 @@ def test_teacher_forced_ladder_on_real_models(tmp_path, demo_checkpoint):
     kls = [measured(LoadedModel(tiny_llama(demo_checkpoint, tmp_path / f"n{noise}", noise)), f"n{noise}").kl.value
            for noise in (0.02, 0.1, 0.4)]
     assert 0 < kls[0] < kls[1] < kls[2], kls
+
+
+def test_a_held_back_fidelity_rule_says_what_held_it_back():
+    baseline, candidate = _outcomes(n=30, f1_drop=3.0, spread=12.0)
+    decision = decide_format(baseline, candidate, Policy())
+    assert decision.verdict == "INCONCLUSIVE" and decision.fidelity["faq"]["status"] == "pass"
+    assert decision.reasons[-1].startswith("fidelity holds on every gated evalset, but the fidelity rule cannot "
+                                           "carry a GO past faq/f1")
