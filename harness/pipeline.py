@@ -400,6 +400,8 @@ def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict
     """The format's fidelity tasks (harness.fidelity.plan), or a plan with the reason it measures none."""
     from harness.fidelity.plan import plan_comparison, plan_reference
 
+    if inputs.spec.backend == "vllm":  # measured through the servers instead (harness.served)
+        return FidelityPlan((), {})
     refused = fidelity_refusal(inputs, fmt)
     if refused:
         return FidelityPlan((), {}, refused)
@@ -418,8 +420,6 @@ def fidelity_refusal(inputs: RunInputs, fmt: str) -> str | None:
     """Why this run measures no fidelity for the format, in one line; None when it does."""
     from harness.runtime.registry import runtime_class
 
-    if inputs.spec.backend == "vllm":  # measured through the server instead (harness.served)
-        return "measured through the vLLM server"
     runtime = device_runtime(inputs.spec)
     if not hasattr(runtime_class(runtime), "next_token_logprobs"):
         return f"not measured: the {runtime} runtime gives no next-token log-probabilities (TeacherForcing)"

@@ -180,28 +180,20 @@ def plan_served_fidelity(inputs, served: ServedFormat, key: str, generations: di
 def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple],
                             max_model_len: int) -> None:
     from harness.fidelity.served import compare_served, write_served_reference
+    from harness.source import load_tokenizer
 
     encode = None
     for kind, evalset, source, path in pending:
         label = f"{served.name}: fidelity {evalset.name} (vLLM prompt_logprobs)"
         if kind == "reference":
-            if encode is None:
-                encode = _encoder(inputs)
+            if encode is None:  # as LoadedModel.encode does, with the baseline's tokenizer
+                tokenizer = load_tokenizer(inputs.source.path, inputs.spec.trust_remote_code)
+                encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
             outputs = (read_json(source) or {}).get("outputs") or []
             write_served_reference(endpoint, evalset.name, inputs.prompts[evalset.name], outputs, encode, path, label,
                                    max_model_len)
         else:
             compare_served(endpoint, source, path, label)
-
-
-def _encoder(inputs):
-    from harness.quiet import quiet_imports
-
-    with quiet_imports():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(inputs.source.path, trust_remote_code=inputs.spec.trust_remote_code)
-    return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:

@@ -7,7 +7,6 @@ format against it without the baseline in memory. Both run batch 1, so no paddin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -107,10 +106,3 @@ def _offsets(arrays: list[np.ndarray]) -> np.ndarray:
 def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
 
-
-def reference_is_readable(path: Path) -> bool:
-    try:
-        read_reference(path)
-    except (OSError, ValueError, KeyError, json.JSONDecodeError, EOFError):
-        return False
-    return True
