@@ -59,10 +59,8 @@ def test_no_memory_left_for_the_kv_cache_ranks_quantization_first_with_the_model
                                   "tie_word_embeddings": False}))
     from harness.commands.diagnose import _context
 
-    class Args:
-        model, target_gpu = str(config), "L4"
-
-    d = _diagnose("vllm_no_kv.log", _context(Args()))
+    args = cli.build_parser().parse_args(["diagnose", "--model", str(config), "--target-gpu", "L4"])
+    d = _diagnose("vllm_no_kv.log", _context(args))
     assert d.kind in ("no_kv_cache_memory", "weights_do_not_fit") and "21.60 GiB" in d.summary
     assert d.changes[0].setting.startswith("quantize") and "GiB instead of" in d.changes[0].effect
 
@@ -151,3 +149,63 @@ def test_other_engines_messages(name, reader, kind, first):
     TensorRT-LLM's KVCacheManager line)."""
     d = _diagnose(name)
     assert (d.reader, d.kind) == (reader, kind) and d.changes[0].setting == first, d
+
+
+def test_kv_cache_exhausted_under_load_v1_stats_lines():
+    """V1's periodic stats line (v1/metrics/loggers.py): a full cache with a queue and preemptions is a KV shortage
+    under load; the seats the cache holds come from its size over the tokens per running request."""
+    d = _diagnose("vllm_v1_under_load.log", Context(gpu_total_gib=22.05))
+    assert (d.reader, d.kind) == ("vllm", "kv_exhausted_under_load")
+    assert "37 requests were preempted" in d.summary and "about 1,230 per running request" in d.summary
+    usage = next(f for f in d.figures if f.label == "highest KV cache usage")
+    assert usage.value == "99.8% with 19 running" and usage.source == "log line 9"
+    # 23,424 tokens x 99.8% / 19 running = 1,230 per request -> 19 seats
+    assert d.changes[0].setting == "--max-num-seqs 19" and "here the batch size is the lever" in d.changes[0].effect
+    assert any(c.setting == "--kv-cache-dtype fp8" and "46,848 tokens" in c.effect for c in d.changes)
+    assert any(c.setting == "--gpu-memory-utilization 0.95" for c in d.changes)
+
+
+def test_v0_preemption_warning_and_gpu_blocks_line():
+    """V0: '# GPU blocks: N' gives the cache in tokens (x --block-size), the scheduler's preemption warning counts."""
+    d = _diagnose("vllm_v0_preempted.log")
+    assert d.kind == "kv_exhausted_under_load"
+    assert any(f.label == "KV cache holds" and f.value == "81,632 tokens" and f.source == "log line 4"
+               for f in d.figures)
+    assert any(f.label == "preemptions" and f.value == "51 (RECOMPUTE)" for f in d.figures)
+    assert any(f.label == "engine" and f.value == "V0" for f in d.figures)
+    assert any(f.label == "GPU total" and f.value == "23.67 GiB" for f in d.figures)
+    assert d.changes[0].setting.startswith("--max-num-seqs ")
+
+
+def test_out_of_memory_after_start_up_is_under_load_not_the_profile():
+    d = _diagnose("vllm_oom_under_load.log")
+    assert d.kind == "oom_under_load" and "a smaller batch only hides it" in d.summary
+    assert d.changes[0].setting == "--gpu-memory-utilization 0.85"
+
+
+def test_engine_version_and_flags_given_on_the_command_line(tmp_path, capsys):
+    log = tmp_path / "oom.log"
+    log.write_text("INFO Loading model weights took 13.48 GB\n" + (FIXTURES / "torch_old.txt").read_text()
+                   .replace("CUDA out of memory", "CUDA out of memory during the profile run: CUDA out of memory"))
+    assert cli.main(["diagnose", str(log), "--engine", "vllm", "--version", "0.6.3", "--flags",
+                     "--max-model-len 32768 --gpu-memory-utilization 0.9", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)[0]
+    assert d["reader"] == "vllm" and d["kind"] == "activation_peak"
+    assert d["changes"][0]["setting"] == "--enable-chunked-prefill --max-num-batched-tokens 2048"  # V0 only
+    assert {"label": "--max-model-len", "value": "32768", "source": "given on the command line"} in d["figures"]
+    assert {"label": "engine", "value": "V0", "source": "vLLM version"} in d["figures"]
+    assert cli.main(["diagnose", str(log), "--engine", "vllm", "--version", "0.9.1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["changes"][0]["setting"] == "--max-num-batched-tokens 4096"
+    assert cli.main(["diagnose", str(FIXTURES / "nvidia_smi.csv"), "--engine", "sglang"]) == 2
+    assert "no sglang message in it" in capsys.readouterr().err
+    assert cli.main(["diagnose", str(log), "--flags", "--foo 3"]) == 2
+    assert "no flag diagnose uses" in capsys.readouterr().err
+    assert cli.main(["diagnose", str(log), "--version", "latest"]) == 2
+    assert "not a version" in capsys.readouterr().err
+
+
+def test_the_log_wins_over_given_flags():
+    d = diagnose_text((FIXTURES / "vllm_kv_too_small.log").read_text(), "x",
+                      Context(flags=(("max_model_len", 4096),)))
+    flag = next(f for f in d.figures if f.label == "--max-model-len")
+    assert flag.value == "32768" and flag.source.startswith("log line")

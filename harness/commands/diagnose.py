@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "per token and weight sizes from the memory model")
     parser.add_argument("--target-gpu", metavar="GPU", help="the GPU it ran on (L4, A100-80GB, H100-SXM, ...): its "
                         "total memory, where the log does not give it")
+    parser.add_argument("--engine", choices=("vllm", "sglang", "tgi", "trtllm", "pytorch-oom", "nvidia-smi"),
+                        help="read the text as this kind of log only (default: whichever it is)")
+    parser.add_argument("--version", metavar="X.Y.Z", help="the vLLM version, where the log does not print it (V0 "
+                        "before 0.8, V1 from 0.8: some advice differs)")
+    parser.add_argument("--flags", metavar="'--max-model-len N ...'", default="",
+                        help="the server's flags, where the log does not show them (the log wins)")
     parser.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
     parser.set_defaults(func=run)
 
@@ -95,4 +102,12 @@ def _context(args: argparse.Namespace):
 
         gpu = gpu_by_name(args.target_gpu)
         gpu_gib, gpu_name = gpu.memory_bytes / 2**30, gpu.name
-    return Context(kv, w16, w4, source, gpu_gib, gpu_name)
+    if args.version and not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", args.version):
+        raise UserError(f"--version {args.version}: not a version; give it as 0.6.3 or 0.11")
+    from harness.diagnose.readers import parse_flags
+
+    flags = tuple(parse_flags(args.flags))
+    if args.flags.strip() and not flags:
+        raise UserError(f"--flags {args.flags!r}: no flag diagnose uses (--max-model-len, --gpu-memory-utilization, "
+                        "--max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --block-size, ...)")
+    return Context(kv, w16, w4, source, gpu_gib, gpu_name, args.engine, args.version, flags)

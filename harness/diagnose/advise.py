@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.diagnose.readers import (GIB, EngineFacts, VllmFacts, read_nvidia_smi, read_other_engines, read_torch_oom,
-                                      read_vllm, size_gib)
+from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
+                                      read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.records import Change, Diagnosis, Figure
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
@@ -32,6 +32,13 @@ class Context:
     model_source: str = ""
     gpu_total_gib: float | None = None  # --target-gpu
     gpu_name: str = ""
+    engine: str | None = None  # --engine: read the text as this kind only
+    version: str | None = None  # --version: the vLLM version, where the log does not print it
+    flags: tuple[tuple[str, object], ...] = ()  # --flags: the server's flags, where the log does not show them
+
+
+READERS = ("vllm", "sglang", "tgi", "trtllm", "pytorch-oom", "nvidia-smi")
+V1_DEFAULT_FROM = (0, 8)  # vLLM 0.8.0 made the V1 engine the default (V0 was removed in 0.11)
 
 
 class NotADiagnosableLog(ValueError):
@@ -39,23 +46,52 @@ class NotADiagnosableLog(ValueError):
 
 
 def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagnosis:
-    if (facts := read_vllm(text)) is not None and _vllm_has_story(facts):
-        return _vllm(facts, source, context)
-    if (engine := read_other_engines(text)) is not None:
+    wanted = context.engine
+    if wanted in (None, "vllm") and (facts := read_vllm(text)) is not None and (_vllm_has_story(facts) or wanted):
+        return _vllm(_with_given_flags(facts, context), source, context)
+    if wanted in (None, "sglang", "tgi", "trtllm") and (engine := read_other_engines(text)) is not None \
+            and wanted in (None, engine.engine):
         return _other_engine(engine, source, context)
-    if (oom := read_torch_oom(text)) is not None:
+    if wanted in (None, "pytorch-oom") and (oom := read_torch_oom(text)) is not None:
         return _torch(oom[0], oom[1], source, context)
-    if (trace := read_nvidia_smi(text)) is not None:
+    if wanted in (None, "nvidia-smi") and (trace := read_nvidia_smi(text)) is not None:
         return _smi(trace, source, context)
-    if facts is not None:
-        return _vllm(facts, source, context)
+    if wanted is None and facts is not None:
+        return _vllm(_with_given_flags(facts, context), source, context)
+    if wanted is not None:
+        raise NotADiagnosableLog(f"{source}: no {wanted} message in it (read with --engine {wanted}); leave "
+                                 "--engine out to try every kind, or pass the whole log")
     raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, vLLM start-up "
                              "or failure lines, nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv "
                              "output); pass the server's whole log or the full error text")
 
 
 def _vllm_has_story(facts: VllmFacts) -> bool:
-    return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below, facts.oom, facts.kv_tokens))
+    return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below, facts.oom, facts.kv_tokens,
+                facts.load))
+
+
+def _with_given_flags(facts: VllmFacts, context: Context) -> VllmFacts:
+    """--flags and --version fill what the log does not show; the log wins (line 0 marks a given value)."""
+    for key, value in context.flags:
+        facts.flags.setdefault(key, Quoted(value, 0))
+    if facts.version is None and context.version:
+        facts.version = Quoted(context.version, 0)
+    return facts
+
+
+def _engine_generation(facts: VllmFacts) -> str | None:
+    """V0 or V1, from the version (the log's or --version), else from lines only one of them prints."""
+    if facts.version is not None:
+        parts = tuple(int(p) for p in str(facts.version.value).split(".")[:2] if p.isdigit())
+        return "V1" if parts >= V1_DEFAULT_FROM else "V0"
+    if facts.kv_blocks is not None:
+        return "V0"
+    return "V1" if facts.kv_tokens is not None else None
+
+
+def _where(line: int | None) -> str:
+    return "given on the command line" if line == 0 else f"log line {line}" if line else "log"
 
 
 # --- vLLM ---------------------------------------------------------------------------------------------------------
@@ -65,8 +101,13 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     figures: list[Figure] = []
 
     def quote(label: str, value: str, line: int | None) -> None:
-        figures.append(Figure(label, value, f"log line {line}" if line else "log"))
+        figures.append(Figure(label, value, _where(line)))
 
+    if facts.version:
+        quote("vLLM version", str(facts.version.value), facts.version.line)
+    generation = _engine_generation(facts)
+    if generation:
+        figures.append(Figure("engine", generation, "vLLM version" if facts.version else "the lines it prints"))
     for key, quoted in facts.flags.items():
         quote(f"--{key.replace('_', '-')}", str(quoted.value), quoted.line)
     if facts.weights_gib:
@@ -83,6 +124,9 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     if per_token:
         figures.append(Figure("KV bytes per token", f"{per_token[0]:,}", per_token[1]))
     total_gib = context.gpu_total_gib
+    if facts.total_gib:
+        total_gib = facts.total_gib.value
+        quote("GPU total", f"{total_gib:.2f} GiB", facts.total_gib.line)
     if facts.free_below:
         free, total, wanted_u, requested = (float(v) for v in str(facts.free_below.value).split(":"))
         total_gib = total
@@ -103,7 +147,11 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     if facts.no_kv_memory:
         return _no_kv_memory(facts, source, figures, utilization, total_gib, context)
     if facts.oom is not None:
-        return _vllm_oom(facts, source, figures)
+        if facts.serving_line and facts.oom_line > facts.serving_line:
+            return _oom_under_load(facts, source, figures, utilization, total_gib)
+        return _vllm_oom(facts, source, figures, generation)
+    if facts.load is not None and _kv_exhausted(facts.load):
+        return _kv_exhausted_under_load(facts, source, figures, per_token, utilization, total_gib, context)
     length = facts.flags.get("max_model_len")
     summary = (f"the server started: its KV cache holds {facts.kv_tokens.value:,} tokens"
                + (f", {facts.kv_tokens.value / float(length.value):.2f} sequences of --max-model-len {length.value}"
@@ -199,7 +247,7 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
                      () if weights else ("the weights' size: the log's 'Model loading took' line, or --model DIR",))
 
 
-def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure]) -> Diagnosis:
+def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: str | None) -> Diagnosis:
     oom = facts.oom
     figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
     if facts.oom_during == "cuda graph capture":
@@ -215,11 +263,93 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure]) -> Diagnosis
                          "over the vocabulary", tuple(figures), (
                              Change("--max-num-seqs 128", "halves the warm-up's logits (here the batch size is the "
                                     "lever)"),))
+    changes = [Change("--max-num-batched-tokens 4096", "the profile peak scales with the tokens of one step"),
+               Change("--gpu-memory-utilization 0.85", "leaves more outside vLLM's share")]
+    chunked = facts.flags.get("enable_chunked_prefill")
+    if generation == "V0" and not (chunked and chunked.value not in (False, "False", "false")):
+        changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",
+                                 "V0 without chunked prefill profiles a whole --max-model-len prompt in one forward; "
+                                 "chunked, the peak follows 2,048 tokens (V1 always chunks)"))
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {oom.tried}): the profile run at --max-num-batched-tokens",
-                     tuple(figures), (Change("--max-num-batched-tokens 4096", "the profile peak scales with the "
-                                             "tokens of one step"),
-                                      Change("--gpu-memory-utilization 0.85", "leaves more outside vLLM's share")))
+                     tuple(figures), tuple(changes))
+
+
+# --- vLLM under load ----------------------------------------------------------------------------------------------
+
+FULL_KV_USAGE = 99.0  # percent: a KV cache this full with requests waiting has run out
+
+
+def _kv_exhausted(load) -> bool:
+    return bool((load.preemptions and load.preemptions.value > 0)
+                or (load.kv_usage and load.kv_usage.value >= FULL_KV_USAGE and load.waiting and load.waiting.value))
+
+
+def _kv_exhausted_under_load(facts, source, figures, per_token, utilization, total_gib, context) -> Diagnosis:
+    load = facts.load
+    figures.append(Figure("highest KV cache usage", f"{load.kv_usage.value:.1f}% with {load.running.value} running",
+                          _where(load.kv_usage.line)) if load.kv_usage else Figure("stats lines", "0", "log"))
+    if load.waiting:
+        figures.append(Figure("longest queue", f"{load.waiting.value} waiting", _where(load.waiting.line)))
+    if load.preemptions:
+        figures.append(Figure("preemptions", f"{load.preemptions.value:,}" + (
+            f" ({load.preemption_mode})" if load.preemption_mode else ""), _where(load.preemptions.line)))
+    tokens = facts.kv_tokens.value if facts.kv_tokens else None
+    per_request = (tokens * load.kv_usage.value / 100 / load.running.value
+                   if tokens and load.kv_usage and load.running and load.running.value else None)
+    summary = ("under load the KV cache ran out: " + (
+        f"{load.preemptions.value:,} requests were preempted and recomputed" if load.preemptions
+        else f"it was {load.kv_usage.value:.0f}% full with {load.waiting.value} requests waiting")
+        + (f"; it holds {tokens:,} tokens, about {per_request:,.0f} per running request" if per_request else "")
+        + ". The server did not fail: latency did (preempted work is done twice, queued requests wait)")
+    changes = []
+    if per_request:
+        seats = max(1, int(tokens // per_request))
+        changes.append(Change(f"--max-num-seqs {seats}",
+                              f"{tokens:,} tokens / about {per_request:,.0f} per request: the batch the cache holds, "
+                              "so requests queue instead of being preempted (here the batch size is the lever; more "
+                              "throughput needs more KV cache, below)"))
+    changes.append(Change("--kv-cache-dtype fp8", "halves the KV bytes per token" + (
+        f": about {2 * tokens:,} tokens, twice the requests at once" if tokens else "")))
+    current = utilization or DEFAULT_UTILIZATION
+    if total_gib and current < MAX_UTILIZATION:
+        added = (MAX_UTILIZATION - current) * total_gib
+        more = f" = about {int(added * GIB / per_token[0]):,} tokens" if per_token else ""
+        changes.append(Change(f"--gpu-memory-utilization {MAX_UTILIZATION:.2f}",
+                              f"adds {added:.2f} GiB{more} to the KV cache, if nothing else uses the GPU"))
+    if context.weights_16bit_bytes and context.weights_4bit_bytes:
+        freed = (context.weights_16bit_bytes - context.weights_4bit_bytes) / GIB
+        changes.append(Change("quantize the weights (awq or gptq 4-bit)", f"{freed:.2f} GiB more for the KV cache"))
+    changes.append(Change("another replica, or --tensor-parallel-size 2", "spreads the load: each server's KV cache "
+                          "serves fewer requests"))
+    missing = (() if tokens else ("the KV cache's size: the start-up line 'GPU KV cache size: N tokens' (V1) or "
+                                  "'# GPU blocks: N' (V0); pass the log from the server's start",)) + (
+        () if total_gib else ("the GPU's total memory, for the --gpu-memory-utilization arithmetic: pass --target-gpu",))
+    return Diagnosis(source, "vllm", "kv_exhausted_under_load", summary, tuple(figures), tuple(changes), missing)
+
+
+def _oom_under_load(facts, source, figures, utilization, total_gib) -> Diagnosis:
+    oom = facts.oom
+    figures.append(Figure("tried to allocate", oom.tried or "?", _where(facts.oom_line)))
+    figures.append(Figure("the server was serving", "before the error", _where(facts.serving_line)))
+    current = utilization or DEFAULT_UTILIZATION
+    lower = math.floor((current - 0.05) * 100) / 100
+    headroom = f" ({0.05 * total_gib:.2f} GiB on {total_gib:.1f} GiB)" if total_gib else ""
+    changes = [Change(f"--gpu-memory-utilization {lower:.2f}",
+                      f"leaves 5% more of the GPU{headroom} outside vLLM's share for what its start-up profile did "
+                      "not see"),
+               Change("--max-num-batched-tokens 4096", "caps the tokens of one forward step, and so its activations"),
+               Change("--max-logprobs 5", "a request for many (prompt) log-probabilities materialises "
+                      "vocabulary-sized rows per token; cap what clients may ask for")]
+    unallocated, tried = (oom.reserved_unallocated_bytes or 0) / GIB, size_gib(oom.tried)
+    if tried and unallocated >= tried:
+        changes.insert(0, Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                                 f"{unallocated:.2f} GiB is reserved but unallocated, more than the {tried:.2f} GiB "
+                                 "asked for: fragmentation"))
+    return Diagnosis(source, "vllm", "oom_under_load",
+                     f"the server ran out of memory while serving (tried {oom.tried}), after a start-up that fitted: "
+                     "the KV cache was allocated at start-up, so this is a step's activations or memory outside "
+                     "vLLM's share; a smaller batch only hides it", tuple(figures), tuple(changes))
 
 
 # --- SGLang, TGI, TensorRT-LLM ------------------------------------------------------------------------------------

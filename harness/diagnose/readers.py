@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from harness.measure.oom import OomFigures, parse_cuda_oom, parse_size
 
 GIB = 2**30
+V0_BLOCK_TOKENS = 16  # vLLM's default --block-size
 
 
 @dataclass
@@ -28,6 +29,7 @@ class VllmFacts:
     weights_gib: Quoted | None = None
     kv_memory_gib: Quoted | None = None
     kv_tokens: Quoted | None = None
+    kv_blocks: Quoted | None = None  # V0: the KV cache in blocks (tokens = blocks x --block-size)
     concurrency: Quoted | None = None  # (tokens per request, x) as "L:x"
     graph_gib: Quoted | None = None
     no_kv_memory: Quoted | None = None
@@ -37,6 +39,22 @@ class VllmFacts:
     oom: OomFigures | None = None
     oom_line: int | None = None
     oom_during: str | None = None  # "cuda graph capture", "sampler warm-up", "profile run"
+    version: Quoted | None = None  # "0.6.3", from the server's version line
+    total_gib: Quoted | None = None  # the GPU's total memory, from a memory-profiling line
+    load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
+    serving_line: int | None = None  # the first line that shows the server serving
+
+
+@dataclass
+class LoadFacts:
+    """What the server logged while serving: the fullest KV cache, the longest queue, the preemptions."""
+
+    stats_lines: int = 0
+    kv_usage: Quoted | None = None  # the highest "KV cache usage" percentage
+    running: Quoted | None = None  # requests running on the line of the highest usage
+    waiting: Quoted | None = None  # the longest queue (V1 "Waiting", V0 "Pending")
+    preemptions: Quoted | None = None  # V1 "Preemptions: N" or V0's cumulative count in its warning
+    preemption_mode: str = ""  # V0: RECOMPUTE or SWAP
 
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
@@ -56,7 +74,20 @@ _V0_TOO_LONG = re.compile(r"The model's max seq len \((\d+)\) is larger than the
 _FREE_BELOW = re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
                          r"GPU memory utilization ?|the engine's budget[^(]*)\(([\d.]+), ([\d.]+) GiB\)")
 _FLAG_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
-              "enforce_eager", "tensor_parallel_size", "quantization", "dtype", "model")
+              "enforce_eager", "tensor_parallel_size", "quantization", "dtype", "model", "block_size",
+              "enable_chunked_prefill", "max_logprobs")
+_VERSION = re.compile(r"vLLM (?:API )?server version (\d+\.\d+(?:\.\d+)?)")
+# V0's executors: "# GPU blocks: N, # CPU blocks: M" ("# cuda blocks", "# HPU blocks", ... by platform)
+_V0_BLOCKS = re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: \d+")
+_PROFILE_TOTAL = re.compile(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\)|Memory profiling "
+                            r"results: total_gpu_memory=([\d.]+)GiB.*?gpu_memory_utilization=([\d.]+)")
+# the periodic stats line: V1 "Running: R reqs, Waiting: W reqs[, Preemptions: P], GPU KV cache usage: U%", V0
+# "Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%, CPU KV cache usage: C%"
+_STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*?Preemptions: (\d+))?.*?\b(?:GPU|CPU|XPU|"
+                    r"TPU|HPU) KV cache usage: ([\d.]+)%")
+_V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space.*?"
+                           r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
+_SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
 
 
 def read_vllm(text: str) -> VllmFacts | None:
@@ -76,10 +107,8 @@ def read_vllm(text: str) -> VllmFacts | None:
         elif (match := _SERVE.search(line)):
             seen = True
             facts.flags.setdefault("model", Quoted(match.group(1), number))
-            for flag, value in re.findall(r"--([\w-]+)(?:[ =]((?!--)\S+))?", match.group(2)):
-                key = flag.replace("-", "_")
-                if key in _FLAG_KEYS:
-                    facts.flags[key] = Quoted(_number(value) if value else True, number)
+            for key, value in parse_flags(match.group(2)):
+                facts.flags[key] = Quoted(value, number)
         for attribute, pattern in (("weights_gib", _WEIGHTS), ("graph_gib", _GRAPH)):
             if (match := pattern.search(line)):
                 seen = True
@@ -104,13 +133,47 @@ def read_vllm(text: str) -> VllmFacts | None:
         if (match := _FREE_BELOW.search(line)):
             seen = True
             facts.free_below = Quoted(":".join(match.groups()), number)
+        if (match := _VERSION.search(line)):
+            facts.version = Quoted(match.group(1), number)
+        if (match := _V0_BLOCKS.search(line)) and match.group(1) != "CPU" and facts.kv_tokens is None:
+            seen = True
+            facts.kv_blocks = Quoted(int(match.group(2)), number)
+        if (match := _PROFILE_TOTAL.search(line)):
+            total, utilization = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+            facts.total_gib = Quoted(float(total), number)
+            facts.flags.setdefault("gpu_memory_utilization", Quoted(float(utilization), number))
+        if facts.serving_line is None and _SERVING.search(line):
+            facts.serving_line = number
+        if (match := _STATS.search(line)) or (preempted := _V0_PREEMPTED.search(line)):
+            seen = True
+            _read_load(facts, match, None if match else preempted, number)
         if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
             facts.oom, facts.oom_line = oom, number
             before = "\n".join(lines[max(0, number - 40):number]).lower()
             facts.oom_during = ("cuda graph capture" if "captur" in before or "cudagraph" in before.replace(" ", "")
                                 else "sampler warm-up" if "sampler" in before
                                 else "profile run" if "profile" in before or "dummy" in before else None)
+    if facts.kv_tokens is None and facts.kv_blocks is not None:
+        block = facts.flags.get("block_size")
+        facts.kv_tokens = Quoted(facts.kv_blocks.value * int(block.value if block else V0_BLOCK_TOKENS),
+                                 facts.kv_blocks.line)
     return facts if seen else None
+
+
+def _read_load(facts: VllmFacts, stats: re.Match | None, preempted: re.Match | None, number: int) -> None:
+    load = facts.load = facts.load or LoadFacts()
+    if preempted is not None:
+        load.preemption_mode = preempted.group(1)
+        load.preemptions = Quoted(int(preempted.group(2)), number)
+        return
+    load.stats_lines += 1
+    running, waiting, preemptions, usage = stats.groups()
+    if load.kv_usage is None or float(usage) > load.kv_usage.value:
+        load.kv_usage, load.running = Quoted(float(usage), number), Quoted(int(running), number)
+    if load.waiting is None or int(waiting) > load.waiting.value:
+        load.waiting = Quoted(int(waiting), number)
+    if preemptions and (load.preemptions is None or int(preemptions) > load.preemptions.value):
+        load.preemptions = Quoted(int(preemptions), number)
 
 
 def read_torch_oom(text: str) -> tuple[OomFigures, int] | None:
@@ -151,6 +214,14 @@ def read_nvidia_smi(text: str) -> SmiTrace | None:
 def size_gib(text: str | None) -> float | None:
     size = parse_size(text)
     return None if size is None else size / GIB
+
+
+def parse_flags(text: str) -> list[tuple[str, object]]:
+    """The memory-relevant flags of a `vllm serve` command line ("--max-model-len 8192 --enforce-eager"), as
+    (key, value) with numbers as numbers and a bare switch as True."""
+    return [(flag.replace("-", "_"), _number(value) if value else True)
+            for flag, value in re.findall(r"--([\w-]+)(?:[ =]((?!--)\S+))?", text)
+            if flag.replace("-", "_") in _FLAG_KEYS]
 
 
 def _number(text: str):

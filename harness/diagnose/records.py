@@ -7,14 +7,14 @@ from typing import Literal
 
 Kind = Literal["kv_cache_too_small", "no_kv_cache_memory", "memory_held_elsewhere", "weights_do_not_fit",
                "activation_peak", "cuda_graph_capture", "fragmentation", "out_of_memory", "over_watermark",
-               "within_watermark", "fits"]
+               "within_watermark", "kv_exhausted_under_load", "oom_under_load", "fits"]
 
 
 @dataclass(frozen=True)
 class Figure:
     label: str
     value: str
-    source: str  # "log line N", "--model config.json", "memory model", "assumed: ..."
+    source: str  # "log line N", "given on the command line", "--model config.json", "memory model", ...
 
 
 @dataclass(frozen=True)
