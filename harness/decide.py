@@ -78,7 +78,7 @@ class FormatOutcome:
 @dataclass(frozen=True)
 class Check:
     name: str
-    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity"]
+    kind: Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity", "spot_check"]
     status: CheckStatus
     detail: str
     reason: str  # the line for `reasons` when the check does not pass
@@ -518,18 +518,19 @@ def baseline_scores(baseline: FormatOutcome) -> dict[str, dict[str, dict[str, An
     return scores
 
 
-def recommend(decisions: dict[str, FormatDecision], peak_bytes: dict[str, int | None]) -> dict[str, Any]:
-    """The GO format with the smallest peak memory, and the next smallest as runner-up."""
+def recommend(verdicts: dict[str, str], peak_bytes: dict[str, int | None]) -> dict[str, Any]:
+    """The GO format with the smallest peak memory, and the next smallest as runner-up (verdicts: candidate ->
+    its verdict)."""
     go = sorted(
-        (name for name, d in decisions.items() if d.verdict == "GO"),
+        (name for name, verdict in verdicts.items() if verdict == "GO"),
         key=lambda name: (peak_bytes.get(name) is None, peak_bytes.get(name) or 0, name),
     )
     if not go:
-        if not decisions:
+        if not verdicts:
             why = "no candidate formats were evaluated; keep serving the baseline"
         else:
-            verdicts = ", ".join(f"{name}: {d.verdict}" for name, d in decisions.items())
-            why = f"no candidate format is GO ({verdicts}); keep serving the baseline"
+            listed = ", ".join(f"{name}: {verdict}" for name, verdict in verdicts.items())
+            why = f"no candidate format is GO ({listed}); keep serving the baseline"
         return {"format": None, "why": why, "runner_up": None}
     best = go[0]
     runner_up = go[1] if len(go) > 1 else None
@@ -541,10 +542,11 @@ def recommend(decisions: dict[str, FormatDecision], peak_bytes: dict[str, int | 
     return {"format": best, "why": why, "runner_up": runner_up}
 
 
-def exit_code(decisions: dict[str, FormatDecision], policy: Policy) -> int:
-    """0 when every candidate is GO (or INCONCLUSIVE under inconclusive_is = "pass"), else 1."""
+def exit_code(verdicts: dict[str, str], policy: Policy) -> int:
+    """0 when every candidate is GO (or INCONCLUSIVE under inconclusive_is = "pass"), else 1 (verdicts: candidate
+    -> its verdict)."""
     acceptable = {"GO", "INCONCLUSIVE"} if policy.inconclusive_is == "pass" else {"GO"}
-    return 0 if all(d.verdict in acceptable for d in decisions.values()) else 1
+    return 0 if all(verdict in acceptable for verdict in verdicts.values()) else 1
 
 
 # --- formatting -----------------------------------------------------------------------------------

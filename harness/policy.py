@@ -114,6 +114,20 @@ class FidelityRule(BaseModel):
                                                                                         self.min_top1_agreement))
 
 
+class SpotChecks(BaseModel):
+    """[spot_checks]: what people's judgments of a random sample (`quantgate review`) must show. The increase of
+    the share judged unacceptable (candidate minus baseline, same items) is judged on its one-sided exact upper
+    bound at the policy's confidence (harness.review.summary): 0 of 59 judged items passes a 5-point limit, 0 of
+    20 does not. A failing spot check is NO-GO whether or not they are required; required, too few judgments make
+    a format INCONCLUSIVE."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    required: bool = False  # a GO needs a passing spot check
+    min_reviewed: int = Field(default=20, ge=1)  # judged items of the random sample, per format
+    max_unacceptable_increase: float = Field(default=5.0, gt=0, lt=100)  # points
+
+
 class Policy(BaseModel):
     """What a candidate format must satisfy to be GO. Keys of `margins`, `floors` and `min_items_for` are `metric`
     or `evalset/metric` (the more specific one wins). Strict types: "2.0", true or 30.0 where a number or a count
@@ -137,6 +151,7 @@ class Policy(BaseModel):
     seed: int = 0
     serving: ServingTarget = Field(default_factory=ServingTarget)
     fidelity: FidelityRule = Field(default_factory=FidelityRule)
+    spot_checks: SpotChecks = Field(default_factory=SpotChecks)
 
     @field_validator("margins", mode="before")
     @classmethod
@@ -295,11 +310,13 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:
 
 def _describe(err: dict[str, Any]) -> str:
     location = ".".join(str(part) for part in err["loc"])
-    if err["type"] == "extra_forbidden" and not location.startswith(("serving.", "fidelity.")):
+    if err["type"] == "extra_forbidden" and not location.startswith(("serving.", "fidelity.", "spot_checks.")):
         allowed = ", ".join(Policy.model_fields)
         return f"unknown key '{location}' (allowed: {allowed})"
     if err["type"] == "extra_forbidden" and location.startswith("fidelity."):
         return f"unknown key '{location}' (allowed: {', '.join(FidelityRule.model_fields)})"
+    if err["type"] == "extra_forbidden" and location.startswith("spot_checks."):
+        return f"unknown key '{location}' (allowed: {', '.join(SpotChecks.model_fields)})"
     if err["type"] == "extra_forbidden" and location.startswith("serving."):
         return f"unknown key '{location}' (allowed: {', '.join(ServingTarget.model_fields)})"
     message = err["msg"]

@@ -360,10 +360,10 @@ def test_recommendation_is_the_smallest_format_that_is_go_and_fits(unservable_fo
     baseline = outcome("baseline")
     decisions = {name: decide_format(baseline, outcome(name, serving_fit(inputs, measured(name, weights[name])),
                                                        peaks[name]), L4_POLICY) for name in peaks}
-    rec = recommend(decisions, peaks)
+    rec = recommend({n: d.verdict for n, d in decisions.items()}, peaks)
     assert rec["format"] == "awq" and rec["runner_up"] == "gptq"
     without = {name: decide_format(baseline, outcome(name, None, peaks[name]), Policy()) for name in peaks}
-    assert recommend(without, peaks)["format"] == unservable_format  # when the policy names no serving target
+    assert recommend({n: d.verdict for n, d in without.items()}, peaks)["format"] == unservable_format  # when the policy names no serving target
 
 
 def test_demo_model_fits_an_l4_many_times_over():

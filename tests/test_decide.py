@@ -187,7 +187,7 @@ def _decisions(**verdicts: str):
     }
     decisions = {name: make[v](name) for name, v in verdicts.items()}
     assert {n: d.verdict for n, d in decisions.items()} == verdicts
-    return decisions
+    return {n: d.verdict for n, d in decisions.items()}
 
 
 def test_recommendation_picks_the_smallest_go_format():
@@ -247,7 +247,7 @@ def test_policy_unknown_key_is_a_user_error(tmp_path):
         load_policy(path)
     message = str(err.value)
     assert message.startswith(f"{path}: unknown key 'marginz' (allowed: margins, floors, max_memory_bytes, ")
-    assert message.endswith("confidence, resamples, seed, serving, fidelity)")
+    assert message.endswith("confidence, resamples, seed, serving, fidelity, spot_checks)")
 
 
 @pytest.mark.parametrize(

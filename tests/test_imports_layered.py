@@ -19,6 +19,7 @@ LAYERS = (
     ("harness.config", "harness.environment", "harness.external", "harness.served", "harness.decide",
      "harness.evaluate", "harness.records", "harness.cachekeys", "harness.worker"),
     ("harness.report*",),
+    ("harness.review*",),
     ("harness.pipeline",),
     ("harness.commands*", "harness.cli", "harness.__main__"),
 )

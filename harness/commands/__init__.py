@@ -1,3 +1,3 @@
 """CLI subcommands: each module has add_parser(subparsers) and run(args) -> exit code."""
 
-COMMANDS = ["run", "plan", "decide", "compare", "report", "diagnose", "evalsets", "cache", "schema"]
+COMMANDS = ["run", "plan", "decide", "compare", "report", "review", "diagnose", "evalsets", "cache", "schema"]

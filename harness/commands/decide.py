@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         fidelity_note="not in the candidate file (add a `fidelity` object per line: kl, top1_agreement, tokens)",
     )
     decision = decide_format(baseline, candidate, policy)
-    code = exit_code({"candidate": decision}, policy)
+    code = exit_code({"candidate": decision.verdict}, policy)
 
     _print_table(decision, baseline_scores(baseline), policy.confidence)
     for note in notes:

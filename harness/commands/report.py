@@ -20,6 +20,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path,
                         help="the output directory of `quantgate run` (holds report.json and samples.jsonl)")
+    parser.add_argument("--reviews", nargs="+", type=Path, metavar="REVIEW_JSONL",
+                        help="people's judgments saved from `quantgate review`'s page (review-NAME.jsonl): fold "
+                             "them into the verdicts under the policy's [spot_checks] and rewrite report.json too")
+    parser.add_argument("--policy", type=Path, metavar="FILE",
+                        help="with --reviews: take [spot_checks] from this policy file (every other table must be "
+                             "the run's: re-deciding those needs `quantgate run --resume`)")
     parser.set_defaults(func=run)
 
 
@@ -28,7 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from harness.report.view import samples_path
 
     run_dir = Path(args.run_dir)
-    report = load_report(run_dir)
+    if args.policy and not args.reviews:
+        raise UserError("--policy: only with --reviews (report re-renders the run's own verdicts otherwise)")
+    if args.reviews:
+        report, run_dir = _fold(run_dir, args.reviews, args.policy)
+    else:
+        report = load_report(run_dir)
     if run_dir.name == "report.json" and run_dir.is_file():
         run_dir = run_dir.parent
     samples = samples_path(run_dir, report)
@@ -42,3 +53,29 @@ def run(args: argparse.Namespace) -> int:
     for path in paths:
         print(path)
     return report.exit_code
+
+
+def _fold(run_dir: Path, reviews: list[Path], policy_path: Path | None):
+    """The run's report with the judgments folded in, written to report.json (the renderings follow)."""
+    from harness.review.session import fold_and_write
+
+    report, run_dir = fold_and_write(run_dir, reviews, _spot_check_policy(run_dir, policy_path) if policy_path
+                                     else None)
+    for name, fmt in report.formats.items():
+        if fmt.spot_checks is not None:
+            print(f"{name}: {fmt.verdict} (spot checks: {fmt.spot_checks.judged} judged, {fmt.spot_checks.detail})")
+    return report, run_dir
+
+
+def _spot_check_policy(run_dir: Path, path: Path):
+    """The run's policy with FILE's [spot_checks]; FILE may not differ from the run's policy anywhere else."""
+    from harness.policy import load_policy
+    from harness.review.session import load_run, run_policy
+
+    given = load_policy(path)
+    own = run_policy(load_run(run_dir))
+    changed = [key for key in own.model_fields if key != "spot_checks" and getattr(own, key) != getattr(given, key)]
+    if changed:
+        raise UserError(f"{path}: differs from the run's policy in {', '.join(changed)}; report --reviews folds only "
+                        "[spot_checks]: rerun `quantgate run --policy FILE --resume` to re-decide the rest")
+    return own.model_copy(update={"spot_checks": given.spot_checks})

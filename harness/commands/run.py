@@ -90,6 +90,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--reviews", nargs="+", type=Path, metavar="REVIEW_JSONL",
+                        help="people's judgments from `quantgate review` of an earlier run of the same model and "
+                             "evalsets: folded into the verdicts when the outputs they judged are unchanged")
     parser.set_defaults(func=run)
 
 
@@ -260,7 +263,18 @@ def run(args) -> int:
 
     progress.configure(quiet=args.quiet)
     spec = spec_from_args(args)
+    if args.reviews:
+        from harness.review.session import check_review_files
+
+        check_review_files(args.reviews)
     report, code = run_pipeline(spec)
+    if args.reviews:
+        from harness.report import write_reports
+        from harness.review.session import fold_and_write
+
+        report, _ = fold_and_write(Path(spec.out), args.reviews)
+        write_reports(Path(spec.out), report)
+        code = report.exit_code
     print_summary(report, Path(spec.out))
     return code
 

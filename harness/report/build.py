@@ -75,9 +75,11 @@ def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -
                               "tokenizer": tokenizer_name(e.language, e.task),
                               "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
         "formats": formats,
-        "recommendation": recommend(decisions, {n: o.peak_bytes for n, o in outcomes.items()}),
+        "recommendation": recommend({n: d.verdict for n, d in decisions.items()},
+                                    {n: o.peak_bytes for n, o in outcomes.items()}),
         # a baseline that failed leaves nothing judged, whatever the candidates' (or no candidates') verdicts
-        "exit_code": exit_code(decisions, inputs.policy) or int(baseline.status != "ok"),
+        "exit_code": exit_code({n: d.verdict for n, d in decisions.items()}, inputs.policy)
+        or int(baseline.status != "ok"),
         "samples": "samples.jsonl",
     }
     return report

@@ -18,6 +18,7 @@ from harness.report.fidelity import (FIDELITY_COLUMNS, fidelity_caption, fidelit
 from harness.report.plots import Plot, render_plots
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
+from harness.report.spot_checks import SPOT_CHECK_COLUMNS, spot_check_caption, spot_check_rows, unacceptable_quotes
 from harness.report.units import DASH, clip, excerpt, prompt_excerpt
 from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
                                  LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, SERVED_TITLE,
@@ -210,7 +211,8 @@ def _format_section(
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
     parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(report, fmt),
-              _serving(report, fmt), _fidelity(fmt, report.settings.backend == "vllm"), _checks(fmt, layout)]
+              _serving(report, fmt), _fidelity(fmt, report.settings.backend == "vllm"), _spot_checks(fmt, layout),
+              _checks(fmt, layout)]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
     parts.append("</section>")
@@ -277,6 +279,21 @@ def _fidelity(fmt: FormatResult, served: bool = False) -> str:
             + _table(FIDELITY_COLUMNS, [[e(c) for c in row] for row in rows])
             + (f"<ul>{extra}</ul>" if extra else "")
             + (f"<h4>Largest divergence</h4><ul>{largest}</ul>" if largest else ""))
+
+
+def _spot_checks(fmt: FormatResult, layout: _Layout) -> str:
+    if fmt.spot_checks is None:
+        return ""
+    quotes = unacceptable_quotes(fmt)
+    shown = "".join(f'<tr><td>{e(heading)}</td><td class="output">{e(candidate)}</td><td class="output">{e(baseline)}'
+                    f'</td><td class="output">{e(reference)}</td></tr>' for heading, candidate, baseline, reference
+                    in quotes[: layout.list_items])
+    more = f"<p>… {len(quotes) - layout.list_items} more in report.json</p>" if len(quotes) > layout.list_items else ""
+    return (f"<h3>Spot checks by people</h3><p>{e(spot_check_caption(fmt))}</p>"
+            + _table(SPOT_CHECK_COLUMNS, [[e(c) for c in row] for row in spot_check_rows(fmt)])
+            + (f"<h4>Judged unacceptable (candidate beside baseline)</h4><table><thead><tr><th>Item</th>"
+               f"<th>Candidate</th><th>Baseline</th><th>Reference</th></tr></thead><tbody>{shown}</tbody></table>{more}"
+               if quotes else ""))
 
 
 def _serving(report: RunReport, fmt: FormatResult) -> str:

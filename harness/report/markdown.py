@@ -16,6 +16,7 @@ from harness.report.fidelity import (FIDELITY_COLUMNS, fidelity_caption, fidelit
                                      position_lines)
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
+from harness.report.spot_checks import SPOT_CHECK_COLUMNS, spot_check_caption, spot_check_rows, unacceptable_quotes
 from harness.report.units import DASH, clip, excerpt, prompt_excerpt
 from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
                                  LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, SERVED_TITLE,
@@ -191,6 +192,7 @@ def _format_section(
         _capacity(report, fmt),
         _serving(report, fmt, layout),
         _fidelity(fmt, layout, served=report.settings.backend == "vllm"),
+        _spot_checks(fmt, layout),
     ]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
@@ -209,6 +211,19 @@ def _fidelity(fmt: FormatResult, layout: _Layout, served: bool = False) -> str:
     largest = largest_lines(fmt)
     if largest:
         parts.append("**Largest divergence** (items)\n\n" + _bullets([md_inline(line) for line in largest], layout))
+    return "\n\n".join(parts)
+
+
+def _spot_checks(fmt: FormatResult, layout: _Layout) -> str:
+    if fmt.spot_checks is None:
+        return ""
+    parts = ["**Spot checks by people**\n\n" + md_inline(spot_check_caption(fmt)),
+             "\n".join(_table(SPOT_CHECK_COLUMNS, spot_check_rows(fmt), layout, "spot-check rows")).strip()]
+    quotes = unacceptable_quotes(fmt)
+    if quotes:
+        rows = [[heading, candidate, baseline, reference] for heading, candidate, baseline, reference in quotes]
+        parts.append("**Judged unacceptable** (candidate beside baseline)\n\n" + "\n".join(_table(
+            ("Item", "Candidate", "Baseline", "Reference"), rows, layout, "items judged unacceptable")).strip())
     return "\n\n".join(parts)
 
 

@@ -38,7 +38,7 @@ READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)  # a version-1 report is upgraded
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m harness schema > docs/report.schema.json"
 
-CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity"]
+CheckKind = Literal["metric", "floor", "memory", "latency", "run", "calibration", "capacity", "fidelity", "spot_check"]
 CheckStatus = Literal["pass", "fail", "inconclusive"]
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE", "BASELINE"]
 DeviceKind = Literal["cpu", "cuda"]
@@ -648,6 +648,59 @@ class FidelityEntry(_Strict):
     min_top1_agreement: float = Field(description="the policy's min_top1_agreement for this evalset, %")
 
 
+class SpotCheckShare(_Strict):
+    """A share of the judged items, with its exact (Clopper-Pearson) interval at the policy's confidence."""
+
+    count: int = Field(description="items (count)")
+    of: int = Field(description="judged items of the random sample (count)")
+    value: float = Field(description="count / of, %")
+    ci_low: float = Field(description="lower end, %")
+    ci_high: float = Field(description="upper end, %")
+
+
+class SpotCheckItem(_Strict):
+    """An item judged unacceptable for the candidate, quoted beside the baseline's output."""
+
+    key: str = Field(description="'format/evalset/id'")
+    evalset: str = Field(description="its evalset")
+    id: str = Field(description="its id")
+    stratum: Literal["random", "worst"] = Field(description="'random': in the sample the rates use; 'worst': "
+                                                "shown for its task drop or fidelity, never counted")
+    candidate: str = Field(description="the candidate's output")
+    baseline: str = Field(description="the baseline's output")
+    reference: str = Field(description="the reference answer(s)")
+    baseline_acceptable: bool = Field(description="whether the reviewers found the baseline's acceptable")
+    comments: list[str] = Field(description="the reviewers' comments")
+
+
+class SpotCheckEntry(_Strict):
+    """What people found when they judged a blind sample of this format's outputs against the baseline's
+    (`quantgate review`, folded in by `quantgate report --reviews`), and the [spot_checks] rule's judgment."""
+
+    plan: str = Field(description="the review plan's id (review-plan.json)")
+    reviewers: list[str] = Field(description="who judged")
+    judged: int = Field(description="items of the random sample judged (count)")
+    judgments: int = Field(description="judgments counted, every stratum and reviewer (count)")
+    worse: SpotCheckShare = Field(description="items where the candidate was judged worse than the baseline")
+    candidate_unacceptable: SpotCheckShare = Field(description="items whose candidate output was unacceptable")
+    baseline_unacceptable: SpotCheckShare = Field(description="items whose baseline output was unacceptable")
+    increase: float = Field(description="candidate's unacceptable share minus the baseline's, points")
+    increase_low: float = Field(description="its lower bound, points")
+    increase_high: float = Field(description="its one-sided exact upper bound, points: what the rule judges")
+    agreement: float | None = Field(description="Fleiss' kappa of the reviewers on the candidate's acceptability, "
+                                    "over items judged by two or more; null when fewer than two such items")
+    multiply_judged: int = Field(description="items judged by two or more reviewers (count)")
+    worst_judged: int = Field(description="items of the worst stratum judged (count)")
+    worst_unacceptable: int = Field(description="of them, unacceptable for the candidate (count)")
+    unacceptable_items: list[SpotCheckItem] = Field(description="the items unacceptable for the candidate")
+    status: CheckStatus | None = Field(description="the rule's judgment; null when the policy does not require "
+                                       "spot checks and they do not fail")
+    detail: str = Field(description="the figures against the limit, in words")
+    verdict_without: Verdict = Field(description="the verdict before the spot checks were folded in")
+    rule_without: str | None = Field(description="the rule that carried it")
+    reasons_without: list[str] = Field(description="its reasons")
+
+
 class FormatResult(_Strict):
     """One format's result: its verdict and why, and what it measured."""
 
@@ -682,6 +735,8 @@ class FormatResult(_Strict):
     fidelity: dict[str, FidelityEntry] | None = Field(default=None, description="evalset -> how closely the "
                                                       "candidate reproduces the baseline there; null for the "
                                                       "baseline")
+    spot_checks: SpotCheckEntry | None = Field(default=None, description="people's judgments of a blind sample; "
+                                               "absent until `quantgate report --reviews` folds them in")
 
 
 # --- run-level blocks -------------------------------------------------------------------------------
@@ -806,6 +861,15 @@ class PolicyFidelity(_Strict):
                                               "min_items")
 
 
+class PolicySpotChecks(_Strict):
+    """[spot_checks]: what people's judgments must show (harness/review/summary.py)."""
+
+    required: bool = Field(description="whether a GO needs a passing spot check")
+    min_reviewed: int = Field(description="judged items of the random sample a decision needs, per format (count)")
+    max_unacceptable_increase: float = Field(description="largest increase of the unacceptable share the rule "
+                                             "accepts, on its one-sided upper bound, points")
+
+
 class Policy(_Open):
     """The decision policy the run used (harness/policy.py; policies/default.toml). Open: every key the writing
     version had passes through. Margins and floors are points on 0-100, keyed 'metric' or 'evalset/metric'."""
@@ -831,6 +895,8 @@ class Policy(_Open):
                                                                     "(absent in earlier reports)")
     fidelity: PolicyFidelity | None = Field(default=None, description="the fidelity rule (absent in earlier "
                                                                       "reports)")
+    spot_checks: PolicySpotChecks | None = Field(default=None, description="the spot-check rule (absent in "
+                                                 "earlier reports)")
 
 
 class EvalsetInfo(_Strict):
