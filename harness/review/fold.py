@@ -66,7 +66,7 @@ def _fold(verdict: str, rule: str | None, reasons: list[str], judgment: SpotChec
     INCONCLUSIVE; a passing one leaves the verdict and says so in the GO line."""
     if judgment.status == "fail":
         kept = [] if verdict == "GO" else reasons
-        return {"verdict": "NO-GO", "rule": None, "reasons": [*kept, reason]}
+        return {"verdict": "NO-GO", "rule": None, "reasons": [reason, *kept]}
     if judgment.status == "inconclusive":
         if verdict == "GO":
             return {"verdict": "INCONCLUSIVE", "rule": None, "reasons": [reason]}
