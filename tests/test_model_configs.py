@@ -231,7 +231,7 @@ def test_activation_estimate_uses_the_experts_a_token_visits():
 # --- what it cannot count is an error naming the field, never a silent dense count
 
 @pytest.mark.parametrize("config, field", [
-    (dict(LLAMA3_8B, model_type="qwen2_moe"), "model_type"),  # an MoE the memory model does not know
+    (dict(LLAMA3_8B, model_type="not_a_model"), "model_type"),  # an architecture transformers does not know
     ({k: v for k, v in LLAMA3_8B.items() if k != "model_type"}, "model_type"),
     (dict(LLAMA3_8B, num_local_experts=8), "num_local_experts"),  # dense model_type with experts
     ({k: v for k, v in MIXTRAL_8X7B.items() if k != "num_local_experts"}, "num_local_experts"),

@@ -465,7 +465,7 @@ def test_plan_max_num_batched_tokens_128_never_prints_256_seqs(capsys):
 
 @pytest.mark.parametrize("config, argv, message", [
     (dict(MIXTRAL_8X7B, num_local_experts=None), [], "config.json: field 'num_local_experts' is missing"),
-    (dict(LLAMA3_8B, model_type="qwen2_moe"), [], "config.json: field 'model_type' is 'qwen2_moe'"),
+    (dict(LLAMA3_8B, model_type="not_a_model"), [], "config.json: field 'model_type' is 'not_a_model'"),
     (LLAMA3_8B, ["--num-gpus", "3"], "--num-gpus 3: num_attention_heads 32 is not divisible by 3"),
     (LLAMA3_8B, ["--target-gpu", "V100"], "--target-gpu: unknown GPU 'V100'"),
     (LLAMA3_8B, ["--vllm-version", "0.20"], "--vllm-version 0.20: vLLM 0.20: quantgate knows"),

@@ -120,6 +120,8 @@ def load_model_config(model: str) -> tuple[dict, str]:
     if model == "demo":
         return text_config(DEMO_CONFIG), "demo (SmolLM2-135M config)"
     path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return text_config(_gguf_config(path)), f"{path} (GGUF metadata)"
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
         where = "this directory has no config.json" if path.is_dir() else "no such file"
@@ -131,6 +133,20 @@ def load_model_config(model: str) -> tuple[dict, str]:
     if not isinstance(raw, dict):
         raise UserError(f"{config_path}: expected a JSON object (a model's config.json)")
     return text_config(raw), str(config_path)
+
+
+def _gguf_config(path: Path) -> dict:
+    """The config transformers reads from a GGUF file's metadata (as `run --model x.gguf` converts it), without
+    dequantizing its weights."""
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    except Exception as exc:  # noqa: BLE001 - the gguf reader's errors vary; one line names the file
+        raise UserError(f"--model {path}: transformers cannot read this GGUF file's config ({type(exc).__name__}: "
+                        f"{str(exc)[:160]}); give the model's Hugging Face directory or its config.json") from None
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -1,9 +1,11 @@
 """A model's shapes from its config.json: attention (GQA or MLA, sliding-window layers) and every linear layer.
 
-Counted architectures (model_type): dense Llama-style decoders (llama, mistral, qwen2, qwen2_vl, qwen3, gemma,
+Written out here (model_type): dense Llama-style decoders (llama, mistral, qwen2, qwen2_vl, qwen3, gemma,
 gemma2), Mixtral (every expert), DeepSeek-V2/V3 (MLA attention, routed and shared experts, the first
-`first_k_dense_replace` layers dense). Anything else, or a missing field, raises ConfigFieldError naming the field:
-never a silent dense count. Works on config.json read as a dict, on a transformers PretrainedConfig, and on
+`first_k_dense_replace` layers dense): counted without importing torch, and cross-checked in the tests against
+the model transformers builds. Any other architecture is counted from that model, built on the meta device
+(meta.py: Gemma 3, Qwen3-MoE, gpt-oss, Phi-3, Llama 4, ...). A missing field, or a config transformers cannot
+build, raises ConfigFieldError naming the field: never a silent dense count. Works on config.json read as a dict, on a transformers PretrainedConfig, and on
 multimodal configs through their nested `text_config`.
 """
 
@@ -209,12 +211,16 @@ def layer_windows(fields: dict[str, Any], layers: int, *, strict: bool = True) -
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise ConfigFieldError("layer_types", f"should list one attention type per layer ({layers})")
-        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention", "chunked_attention"})
         if unknown and strict:
-            raise ConfigFieldError("layer_types", f"has {unknown[0]!r}: quantgate plans full and sliding attention only")
+            raise ConfigFieldError("layer_types", f"has {unknown[0]!r}: quantgate plans full, sliding and chunked "
+                                                  "attention only")
         if "sliding_attention" in types:
             window = positive_int(fields, "sliding_window")
-        return tuple(window if kind == "sliding_attention" else None for kind in types)
+        # chunked local attention (Llama 4) keeps at most one chunk of keys: vLLM sizes it as a window of the chunk
+        chunk = positive_int(fields, "attention_chunk_size") if "chunked_attention" in types else None
+        return tuple(window if kind == "sliding_attention" else chunk if kind == "chunked_attention" else None
+                     for kind in types)
     if not window:
         return (None,) * layers
     window = positive_int(fields, "sliding_window")
@@ -256,9 +262,10 @@ def model_shape(config: Any) -> ModelShape:
     model_type = fields.get("model_type")
     if not model_type:
         raise ConfigFieldError("model_type", f"is missing; quantgate counts {', '.join(KNOWN_TYPES)}")
-    if model_type not in KNOWN_TYPES:
-        raise ConfigFieldError("model_type", f"is {model_type!r}, an architecture quantgate cannot count yet "
-                                             f"(known: {', '.join(KNOWN_TYPES)})")
+    if model_type not in KNOWN_TYPES:  # any other architecture: as transformers builds it, on the meta device
+        from harness.measure.capacity.meta import meta_shape
+
+        return meta_shape(fields)
     if model_type in DENSE_TYPES:
         moe = next((name for name in _MOE_FIELDS if fields.get(name)), None)
         if moe:

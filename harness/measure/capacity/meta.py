@@ -1,0 +1,148 @@
+"""A model's shape from the model transformers itself builds on the meta device (no weights are allocated or read):
+every architecture transformers knows, not only the hand-written ones in shapes.py.
+
+Linear weights are every nn.Linear but the lm_head, and every 3-D expert parameter (transformers 5 fuses an MoE
+layer's experts into one [experts, ., .] tensor per projection); a 2-D parameter of any other module is a router
+(kept 16-bit, on every GPU). Everything else (norms, attention sinks, loose biases) is `other_params`. Tensor
+parallel splits follow the projection's name (q/k/v/o, gate/up/down, fc1/fc2, w1/w2/w3). The attention (KV heads,
+head size, MLA, sliding or chunked layers) comes from the config as for the hand-written shapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from harness.measure.capacity.shapes import (Attention, ConfigFieldError, Linear, ModelShape, attention_shape,
+                                             derived_max_len, positive_int)
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+_ROW = re.compile(r"(o_proj|out_proj|down_proj|dense_4h_to_h|fc2|w2|c_proj)$")
+_KV = re.compile(r"(k_proj|v_proj)$")
+_EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def meta_shape(fields: dict[str, Any]) -> ModelShape:
+    """The ModelShape of the decoder transformers builds for this config (fields: config.json as a dict, the
+    language model's part of a multimodal one); ConfigFieldError when transformers cannot build it."""
+    model = _meta_model(fields)
+    attention = attention_shape(fields, strict=False)
+    hidden, vocab = positive_int(fields, "hidden_size"), positive_int(fields, "vocab_size")
+    layers = attention.layers
+    groups: dict[tuple, set[int]] = defaultdict(set)
+    counts: dict[tuple, int] = defaultdict(int)
+    other = 0
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    linear_params: set[int] = set()
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding):
+            linear_params.update(id(p) for p in module.parameters(recurse=False))
+        elif isinstance(module, torch.nn.Linear):
+            linear_params.update(id(p) for p in module.parameters(recurse=False))
+            if name.endswith("lm_head") or module.out_features == vocab and "layers" not in name:
+                continue
+            key = (_pattern(name), module.in_features, module.out_features, module.bias is not None,
+                   _split(name, module.out_features, fields), not _is_router(name, module.out_features, fields))
+            counts[key] += 1
+            groups[key].update(_layer(name))
+    params = dict(model.named_parameters())
+    for name, param in params.items():
+        if id(param) in linear_params:
+            continue
+        leaf = name.rpartition(".")[2]
+        if param.dim() == 3:  # fused experts: [experts, a, b], either orientation: the hidden side tells
+            experts, a, b = (int(d) for d in param.shape)
+            down = "down" in leaf or "w2" in leaf
+            in_f, out_f = ((b, a) if b == hidden else (a, b)) if down else ((a, b) if a == hidden else (b, a))
+            key = (_pattern(name), in_f, out_f, f"{name}_bias" in params, "row" if down else "column", True)
+            counts[key] += experts
+            groups[key].update(_layer(name))
+        elif leaf.endswith("_bias") and name.removesuffix("_bias") in params \
+                and params[name.removesuffix("_bias")].dim() == 3:
+            continue  # counted with its expert weights (bias=True)
+        elif param.dim() == 2:  # a router's weight (MoE layers that do not use nn.Linear for it)
+            out_f, in_f = (int(d) for d in param.shape)
+            key = (_pattern(name), in_f, out_f, False, "none", False)
+            counts[key] += 1
+            groups[key].update(_layer(name))
+        else:
+            other += param.numel()
+    linears = []
+    for key, count in counts.items():
+        pattern, in_f, out_f, bias, split, quantized = key
+        held = len(groups[key])
+        linears.append(Linear(pattern, in_f, out_f, count, bias, split, quantized, 0 if held in (0, layers) else held))
+    experts = next((positive_int(fields, f) for f in _EXPERT_COUNT_FIELDS if fields.get(f)), 0)
+    top_k = positive_int(fields, "num_experts_per_tok") if experts and fields.get("num_experts_per_tok") else 0
+    return ModelShape(model_type=str(fields.get("model_type")), hidden=hidden, vocab=vocab, tied_embeddings=tied,
+                      attention=attention, linears=tuple(sorted(linears, key=lambda l: l.name)),
+                      other_params=max(other, hidden), mlp_width=_mlp_width(linears, hidden, top_k),
+                      experts=experts, experts_per_token=top_k, max_len=derived_max_len(fields),
+                      torch_dtype=fields.get("torch_dtype") or fields.get("dtype"))
+
+
+def _meta_model(fields: dict[str, Any]):
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type = fields.get("model_type")
+    try:
+        config = AutoConfig.for_model(model_type, **{k: v for k, v in fields.items()
+                                                     if k not in ("model_type", "text_config", "vision_config")})
+    except (ValueError, KeyError) as exc:
+        raise ConfigFieldError("model_type", f"is {model_type!r}, which this transformers "
+                               f"does not know either ({exc})") from None
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a config this planner cannot count
+        raise ConfigFieldError("model_type", f"is {model_type!r}: transformers could not build it on the meta "
+                               f"device ({type(exc).__name__}: {str(exc)[:160]})") from None
+
+
+def _pattern(name: str) -> str:
+    """The name with layer and expert indices dropped: 'model.layers.3.mlp.up_proj' -> 'mlp.up_proj'."""
+    tail = name.split(".layers.", 1)[-1]
+    return re.sub(r"^\d+\.", "", _LAYER_INDEX.sub(".", f".{tail}.")).strip(".").removesuffix(".weight")
+
+
+def _layer(name: str) -> set[int]:
+    match = re.search(r"\.layers\.(\d+)\.", name)
+    return {int(match.group(1))} if match else set()
+
+
+def _split(name: str, out_features: int, fields: dict[str, Any]) -> str:
+    if _is_router(name, out_features, fields):
+        return "none"
+    if _KV.search(name):
+        return "kv"
+    return "row" if _ROW.search(name) else "column"
+
+
+def _is_router(name: str, out_features: int, fields: dict[str, Any]) -> bool:
+    experts = next((fields[f] for f in _EXPERT_COUNT_FIELDS if fields.get(f)), None)
+    return bool(experts) and out_features == experts and ("router" in name or name.endswith(("gate", "mlp.gate")))
+
+
+def _mlp_width(linears: list[Linear], hidden: int, top_k: int) -> int:
+    """Widest MLP activation per token: a dense MLP's width, or top_k routed experts' plus a shared expert's (a
+    fused gate_up projection counts both halves)."""
+    mlp = [l for l in linears if l.split == "column" and l.in_features == hidden and l.quantized
+           and not _is_attention(l.name)]
+    def width(lin: Linear) -> int:
+        return lin.out_features // 2 if "gate_up" in lin.name else lin.out_features
+
+    routed = [width(l) for l in mlp if "expert" in l.name and "shared" not in l.name]
+    shared = [width(l) for l in mlp if "shared" in l.name]
+    dense = [width(l) for l in mlp if "expert" not in l.name]
+    return max([top_k * max(routed, default=0) + max(shared, default=0), *dense], default=4 * hidden)
+
+
+def _is_attention(name: str) -> bool:
+    return bool(re.search(r"(q_proj|k_proj|v_proj|qkv|o_proj|attn|attention)", name))
