@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from harness.measure.capacity.shapes import (Attention, ConfigFieldError, Linear, ModelShape, attention_shape,
+from harness.measure.capacity.shapes import (ConfigFieldError, Linear, ModelShape, attention_shape,
                                              derived_max_len, positive_int)
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
