@@ -21,7 +21,7 @@ from harness.errors import UserError
 from harness.report import OUTPUT_NAMES, load_report, write_reports
 from harness.report.html import render_html
 from harness.report.junit import render_junit
-from harness.report.markdown import MAX_BYTES, render_markdown
+from harness.report.markdown import MAX_CHARS, render_markdown
 from harness.report.regressions import worst_regressions
 from harness.report.view import LEGEND
 from harness.report.scores_csv import render_scores_csv
@@ -188,16 +188,44 @@ def _huge_report(report: dict, samples: list[dict]) -> tuple[dict, list[dict]]:
     return big, big_samples
 
 
-def test_markdown_stays_under_64_kib_with_a_huge_input(report, samples):
+def test_markdown_stays_under_60000_characters_with_a_huge_input(report, samples):
     big, big_samples = _huge_report(report, samples)
     md = render_markdown(parse_report(big, "report.json"), big_samples)
-    assert len(md.encode("utf-8")) < MAX_BYTES
+    assert len(md) < MAX_CHARS
     lines = [line for line in md.splitlines() if line.strip()]
     assert lines[1].startswith("| Format | Verdict")
     verdicts = _tables(md)[0]
     assert [row[0] for row in verdicts[2:]] == ["baseline", "int8", "gptq", "awq"]  # never dropped
     _assert_tables_well_formed(md)
     assert "## Provenance" in md
+
+
+def test_summary_and_report_fit_a_review_comment_with_6_formats_and_12_evalsets(report, samples):
+    """summary.md at most 8 KB, report.md under 60,000 characters, on 6 formats x 12 evalsets with long reasons;
+    every format keeps its row and its verdict, and report.md folds each format's tables."""
+    from harness.report.summary import MAX_BYTES as SUMMARY_BYTES, render_summary
+
+    big, big_samples = _huge_report(report, samples)
+    big["evalsets"] = dict(list(big["evalsets"].items())[:12])
+    for name in ("int8", "gptq"):
+        big["formats"][name]["scores"] = {e: big["formats"][name]["scores"][e] for e in big["evalsets"]}
+        for copy_name in (f"{name}_b", f"{name}_c"):
+            big["formats"][copy_name] = copy.deepcopy(big["formats"][name])
+    big["formats"]["baseline"]["scores"] = {e: copy.deepcopy(report["formats"]["baseline"]["scores"]["en_support_qa"])
+                                            for e in big["evalsets"]}
+    big_samples = [s for s in big_samples if s["evalset"] in big["evalsets"]]
+    parsed = parse_report(big, "report.json")
+    assert len(parsed.formats) == 8 and len(parsed.evalsets) == 12  # the baseline and 7 candidates (awq failed)
+    summary = render_summary(parsed)
+    assert len(summary.encode("utf-8")) <= SUMMARY_BYTES
+    for name, fmt in parsed.formats.items():
+        assert f"| {name.replace('_', chr(92) + '_')} | " in summary and fmt.verdict in summary
+    assert "more in report.md" in summary and summary.rstrip().endswith("[junit.xml](junit.xml)")
+    _assert_tables_well_formed(summary)
+    md = render_markdown(parsed, big_samples)
+    assert len(md) < MAX_CHARS
+    assert md.count("<details><summary>") == md.count("</details>") >= 6
+    _assert_tables_well_formed(md)
 
 
 def test_markdown_drops_regression_rows_before_anything_else(report, samples):
@@ -212,9 +240,9 @@ def test_markdown_drops_regression_rows_before_anything_else(report, samples):
             f1 = 100.0 if s["format"] == "baseline" else 40.0 + int(s["id"][-1])
             mid_samples.append(dict(s, evalset=name, f1=f1, prompt=s["prompt"] * 5, prediction=s["prediction"] * 30))
     md = render_markdown(parse_report(mid, "report.json"), mid_samples)
-    assert len(md.encode("utf-8")) < MAX_BYTES
+    assert len(md) < MAX_CHARS
     assert [s.split(":")[0] for s in _sections(md)] == ["## baseline", "## int8", "## gptq", "## awq", "## Provenance"]
-    assert "rows left out to keep this report under 64 KiB" in md
+    assert "rows left out to keep this report under 60,000 characters" in md
     assert "Rows left out" not in md  # every group still shows its worst item
     for candidate in ("int8", "gptq"):
         section = md[md.index(f"## {candidate}"):]
@@ -230,7 +258,7 @@ def test_markdown_hard_cut_keeps_the_verdict_table(report, samples):
     for i in range(300):
         many["formats"][f"fmt_{i:03d}"] = failed
     md = render_markdown(parse_report(many, "report.json"), samples)
-    assert len(md.encode("utf-8")) < MAX_BYTES
+    assert len(md) < MAX_CHARS
     assert md.rstrip().endswith("report.json and report.html hold everything._")
     verdicts = _tables(md)[0]
     assert len(verdicts) == 2 + 4 + 300 and verdicts[-1][0] == "fmt\\_299"

@@ -289,6 +289,6 @@ def print_summary(report: RunReport, out_dir: Path) -> None:
         lines.append(f"{name:<10} {entry.verdict:<13} {peak_text:>12}  {reason[:110]}")
     rec = report.recommendation
     lines.append(f"recommendation: {rec.format or 'none'} - {rec.why}")
-    lines.append(f"report: {out_dir / 'report.md'}  (also report.html, report.json, junit.xml, scores.csv)")
+    lines.append(f"report: {out_dir / 'report.md'}  (also summary.md, report.html, report.json, junit.xml, scores.csv)")
     print("\n".join(lines))
     sys.stdout.flush()

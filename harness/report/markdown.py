@@ -2,9 +2,9 @@
 
 Order: verdict table (and where the scores came from), recommendation, how to read a verdict, per format
 (reasons, scores, memory, latency, capacity, worst regressions), served by vLLM (when any format was),
-provenance. The whole file stays under 64 KiB (change-review comments are capped around there): when the input
-is large, excerpts shrink, then regression rows go, then long lists are cut; the
-verdict table is always kept.
+provenance. Each format's tables are folded under its reasons (<details>). The whole file stays under 60,000
+characters (a GitHub comment holds 65,536): when the input is large, excerpts shrink, then regression rows go, then
+long lists are cut; the verdict table is always kept. summary.md is the short form.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIB
                                  recommendation_sentence, score_rows, served_views, ServedView, serving_caption,
                                  serving_rows, timeline_peak_text, verdict_rows, VerdictRow, vllm_command)
 
-MAX_BYTES = 64 * 1024
-_TRUNCATED_NOTE = "\n\n_Report truncated to stay under 64 KiB; report.json and report.html hold everything._\n"
+MAX_CHARS = 60_000
+_TRUNCATED_NOTE = "\n\n_Report cut to stay under 60,000 characters; report.json and report.html hold everything._\n"
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
 _MD_SPECIAL = set("\\`*_[]<>&~|")
@@ -85,15 +85,14 @@ def render_markdown(report: RunReport, samples: list[dict[str, Any]]) -> str:
     text = ""
     for layout in _LAYOUTS:
         text = _render(report, groups, layout)
-        if len(text.encode("utf-8")) < MAX_BYTES:
+        if len(text) < MAX_CHARS:
             return text
     return _hard_cut(text)
 
 
 def _hard_cut(text: str) -> str:
     """Last resort for absurd inputs: keep the head (verdict table first) and cut at a line end."""
-    budget = MAX_BYTES - len(_TRUNCATED_NOTE.encode("utf-8")) - 16
-    head = text.encode("utf-8")[:budget].decode("utf-8", errors="ignore")
+    head = text[: MAX_CHARS - len(_TRUNCATED_NOTE) - 16]
     return head[: head.rfind("\n") + 1 or len(head)].rstrip() + _TRUNCATED_NOTE
 
 
@@ -178,13 +177,13 @@ def _phrase(phrase: Phrase) -> str:
 def _format_section(
     report: RunReport, name: str, fmt: FormatResult, groups: list[RegressionGroup], layout: _Layout
 ) -> str:
-    parts = [f"## {md_inline(name)}: {fmt.verdict}"]
+    head = [f"## {md_inline(name)}: {fmt.verdict}"]
     if fmt.status == "failed":
-        parts.append(f"**Failed:** {md_inline(clip(fmt.error or 'no error recorded', 2 * layout.cell_chars))}")
+        head.append(f"**Failed:** {md_inline(clip(fmt.error or 'no error recorded', 2 * layout.cell_chars))}")
     reasons = [r for r in fmt.reasons if r]
     if reasons:
-        parts.append("**Reasons**\n\n" + _bullets([md_inline(clip(r, layout.cell_chars)) for r in reasons], layout))
-    parts += [
+        head.append("**Reasons**\n\n" + _bullets([md_inline(clip(r, layout.cell_chars)) for r in reasons], layout))
+    parts = [
         _scores_table(fmt, layout),
         _memory_table(fmt),
         _timeline_line(fmt),
@@ -196,7 +195,11 @@ def _format_section(
     ]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
-    return "\n\n".join(p for p in parts if p)
+    details = "\n\n".join(p for p in parts if p)
+    if details:  # folded: a review reads the reasons; the tables open on a click (GitHub renders <details>)
+        head.append(f"<details><summary>Scores, memory, latency, serving and the worst items of {md_inline(name)}"
+                    f"</summary>\n\n{details}\n\n</details>")
+    return "\n\n".join(head)
 
 
 def _fidelity(fmt: FormatResult, layout: _Layout, served: bool = False) -> str:
@@ -331,7 +334,7 @@ def _regressions(group: RegressionGroup, layout: _Layout) -> str:
     if not group.rows:
         return head + "\n\nNo item scored lower than the baseline."
     if layout.rows_per_group == 0:
-        return head + "\n\n_Rows left out to keep this report under 64 KiB; see report.html._"
+        return head + "\n\n_Rows left out to keep this report under 60,000 characters; see report.html._"
     rows = [
         f"| Item | Prompt (excerpt) | Baseline output | {md_cell(group.candidate)} output | {md_cell(group.metric)} change |",
         "|---|---|---|---|---|",
@@ -352,7 +355,7 @@ def _regressions(group: RegressionGroup, layout: _Layout) -> str:
         )
     left_out = min(len(group.rows), group.regressed) - min(len(group.rows), layout.rows_per_group)
     if left_out > 0:
-        rows.append(f"\n_{left_out} more rows left out to keep this report under 64 KiB._")
+        rows.append(f"\n_{left_out} more rows left out to keep this report under 60,000 characters._")
     return head + "\n\n" + "\n".join(rows)
 
 
