@@ -22,10 +22,25 @@ from harness.plugins import load_plugins
 from harness.errors import Terminated, UserError, interrupted_exit_code, raise_terminated
 
 EXIT_PIPE_CLOSED = 128 + 13  # 128 + SIGPIPE
+EXAMPLES = """examples:
+  quantgate run --model ./my-model --evalsets ./evalsets --formats baseline,int8,awq --out runs/today
+  quantgate plan --model ./my-model/config.json --target-gpu L4 --max-model-len 8192
+  quantgate decide --baseline base.jsonl --candidate int8.jsonl
+  quantgate compare runs/ --html trend.html
+  quantgate report runs/today
+  quantgate review runs/today            then: quantgate report runs/today --reviews review-alice.jsonl
+  quantgate diagnose vllm.log --target-gpu L4
+  quantgate evalsets check ./evalsets
+  quantgate cache ls
+  quantgate schema > report.schema.json
+
+exit codes: 0 every candidate is GO, 1 one is not (compare: a regression), 2 bad input, 3 internal error,
+130 interrupted, 143 terminated; `quantgate COMMAND --help` for each command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quantgate", description="Decide whether a quantized LLM may ship.")
+    parser = argparse.ArgumentParser(prog="quantgate", description="Decide whether a quantized LLM may ship.",
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"quantgate {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -11,7 +11,8 @@ from harness.errors import UserError
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report",
-        help="re-render report.md, report.html, junit.xml and scores.csv from a run directory",
+        help="re-render summary.md, report.md, report.html, junit.xml and scores.csv (and fold in people's "
+             "spot checks, --reviews)",
         description=(
             "Re-render report.md, report.html, junit.xml and scores.csv from RUN_DIR/report.json and "
             "RUN_DIR/samples.jsonl, without running a model. Exit code: the run's own (0 when every candidate "

@@ -17,80 +17,89 @@ if TYPE_CHECKING:
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="quantize, measure, evaluate, decide and report",
                                    description="Quantize a model into each format, measure memory and latency, "
-                                               "score it on your evalsets and decide GO / NO-GO / INCONCLUSIVE.")
-    parser.add_argument("--config", help="run spec TOML (CLI flags override its values)")
-    parser.add_argument("--model", help="Hugging Face model directory, .gguf file, or 'demo' (default)")
-    parser.add_argument("--formats", help="comma-separated: baseline,int8,gptq,awq,w8a8 (baseline is always added)")
-    parser.add_argument("--evalsets", nargs="+", metavar="PATH", help="evalset specs, data files or directories "
+                                               "score it on your evalsets and decide GO / NO-GO / INCONCLUSIVE.",
+                                   epilog="example: quantgate run --model ./my-model --evalsets ./evalsets "
+                                          "--formats baseline,int8,awq --policy policy.toml --out runs/today")
+    inputs = parser.add_argument_group("inputs", "the model, the evalsets and checkpoints made elsewhere")
+    formats = parser.add_argument_group("formats", "what to quantize and how it is calibrated")
+    evaluation = parser.add_argument_group("evaluation", "generation, scoring and measurement")
+    decision = parser.add_argument_group("decision", "the policy the verdicts follow")
+    plan = parser.add_argument_group("serving plan", "the GPU and limits the serving commands are planned for")
+    served = parser.add_argument_group("vLLM backend", "judging each format as a vLLM server runs it")
+    control = parser.add_argument_group("run control", "output, cache, resuming")
+    inputs.add_argument("--config", help="run spec TOML (CLI flags override its values)")
+    inputs.add_argument("--model", help="Hugging Face model directory, .gguf file, or 'demo' (default)")
+    formats.add_argument("--formats", help="comma-separated: baseline,int8,gptq,awq,w8a8 (baseline is always added)")
+    inputs.add_argument("--evalsets", nargs="+", metavar="PATH", help="evalset specs, data files or directories "
                         "(default: the bundled evalsets/)")
-    parser.add_argument("--out", help="output directory (default: quantgate-report)")
-    parser.add_argument("--policy", help="policy TOML: margins, floors, budgets (default: built-in)")
-    parser.add_argument("--group-size", type=int, help="GPTQ/AWQ group size (default: largest of 128/64/32 "
+    control.add_argument("--out", help="output directory (default: quantgate-report)")
+    decision.add_argument("--policy", help="policy TOML: margins, floors, budgets (default: built-in)")
+    formats.add_argument("--group-size", type=int, help="GPTQ/AWQ group size (default: largest of 128/64/32 "
                         "that divides every layer's input width)")
-    parser.add_argument("--calibration", help="calibration texts, e.g. a sample of real traffic: a text file (one "
+    formats.add_argument("--calibration", help="calibration texts, e.g. a sample of real traffic: a text file (one "
                         "per line) or JSONL with 'text' (default: an evalset's calibration split, else the corpus "
                         "bundled in evalsets/calibration/; never the evaluated items)")
-    parser.add_argument("--allow-calibration-overlap", action="store_true", help="run even though the calibration "
+    formats.add_argument("--allow-calibration-overlap", action="store_true", help="run even though the calibration "
                         "texts overlap evaluated items (the report says so, and such a format cannot be GO)")
-    parser.add_argument("--allow-outside-paths", action="store_true", help="let evalset specs name data and "
+    inputs.add_argument("--allow-outside-paths", action="store_true", help="let evalset specs name data and "
                         "calibration files outside their own directory (refused by default)")
-    parser.add_argument("--calibration-samples", type=int, help="number of calibration texts (default 32)")
-    parser.add_argument("--max-items", type=int, help="use only the first N items of each evalset")
-    parser.add_argument("--max-new-tokens", type=int, help="cap every evalset's max_new_tokens")
-    parser.add_argument("--batch-size", type=int, help="generation batch size (default 8)")
-    parser.add_argument("--threads", type=int, help="torch threads per format subprocess on CPU (default 1)")
-    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
+    formats.add_argument("--calibration-samples", type=int, help="number of calibration texts (default 32)")
+    evaluation.add_argument("--max-items", type=int, help="use only the first N items of each evalset")
+    evaluation.add_argument("--max-new-tokens", type=int, help="cap every evalset's max_new_tokens")
+    evaluation.add_argument("--batch-size", type=int, help="generation batch size (default 8)")
+    evaluation.add_argument("--threads", type=int, help="torch threads per format subprocess on CPU (default 1)")
+    evaluation.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"],
                         help="compute dtype for the baseline (default: the checkpoint's)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--latency-requests", type=int, help="requests timed one at a time (default 20: a p95 "
+    evaluation.add_argument("--seed", type=int)
+    evaluation.add_argument("--latency-requests", type=int, help="requests timed one at a time (default 20: a p95 "
                         "needs at least 20)")
-    parser.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
+    evaluation.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
                         "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
-    parser.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name: T4, A10G, L4, "
+    plan.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name: T4, A10G, L4, "
                         "RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, H100-SXM, H100-NVL, H200, B200 (default: "
                         "the policy's [serving] target_gpu, else an 80 GiB GPU, or --gpu-memory-gib)")
-    parser.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
+    plan.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
                         "--target-gpu names one (default: the policy's [serving] target_gpu, else 80)")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization of the plans and "
+    plan.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization of the plans and "
                         "the capacity check (default: the vLLM version's own, 0.92 on 0.32/0.33; on 0.34 the plans "
                         "set --kv-cache-memory-bytes)")
-    parser.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
+    plan.add_argument("--max-model-len", type=int, help="target context length for the capacity plan "
                         "(default: the policy's [serving] max_model_len when it names a target_gpu, else the "
                         "longest prompt + max new tokens seen)")
-    parser.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
+    plan.add_argument("--capacity-overhead-gib", type=float, help="CUDA context + non-torch GPU memory per GPU, "
                         "if you have measured yours (vLLM logs it as non_torch_memory); replaces the serving "
                         "planners' 0.5 GiB estimate")
-    parser.add_argument("--vllm-version", help="plan vLLM's flags by this version's rules (0.32, 0.33 or 0.34; "
+    plan.add_argument("--vllm-version", help="plan vLLM's flags by this version's rules (0.32, 0.33 or 0.34; "
                         "default: the vLLM that serves the run, else the installed one, else the newest known)")
-    parser.add_argument("--candidate", action="append", metavar="NAME=PATH", help="a checkpoint already quantized "
+    inputs.add_argument("--candidate", action="append", metavar="NAME=PATH", help="a checkpoint already quantized "
                         "elsewhere (AutoAWQ, AutoGPTQ, GPTQModel, llm-compressor, bitsandbytes, compressed-tensors), "
                         "judged against --model like the built-in formats, without re-quantizing (repeatable)")
-    parser.add_argument("--baseline-is-quantized", action="store_true", help="accept a --model that is itself "
+    inputs.add_argument("--baseline-is-quantized", action="store_true", help="accept a --model that is itself "
                         "quantized as the baseline (every verdict then says what it was compared with)")
-    parser.add_argument("--allow-tokenizer-mismatch", action="store_true", help="judge a candidate whose tokenizer "
+    inputs.add_argument("--allow-tokenizer-mismatch", action="store_true", help="judge a candidate whose tokenizer "
                         "differs from the baseline's (the report says so)")
-    parser.add_argument("--backend", help="what scores and times each format: transformers in this process "
+    served.add_argument("--backend", help="what scores and times each format: transformers in this process "
                         "(default), a vLLM server started with the planned flags (vllm: the verdict is then about "
                         "the format as vLLM serves it), or an in-process runtime a plugin registered")
-    parser.add_argument("--vllm", metavar="PATH", help="your own `vllm` executable (default: the project's "
+    served.add_argument("--vllm", metavar="PATH", help="your own `vllm` executable (default: the project's "
                         ".venv-vllm, built by nox -s vllm_env)")
-    parser.add_argument("--vllm-endpoint", action="append", metavar="FORMAT=URL", help="a vLLM server you already "
+    served.add_argument("--vllm-endpoint", action="append", metavar="FORMAT=URL", help="a vLLM server you already "
                         "run for FORMAT, e.g. baseline=http://10.0.0.5:8000 (repeatable; implies --backend vllm)")
-    parser.add_argument("--vllm-kv-cache-gib", type=int, help="CPU: vLLM's KV cache space in GiB "
+    served.add_argument("--vllm-kv-cache-gib", type=int, help="CPU: vLLM's KV cache space in GiB "
                         "(VLLM_CPU_KVCACHE_SPACE, default 1)")
-    parser.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: the plan's; on CPU the "
+    served.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default: the plan's; on CPU the "
                         "batch size)")
-    parser.add_argument("--concurrency", help="served latency at these concurrencies, e.g. 1,8,32 (default: 1 and "
+    served.add_argument("--concurrency", help="served latency at these concurrencies, e.g. 1,8,32 (default: 1 and "
                         "max-num-seqs)")
-    parser.add_argument("--tensor-parallel-size", type=int, help="vLLM --tensor-parallel-size (default 1)")
-    parser.add_argument("--pipeline-parallel-size", type=int, help="vLLM --pipeline-parallel-size (default 1)")
-    parser.add_argument("--devices", help="CUDA devices to run formats on in parallel, e.g. 0,1,2,3: one lane (and "
+    served.add_argument("--tensor-parallel-size", type=int, help="vLLM --tensor-parallel-size (default 1)")
+    served.add_argument("--pipeline-parallel-size", type=int, help="vLLM --pipeline-parallel-size (default 1)")
+    served.add_argument("--devices", help="CUDA devices to run formats on in parallel, e.g. 0,1,2,3: one lane (and "
                         "one vLLM server) per group of tensor x pipeline parallel size devices")
-    parser.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--reviews", nargs="+", type=Path, metavar="REVIEW_JSONL",
+    control.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
+    control.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
+    inputs.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
+    control.add_argument("--quiet", action="store_true", help="no progress output")
+    inputs.add_argument("--reviews", nargs="+", type=Path, metavar="REVIEW_JSONL",
                         help="people's judgments from `quantgate review` of an earlier run of the same model and "
                              "evalsets: folded into the verdicts when the outputs they judged are unchanged")
     parser.set_defaults(func=run)
