@@ -1,4 +1,4 @@
-"""The README's "Code layout" section names every module under harness/, and every full path it names exists."""
+"""docs/layout.md ("Code layout") names every module under harness/, and every full path it names exists."""
 
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ TOP = ("harness/", "benchmarks/", "scripts/", "evalsets/", "docs/", "policies/")
 
 
 def _layout_section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     start = text.index("## Code layout")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
@@ -17,7 +17,7 @@ def _layout_section() -> str:
 def test_readme_layout_matches_the_tree():
     named = set(re.findall(r"`([\w./-]+)`", _layout_section()))
     missing = sorted(p for p in named if p.startswith(TOP) and not (ROOT / p).exists())
-    assert not missing, f"the README's layout names paths that do not exist: {missing}"
+    assert not missing, f"docs/layout.md names paths that do not exist: {missing}"
     modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")
                      if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts)
     folders = [n for n in named if n.endswith("/")]  # a folder named as a whole covers its modules
@@ -27,4 +27,4 @@ def test_readme_layout_matches_the_tree():
                 or any(module.startswith(f) or f"/{f}" in module for f in folders))
 
     unnamed = [m for m in modules if not covered(m)]
-    assert not unnamed, f"modules the README's layout does not name: {unnamed}"
+    assert not unnamed, f"modules docs/layout.md does not name: {unnamed}"
