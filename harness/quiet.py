@@ -9,6 +9,7 @@ library work done there (the demo's GGUF conversion) in output_to(), which keeps
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -49,3 +50,24 @@ def _redirected(sink):
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+
+
+class OncePerMessage(logging.Filter):
+    """Lets each distinct message of a logger through once: bitsandbytes logs "MatMul8bitLt: inputs will be cast
+    from torch.bfloat16 to float16" on every 8-bit matmul (16 MB of an int8 worker's log on 16 items)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.msg, record.args if isinstance(record.args, tuple) else ())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def quiet_repeated_library_logs() -> None:
+    """In a worker: each repeated library log line once (the vLLM servers get the same from server_site)."""
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(OncePerMessage())

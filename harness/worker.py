@@ -30,8 +30,10 @@ def main(argv: list[str]) -> int:
     if job.devices:  # --devices: this format's lane; set before torch initializes CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = job.devices
     from harness.plugins import load_plugins
+    from harness.quiet import quiet_repeated_library_logs
     from harness.runtime.device import configure_threads
 
+    quiet_repeated_library_logs()
     configure_threads(job.threads)
     seed_everything(job.seed)
     try:

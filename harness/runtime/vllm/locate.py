@@ -23,7 +23,7 @@ PROBE_TIMEOUT_S = 300
 # Runs in vLLM's own Python. The CPU kernel library is the one vLLM itself loads here
 # (vllm/platforms/cpu.py::import_kernels: _C with AVX512-BF16, _C_AVX512 with AVX-512, else _C_AVX2), read from the
 # process's own memory map; its ops say what vLLM can run here: the 4-bit W4A16 kernel (cpu_gemm_wna16) is not in
-# the AVX2 build. Under QUANTGATE_FORCE_AVX2 the probe runs with the server's avx2_shim, so it sees what the server
+# the AVX2 build. Under QUANTGATE_FORCE_AVX2 the probe runs with the server's server_site, so it sees what the server
 # will load.
 _PROBE = r"""
 import importlib.metadata as md, json, os, re, sys

@@ -178,25 +178,28 @@ def process_tree_alive(pid: int) -> list[int]:
 def environment_for_server(base: dict[str, str]) -> dict[str, str]:
     """The worker environment (offline, caches in the sandbox) without the project's PYTHONPATH entries
     other than harness itself (the supervisor needs it). Under QUANTGATE_FORCE_AVX2=1 the server takes an AVX2-only
-    CPU's path as the format's workers do: the same kernel variables, and avx2_shim/sitecustomize.py so that vLLM
-    loads its _C_AVX2 library (it asks torch about the hardware, which no variable changes)."""
+    CPU's path as the format's workers do: the same kernel variables, and server_site/sitecustomize.py makes vLLM
+    load its _C_AVX2 library (it asks torch about the hardware, which no variable changes)."""
     env = dict(base, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
                VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
     return with_forced_cpu(env)
 
 
-AVX2_SHIM = Path(__file__).resolve().parent / "avx2_shim"
+SERVER_SITE = Path(__file__).resolve().parent / "server_site"
 
 
 def with_forced_cpu(env: dict[str, str]) -> dict[str, str]:
-    """`env` for a vLLM process (server or probe): under QUANTGATE_FORCE_AVX2=1 with the AVX2 kernel variables and
-    avx2_shim first on PYTHONPATH, so that vLLM takes an AVX2-only CPU's library; unchanged otherwise."""
+    """`env` for a vLLM process (server or probe): server_site first on PYTHONPATH (its sitecustomize keeps
+    bitsandbytes' per-matmul warning to one line, and under QUANTGATE_FORCE_AVX2=1 makes torch answer as an AVX2-only
+    CPU), and under QUANTGATE_FORCE_AVX2=1 the AVX2 kernel variables, so that vLLM takes an AVX2-only CPU's
+    library."""
     from harness.runtime.device import cpu_kernel_environment
 
     forced = cpu_kernel_environment()
     if forced:
         env.update(forced)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AVX2_SHIM), env.get("PYTHONPATH")) if p)
+        env["QUANTGATE_FORCE_AVX2"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SERVER_SITE), env.get("PYTHONPATH")) if p)
     return env
 
 
