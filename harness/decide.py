@@ -55,7 +55,7 @@ class FormatOutcome:
     """What one format produced: per-item scores and measurements (None where not measured)."""
 
     name: str
-    status: Literal["ok", "failed"] = "ok"
+    status: Literal["ok", "failed", "interrupted"] = "ok"  # interrupted: not run because the run was stopped
     error: str | None = None
     items: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # evalset -> id -> metric -> score
     gates: dict[str, list[str]] = field(default_factory=dict)  # evalset -> gated metrics
@@ -109,6 +109,11 @@ class FormatDecision:
 
 
 def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy) -> FormatDecision:
+    if "interrupted" in (candidate.status, baseline.status):  # never judged: not a NO-GO, whose reason would be false
+        which = candidate.name if candidate.status == "interrupted" else "the baseline"
+        detail = f"{which} did not run: the run was interrupted"
+        return _decision(candidate.name, [Check("run", "run", "inconclusive", detail,
+                                                f"{detail}; `quantgate run --resume --out DIR` finishes it")], {})
     if candidate.status != "ok":
         error = candidate.error or f"{candidate.name} failed without an error message; see its log"
         return _decision(candidate.name, [Check("run", "run", "fail", error, error)], {})

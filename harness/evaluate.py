@@ -38,7 +38,8 @@ def score(inputs, run, samples: list[dict]) -> FormatOutcome:
     budget_latency, latency_source = budget_latency_of(run, inputs.policy.latency_budgets_judge)
     served = getattr(run, "served", None) or {}
     return FormatOutcome(
-        name=name, status="ok" if run.status == "ok" else "failed", error=run.error, items=items,
+        name=name, status=run.status if run.status in ("ok", "interrupted") else "failed", error=run.error,
+        items=items,
         gates={e.name: list(e.gate) for e in inputs.evalsets},
         peak_bytes=memory_of(run).get("peak_bytes"),
         ttft_p95_ms=budget_latency.get("ttft_ms", {}).get("p95"),

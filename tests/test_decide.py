@@ -386,3 +386,16 @@ def test_score_files_with_a_raw_line_separator_in_a_string_read_one_record_per_l
     scores, order, _ = decide_command.read_scores(path)
     assert scores == {"scores": {"q0": {"f1": 80.0}, "q1": {"f1": 60.0}}}
     assert order == [("scores", "q0"), ("scores", "q1")]
+
+
+def test_a_format_the_interrupted_run_never_reached_is_inconclusive_not_no_go():
+    """Stopped before it ran (Ctrl-C, SIGTERM): nothing was judged, so NO-GO would give a reason that is not true."""
+    f1 = noisy(60)
+    waiting = FormatOutcome("awq", status="interrupted", error="not run: the run was interrupted")
+    decision = decide_format(outcome("b", f1=f1), waiting, Policy())
+    assert decision.verdict == "INCONCLUSIVE" and "awq did not run: the run was interrupted" in decision.reasons[0]
+    assert "--resume" in decision.reasons[0]
+    stopped_baseline = FormatOutcome("baseline", status="interrupted")
+    assert decide_format(stopped_baseline, outcome("int8", f1=f1), Policy()).verdict == "INCONCLUSIVE"
+    crashed = FormatOutcome("gptq", status="failed", error="quantization failed: boom")
+    assert decide_format(outcome("b", f1=f1), crashed, Policy()).verdict == "NO-GO"  # a crash is still NO-GO

@@ -362,7 +362,8 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
 
     parsed = RunReport.model_validate(data)
     assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)
-    assert samples and parsed.formats["gptq"].verdict == parsed.formats["awq"].verdict == "NO-GO"
+    assert samples and parsed.formats["gptq"].verdict == "NO-GO"  # failed to quantize
+    assert parsed.formats["awq"].verdict == "INCONCLUSIVE" and "--resume" in parsed.formats["awq"].reasons[0]
     assert parsed.formats["awq"].status == "interrupted" and parsed.formats["awq"].memory.peak_bytes is None
     assert parsed.formats["gptq"].calibration.overlap.items_total == 4
     assert parsed.formats["baseline"].latency.batch_1.ttft_ms.max is not None
