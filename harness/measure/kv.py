@@ -16,8 +16,8 @@ from harness.measure.capacity.memory import kv_bytes_per_sequence as _kv_bytes_p
 from harness.measure.capacity.memory import kv_bytes_per_token as _kv_bytes_per_token
 from harness.measure.capacity.memory import parameter_count as _parameter_count
 from harness.measure.capacity.memory import weights_bytes
-from harness.measure.capacity.shapes import (ConfigFieldError, attention_shape, config_fields, head_dim,
-                                             model_shape, num_kv_heads)
+from harness.measure.capacity.meta import model_shape
+from harness.measure.capacity.shapes import ConfigFieldError, attention_shape, config_fields, head_dim, num_kv_heads
 
 __all__ = ["DEMO_CONFIG", "FP16_BYTES", "ConfigFieldError", "estimate_activation_peak_bytes",
            "estimate_weights_bytes", "head_dim", "kv_bytes_per_sequence", "kv_bytes_per_token", "num_kv_heads",

@@ -17,9 +17,10 @@ from harness.measure.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, k
 from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
+from harness.measure.capacity.meta import model_shape
 from harness.measure.capacity.registry import PLANNERS, engine_names, engine_title, register_planner
 from harness.measure.capacity.sglang import check_sglang_command, plan_sglang
-from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, model_shape, pipeline_stage
+from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, pipeline_stage
 from harness.measure.capacity.trtllm import check_trtllm_command, plan_trtllm
 from harness.measure.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
 

@@ -1,4 +1,5 @@
-"""A model's shape from the model transformers itself builds on the meta device (no weights are allocated or read):
+"""model_shape: a model's shape from its config, for every architecture: shapes.py's written-out counts where it
+has them, else from the model transformers itself builds on the meta device (no weights are allocated or read):
 every architecture transformers knows, not only the hand-written ones in shapes.py.
 
 Linear weights are every nn.Linear but the lm_head, and every 3-D expert parameter (transformers 5 fuses an MoE
@@ -14,13 +15,23 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from harness.measure.capacity.shapes import (ConfigFieldError, Linear, ModelShape, attention_shape,
-                                             derived_max_len, positive_int)
+from harness.measure.capacity.shapes import (KNOWN_TYPES, ConfigFieldError, Linear, ModelShape, attention_shape,
+                                             config_fields, derived_max_len, positive_int, written_shape)
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 _ROW = re.compile(r"(o_proj|out_proj|down_proj|dense_4h_to_h|fc2|w2|c_proj)$")
 _KV = re.compile(r"(k_proj|v_proj)$")
 _EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def model_shape(config: Any) -> ModelShape:
+    """Every linear layer, the norms and the attention of the model this config describes: written out for the
+    architectures shapes.py knows (no torch import), built on the meta device for any other transformers knows."""
+    fields = config_fields(config)
+    if not fields.get("model_type") or fields["model_type"] in KNOWN_TYPES:
+        return written_shape(fields)
+    attention_shape(fields)  # a missing attention field names itself before transformers is imported
+    return meta_shape(fields)
 
 
 def meta_shape(fields: dict[str, Any]) -> ModelShape:

@@ -255,17 +255,17 @@ def derived_max_len(fields: dict[str, Any]) -> int | None:
     return int(limit)
 
 
-def model_shape(config: Any) -> ModelShape:
-    """Every linear layer, the norms and the attention of a counted architecture (see the module docstring)."""
+def written_shape(config: Any) -> ModelShape:
+    """Every linear layer, the norms and the attention of an architecture written out here (KNOWN_TYPES; the module
+    docstring); meta.model_shape counts any other from the model transformers builds."""
     fields = config_fields(config)
     attention = attention_shape(fields)
     model_type = fields.get("model_type")
     if not model_type:
         raise ConfigFieldError("model_type", f"is missing; quantgate counts {', '.join(KNOWN_TYPES)}")
-    if model_type not in KNOWN_TYPES:  # any other architecture: as transformers builds it, on the meta device
-        from harness.measure.capacity.meta import meta_shape
-
-        return meta_shape(fields)
+    if model_type not in KNOWN_TYPES:
+        raise ConfigFieldError("model_type", f"is {model_type!r}, not one of the architectures written out here "
+                                             f"({', '.join(KNOWN_TYPES)}); meta.model_shape counts it")
     if model_type in DENSE_TYPES:
         moe = next((name for name in _MOE_FIELDS if fields.get(name)), None)
         if moe:
