@@ -147,10 +147,14 @@ function askName() { $("namebox").style.display = "flex"; $("name").value = stat
 function takeName() {
   const name = $("name").value.trim();
   if (!/^[A-Za-z0-9_-]{1,40}$/.test(name)) { text($("name-err"), "letters, digits, - and _ only (it names the file)"); return; }
-  state.name = name; $("namebox").style.display = "none"; show();
+  state.name = name; $("name").blur(); $("namebox").style.display = "none"; show();
 }
 $("name-ok").onclick = takeName;
-$("name").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); takeName(); } e.stopPropagation(); });
+$("name").addEventListener("keydown", (e) => {
+  if ($("namebox").style.display !== "flex") return;  // hidden: the key is a judgment, for the document's handler
+  if (e.key === "Enter") { e.preventDefault(); takeName(); }
+  e.stopPropagation();
+});
 $("prev").onclick = () => move(-1);
 $("next").onclick = () => move(1);
 $("save").onclick = save;
