@@ -9,16 +9,17 @@ refused, with its file and line: judgments of other text must not count.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from harness.errors import UserError
+from harness.jsonl import read_jsonl_numbered
 from harness.review.plan import ReviewPlan, outputs_by_item, text_hash
 
 JUDGMENT_SCHEMA = "quantgate.review/1"
 PREFERENCES = ("A", "same", "B")
+SAVED_BY_THE_PAGE = "pass the review-NAME.jsonl files the review page saved (one judgment per line)"
 
 
 @dataclass(frozen=True)
@@ -41,32 +42,19 @@ def read_judgments(paths: list[Path], plan: ReviewPlan, rows: list[dict[str, Any
     outputs = outputs_by_item(rows)
     chosen: dict[tuple[str, str], Judgment] = {}
     for path in paths:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read ({exc.strerror or exc}); pass the review-NAME.jsonl files the "
-                            "review page saved") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{path}: not UTF-8 text; pass the review-NAME.jsonl files the review page saved") from None
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                judgment = _judgment(line, f"{path}:{number}", plan, outputs)
-                chosen[(judgment.reviewer, judgment.item)] = judgment
-        if not any(line.strip() for line in lines):
+        records = read_jsonl_numbered(Path(path), fix=SAVED_BY_THE_PAGE)
+        if not records:
             raise UserError(f"{path}: no judgments in it; save the review page after judging some items")
+        for number, data in records:
+            judgment = _judgment(data, f"{path}:{number}", plan, outputs)
+            chosen[(judgment.reviewer, judgment.item)] = judgment
     return list(chosen.values())
 
 
-def _judgment(line: str, where: str, plan: ReviewPlan, outputs) -> Judgment:
+def _judgment(data: dict[str, Any], where: str, plan: ReviewPlan, outputs) -> Judgment:
     def refuse(field: str, problem: str) -> UserError:
         return UserError(f"{where}: field '{field}': {problem}")
 
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not a JSON object ({exc.msg}); the review page writes one judgment per line") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: not a JSON object; the review page writes one judgment per line")
     if data.get("schema") != JUDGMENT_SCHEMA:
         raise refuse("schema", f"{data.get('schema')!r}, expected {JUDGMENT_SCHEMA!r}: not a quantgate judgment")
     if data.get("run") != plan.run:

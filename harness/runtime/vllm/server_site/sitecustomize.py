@@ -16,7 +16,7 @@ import logging
 import os
 
 
-class _OncePerMessage(logging.Filter):
+class _OncePerMessage(logging.Filter):  # harness.quiet.OncePerMessage: this file imports nothing of quantgate
     def __init__(self) -> None:
         super().__init__()
         self.seen = set()
