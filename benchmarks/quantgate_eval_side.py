@@ -1,7 +1,7 @@
 """quantgate's evaluation of one evalset on the baseline, as its pipeline runs it: `python -m benchmarks.quantgate_eval_side JOB`.
 
 Loads the evalset and renders the prompts (harness.pipeline.prepare_inputs), then hands the generate task that
-harness.pipeline.pending_evaluation builds to a harness.worker subprocess (model load + batched generation) and
+harness.device_plan.pending_evaluation builds to a harness.worker subprocess (model load + batched generation) and
 scores the outputs with harness.metrics.score_item. Only the memory/latency probe is left out: lm-eval has no
 such stage, so it would not be the same work.
 """
@@ -20,7 +20,8 @@ def main(argv: list[str]) -> int:
     from harness import progress
     from harness.config import RunSpec
     from harness.launcher import run_worker
-    from harness.pipeline import evaluate_job, pending_evaluation, prepare_inputs
+    from harness.device_plan import evaluate_job, pending_evaluation
+    from harness.pipeline import prepare_inputs
 
     progress.configure(quiet=True)
     spec = RunSpec(model=job["model_path"], formats=["baseline"], evalsets=[job["evalset"]], out=job["out_dir"],

@@ -1,6 +1,6 @@
 """quantgate's quantize stage for one format, as its pipeline runs it: `python -m benchmarks.quantgate_quantize_side JOB`.
 
-harness.pipeline.prepare_inputs builds the recipe and the calibration texts; harness.pipeline.ensure_artifact
+harness.pipeline.prepare_inputs builds the recipe and the calibration texts; harness.artifacts.ensure_artifact
 (cache off) writes stages/<fmt>/calibration.json, runs the quantize worker and seals the artifact. The stage is
 timed around ensure_artifact: wall time, and the CPU time of this process and the worker.
 """
@@ -19,7 +19,8 @@ def main(argv: list[str]) -> int:
     started_env = dict(os.environ)
     from harness import progress
     from harness.config import RunSpec
-    from harness.pipeline import ensure_artifact, prepare_inputs
+    from harness.artifacts import ensure_artifact
+    from harness.pipeline import prepare_inputs
     from harness.records import FormatRun
 
     progress.configure(quiet=True)

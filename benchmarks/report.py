@@ -275,7 +275,7 @@ def quantize_lines(runs) -> list[str]:
         *table(["format", "calibration texts", "quantgate stage, CPU / wall", "GPTQModel direct, CPU / wall",
                 "ratio, CPU", "ratio, wall", "quantgate: GPTQModel calls, wall", "direct: GPTQModel calls, wall"], rows),
         "",
-        "- *quantgate stage*: `harness.pipeline.ensure_artifact` with the cache off, as `quantgate run` calls it "
+        "- *quantgate stage*: `harness.artifacts.ensure_artifact` with the cache off, as `quantgate run` calls it "
         "(calibration file, quantize worker process with its imports, GPTQModel, sealing the artifact), in the cache "
         "benchmark 3 left, whose cold run already built GPTQModel's CPU packing kernel. *GPTQModel direct*: right "
         "after it, a process that imports GPTQModel and calls load/quantize/save with the recipe from the artifact's "

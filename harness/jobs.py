@@ -140,3 +140,10 @@ JOB_KINDS = {"quantize": QuantizeJob, "evaluate": EvaluateJob}
 def read_job(path: Path) -> QuantizeJob | EvaluateJob:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return JOB_KINDS[data.get("kind", "evaluate")].from_json(data)
+
+
+def stage_dir(out_dir: Path, fmt: str) -> Path:
+    """The run's directory of one format's job files (OUT/stages/FORMAT), created on first use."""
+    path = out_dir / "stages" / fmt
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -15,28 +15,27 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from harness import __version__, progress
-from harness.cache import SEAL, atomic_write_json, atomic_write_text, cache_dir, is_sealed, read_json, remove_tree, \
-    seal_dir, stable_hash
-from harness.cachekeys import (device_runtime, evaluation_settings, generate_key, measure_key, quantize_device_key,
-                               reusable, valid_result)
+from harness import progress
+from harness.artifacts import artifact_for
+from harness.cache import atomic_write_json, atomic_write_text
 from harness.calibration import load_calibration
+from harness.collect import collect_results, failure_reason
 from harness.config import RunSpec
+from harness.device_plan import evaluate_job, pending_evaluation
 from harness.errors import Terminated, UserError, interrupted_exit_code
 from harness.evalsets import load_evalsets
 from harness.evalsets.prompts import check_prompt_lengths, render_prompts
 from harness.external import check_baseline_is_full_precision, read_candidates
-from harness.fidelity.plan import FidelityPlan
-from harness.jobs import EvaluateJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, QuantizeJob
+from harness.jobs import stage_dir
 from harness.launcher import run_worker
-from harness.measure.probe import Measurement
 from harness.metrics import metric_names
 from harness.policy import load_policy
-from harness.quantize import quantizer_for, recipe_for
+from harness.quantize import recipe_for
 from harness.quantize.base import Recipe
-from harness.records import Artifact, DevicePlan, DeviceRun, FormatRun, ResultFile, RunInputs, Served
+from harness.records import Artifact, DeviceRun, FormatRun, RunInputs
 from harness.report.schema import RunReport, report_json
 from harness.runtime.vllm.client import check_endpoints
+from harness.serving import serve, served_refusal_for
 from harness.source import check_remote_code, load_tokenizer, resolve_source
 
 
@@ -203,7 +202,7 @@ def remove_if_empty(directory: Path) -> None:
 
 
 def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> FormatRun:
-    artifact = quantize(inputs, fmt, devices)
+    artifact = artifact_for(inputs, fmt, devices)
     if artifact.error:
         return FormatRun(fmt, status="failed", error=artifact.error, artifact=artifact.entry,
                          stages_run=list(artifact.stages_run), devices=devices)
@@ -213,29 +212,6 @@ def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> Forma
     if inputs.spec.backend == "vllm" and device.error is None:
         served = serve(inputs, fmt, artifact, device, refused, devices)
     return collect_results(fmt, artifact, device, served, devices)
-
-
-def quantize(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
-    """The baseline and a --candidate are ready checkpoints; a built-in format is quantized (or taken from the
-    cache)."""
-    if fmt == "baseline":
-        path = inputs.source.path
-        return Artifact(inputs.source.fingerprint, path, {
-            "path": str(path), "size_bytes": _weights_size(path), "cached": True,
-            "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}})
-    if fmt in inputs.candidates:
-        from harness.external import not_runnable_here
-        from harness.runtime.device import is_cuda
-
-        candidate = inputs.candidates[fmt]
-        entry = {"path": str(candidate.path), "size_bytes": _weights_size(candidate.path), "cached": True,
-                 "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
-        blocked = None if inputs.spec.backend == "vllm" else not_runnable_here(candidate, cuda=is_cuda())
-        if blocked:
-            progress.say(f"{fmt}: not runnable on this device: {blocked}")
-            return Artifact(None, None, entry, error=f"not runnable on this device: {blocked}")
-        return Artifact(candidate.fingerprint, candidate.path, entry)
-    return ensure_artifact(inputs, fmt, devices)
 
 
 def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str | None, *,
@@ -255,262 +231,16 @@ def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str 
         job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices, fidelity)
         failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
-        exit_ = run_worker(job, _stage_dir(inputs, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
+        exit_ = run_worker(job, stage_dir(inputs.out_dir, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
         stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks]
                            + [f"fidelity:{t.evalset}" for t in fidelity])
         if exit_.returncode != 0:
-            error = _failure_reason(failure_path, exit_, "evaluation")
+            error = failure_reason(failure_path, exit_, "evaluation")
     else:
         progress.say(f"{fmt}: reusing cached results (measurement" + (
             f", generations on {len(plan.generations)} evalset(s))" if generate else ")"))
     return DeviceRun(plan.measurement, plan.generations, stages_run, error, plan.fidelity)
-
-
-def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
-                 generate: list[GenerateTask], devices: str | None = None,
-                 fidelity: tuple[FidelityTask, ...] = ()) -> EvaluateJob:
-    spec = inputs.spec
-    return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
-                       trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
-                       runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
-                       fidelity=tuple(fidelity),
-                       failure_path=str(_stage_dir(inputs, fmt) / "evaluate.failed.json"))
-
-
-def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
-    if inputs.spec.backend != "vllm":
-        return None
-    from harness.served import served_refusal
-
-    return served_refusal(inputs.vllm, format_spec_of(inputs, fmt), inputs.spec.vllm_endpoints.get(fmt))
-
-
-def format_spec_of(inputs: RunInputs, fmt: str):
-    """The FormatSpec of a built-in format, or the one a candidate's quantization_config describes."""
-    from harness.formats import format_spec
-
-    return inputs.candidates[fmt].format_spec() if fmt in inputs.candidates else format_spec(fmt)
-
-
-def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, refused: str | None,
-          devices: str | None) -> Served:
-    """Backend vllm: score and time the format through a vLLM server; one vLLM cannot serve is scored in
-    transformers (its report row says why vLLM cannot serve it, and it cannot be GO)."""
-    from harness.served import run_served, served_block, served_format
-
-    endpoint = inputs.spec.vllm_endpoints.get(fmt)
-    if refused:
-        progress.say(f"{fmt}: not served by vLLM: {refused}")
-        return Served(served_block(inputs.vllm, endpoint, status="unsupported", reason=refused), {})
-    served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
-    generations: dict[str, dict] = {}
-    # The server is planned before the measurement is read back (the format as run_served has always seen it).
-    planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
-                        devices=devices)
-    reference = (device.measurement.read() or {}).get("probe_reply") if fmt == "baseline" else None
-    refused_fidelity = TOKENIZER_DIFFERS if inputs.candidate_notes.get(fmt) else None
-    fidelity: dict[str, str] | None = None if refused_fidelity else {}
-    block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
-                       planned, reference_reply=reference, fidelity=fidelity)
-    error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
-    missing = [e.name for e in inputs.evalsets if e.name not in (fidelity or {})]
-    note = refused_fidelity or ((f"not measured through vLLM for {', '.join(missing)}: the served baseline left no "
-                                 "reference there (it was not served, or failed)") if missing and fmt != "baseline"
-                                else None)
-    return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error,
-                  FidelityPlan((), fidelity or {}, note))
-
-
-def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
-    recipe = inputs.recipes[fmt]
-    quantizer = quantizer_for(fmt)
-    calibration = list(inputs.calibration.texts[: recipe.calibration_samples]) if recipe.calibration_samples else []
-    manifest = {"engine": quantizer.engine, "versions": quantizer.versions(), "format": fmt,
-                "recipe": recipe.as_dict(), "source": inputs.source.fingerprint,
-                "calibration_hash": "sha256:" + stable_hash(calibration), "calibration_texts": len(calibration),
-                "calibration_source": inputs.calibration.source if calibration else None,
-                "device": quantize_device_key(quantizer, inputs.source.path), "quantgate": __version__}
-    key = stable_hash({k: v for k, v in manifest.items() if k != "quantgate"})
-    out_dir = cache_dir("artifacts") / f"{fmt}-{key[:20]}"
-    cached = reusable(inputs.spec, out_dir / SEAL) and is_sealed(out_dir, required=("quantgate_manifest.json",))
-    if not cached:
-        remove_tree(out_dir)
-        progress.say(f"{fmt}: quantizing ({manifest['engine']} {manifest['versions'].get(manifest['engine'], '')}, "
-                     f"{_recipe_text(recipe)})")
-        calibration_path = _stage_dir(inputs, fmt) / "calibration.json"
-        atomic_write_json(calibration_path, calibration)
-        failure_path = _stage_dir(inputs, fmt) / "quantize.failed.json"
-        failure_path.unlink(missing_ok=True)
-        job = QuantizeJob(format=fmt, devices=devices, source_path=str(inputs.source.path),
-                          recipe=recipe.as_dict(), calibration_path=str(calibration_path), out_dir=str(out_dir),
-                          manifest=manifest, trust_remote_code=inputs.spec.trust_remote_code,
-                          threads=inputs.spec.threads, failure_path=str(failure_path))
-        started = time.time()
-        exit_ = run_worker(job, _stage_dir(inputs, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
-                           fmt, inputs.spec.memory_limit_bytes_for(fmt))
-        if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
-            return Artifact(None, None, None, ("quantize",), _failure_reason(failure_path, exit_, "quantization"))
-        seal_dir(out_dir)
-        progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
-    else:
-        progress.say(f"{fmt}: reusing cached artifact {out_dir.name}")
-    entry = {"path": str(out_dir), "size_bytes": _weights_size(out_dir), "cached": cached,
-             "manifest": read_json(out_dir / "quantgate_manifest.json")}
-    return Artifact(key, out_dir, entry, () if cached else ("quantize",))
-
-
-def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
-    """(tokens, sequences) of the profile forward the measure stage runs (evaluate.profile_budget); None where it
-    runs none (a CPU unless QUANTGATE_PROFILE_ON_CPU=1: harness.measure.profile)."""
-    from harness.evaluate import profile_budget
-    from harness.measure.profile import profile_wanted
-
-    return profile_budget(inputs) if profile_wanted() else None
-
-
-def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> DevicePlan:
-    spec = inputs.spec
-    settings = evaluation_settings(spec)
-    batch1, batched, batched_new = workload = inputs.probe_workload()
-    profile = profile_request(inputs)
-    key = measure_key(artifact_key, settings, workload, spec.warmup_requests, profile)
-    measure_path = cache_dir("results") / f"measure-{key}.json"
-    measure_task = None
-    # A measurement written before a crash in generation lacks the profile that runs last: measured again.
-    if not (reusable(spec, measure_path) and valid_result(measure_path, "profile" if profile else "memory")):
-        profile_tokens, profile_sequences = profile or (0, 0)
-        measure_task = MeasureTask(str(measure_path), tuple((text, n) for text, n in batch1), tuple(batched),
-                                   batched_new, spec.warmup_requests, profile_tokens, profile_sequences)
-    generate_tasks, generations = [], {}
-    for evalset in inputs.evalsets:
-        prompts = inputs.prompts[evalset.name]
-        gen_key = generate_key(artifact_key, settings, evalset.content_hash, prompts)
-        path = cache_dir("results") / f"generate-{gen_key}.json"
-        generations[evalset.name] = ResultFile(str(path), gen_key)
-        if not (reusable(spec, path) and valid_result(path, "outputs")):
-            generate_tasks.append(GenerateTask(evalset.name, gen_key, prompts[0].max_new_tokens if prompts else 1,
-                                               tuple(GenerateItem(p.item_id, p.text) for p in prompts), str(path)))
-    return DevicePlan(measure_task, tuple(generate_tasks), ResultFile(str(measure_path), key), generations,
-                      fidelity_plan(inputs, fmt, artifact_key, settings, generations))
-
-
-def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict,
-                  generations: dict[str, ResultFile]) -> FidelityPlan:
-    """The format's fidelity tasks (harness.fidelity.plan), or a plan with the reason it measures none."""
-    from harness.fidelity.plan import plan_comparison, plan_reference
-
-    if inputs.spec.backend == "vllm":  # measured through the servers instead (harness.served)
-        return FidelityPlan((), {})
-    refused = fidelity_refusal(inputs, fmt)
-    if refused:
-        return FidelityPlan((), {}, refused)
-    may_reuse = lambda path: reusable(inputs.spec, path)  # noqa: E731
-    if fmt == "baseline":
-        return plan_reference({name: file.key for name, file in generations.items()},
-                              {name: file.path for name, file in generations.items()},
-                              {e.name: [(p.item_id, p.ids) for p in inputs.prompts[e.name]] for e in inputs.evalsets},
-                              may_reuse)
-    baseline = {e.name: generate_key(inputs.source.fingerprint, settings, e.content_hash, inputs.prompts[e.name])
-                for e in inputs.evalsets}
-    return plan_comparison(artifact_key, settings, baseline, may_reuse)
-
-
-def fidelity_refusal(inputs: RunInputs, fmt: str) -> str | None:
-    """Why this run measures no fidelity for the format, in one line; None when it does."""
-    from harness.runtime.registry import runtime_class
-
-    runtime = device_runtime(inputs.spec)
-    if not hasattr(runtime_class(runtime), "next_token_logprobs"):
-        return f"not measured: the {runtime} runtime gives no next-token log-probabilities (TeacherForcing)"
-    if inputs.candidate_notes.get(fmt):
-        return TOKENIZER_DIFFERS
-    return None
-
-
-TOKENIZER_DIFFERS = "not measured: its tokenizer differs from the baseline's, so their tokens cannot be compared"
-
-
-def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
-                    devices: str | None) -> FormatRun:
-    """The format's result: its stages' records with the measurement and the generations read back."""
-    generations = {**device.generations, **(served.generations if served else {})}
-    fidelity = served.fidelity if served else device.fidelity  # backend vllm: the server's (harness.fidelity.served)
-    error = device.error or (served.error if served else None)
-    run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
-                    measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
-                    generations={name: dict(file.as_dict(), result=file.read("outputs"))
-                                 for name, file in generations.items()},
-                    stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
-                    served=served.block if served else None, devices=devices,
-                    fidelity=read_fidelity(fmt, fidelity), fidelity_note=fidelity.note)
-    missing = [n for n, e in run.generations.items() if e["result"] is None]
-    if run.status == "ok" and (missing or run.measurement.result is None):
-        return replace(run, status="failed",
-                       error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
-    degenerate = degenerate_outputs(run.generations, served=served is not None and bool(served.generations))
-    if run.status == "ok" and degenerate:
-        return replace(run, status="failed", error=degenerate)
-    return run
-
-
-def read_fidelity(fmt: str, plan: FidelityPlan) -> dict[str, dict]:
-    """A format's comparisons read back (the baseline's references are read by the others' workers only)."""
-    if fmt == "baseline":
-        return {}
-    results = {name: read_json(Path(path)) for name, path in plan.results.items()}
-    return {name: value for name, value in results.items() if isinstance(value, dict) and "items" in value}
-
-
-def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) -> str | None:
-    """Why outputs cannot be scored at all: every prediction empty, or (over 4 items or more) one text for every
-    item. Garbage like that is a failure with its reason, never a verdict."""
-    predictions = [o["prediction"] for g in generations.values() if g.get("result") for o in g["result"]["outputs"]]
-    who = "the vLLM server" if served else "the model"
-    if len(predictions) >= 2 and not any(p.strip() for p in predictions):
-        return (f"{who} answered nothing: every one of its {len(predictions)} predictions is empty, so nothing can "
-                "be scored; read the format's log (a server or kernel that fails quietly does this)")
-    if len(predictions) >= 4 and len(set(predictions)) == 1:
-        return (f"{who} gave one answer to every item ({len(predictions)} predictions, all "
-                f"{predictions[0][:60]!r}), so nothing can be scored; read the format's log")
-    return None
-
-
-def _failure_reason(failure_path: Path, exit_, stage: str) -> str:
-    failure = read_json(failure_path)
-    if isinstance(failure, dict) and failure.get("error"):
-        return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
-    if exit_.over_memory_limit:
-        return (f"{stage} ran out of memory: the subprocess reached {exit_.over_memory_limit / 2**30:.2f} GiB RSS, "
-                "past its memory limit, and was killed; lower --batch-size or --max-new-tokens, use a smaller "
-                f"format, or raise memory_limit_gib (log: {exit_.log_path})")
-    if exit_.killed_by == "SIGKILL":
-        from harness.measure.oom import oom_reason
-
-        return (f"{stage} subprocess was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9): "
-                f"{oom_reason(None, killed_signal=9, rss_peak_bytes=exit_.rss_peak_bytes)} (log: {exit_.log_path})")
-    if exit_.killed_by:
-        return f"{stage} subprocess was killed by {exit_.killed_by} (log: {exit_.log_path})"
-    return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"
-
-
-def _stage_dir(inputs: RunInputs, fmt: str) -> Path:
-    path = inputs.out_dir / "stages" / fmt
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _weights_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin"))
-
-
-def _recipe_text(recipe: Recipe) -> str:
-    parts = [f"{recipe.bits}-bit"]
-    if recipe.group_size:
-        parts.append(f"group {recipe.group_size}")
-    if recipe.calibration_samples:
-        parts.append(f"{recipe.calibration_samples} calibration texts")
-    return ", ".join(parts)
 
 
 def write_outputs(out_dir: Path, report: RunReport, samples: tuple[dict, ...]) -> None:

@@ -317,7 +317,7 @@ def test_empty_or_constant_outputs_fail_the_format_with_the_reason(predictions, 
     failed format (NO-GO with this reason in the report), never scored into a verdict."""
     from harness.cache import atomic_write_json
     from harness.decide import FormatOutcome, decide_format
-    from harness.pipeline import collect_results
+    from harness.collect import collect_results
     from harness.records import Artifact, DeviceRun, ResultFile
     from harness.policy import Policy
 

@@ -18,7 +18,7 @@ from harness.measure.capacity.common import measured_activation
 from harness.measure.profile import PROFILE_ON_CPU_ENV, measure_profile, profile_shape, profile_wanted
 from harness.measure.probe import Measurement
 from harness.cachekeys import measure_key
-from harness.pipeline import profile_request
+from harness.device_plan import profile_request
 from harness.records import FormatRun
 from harness.policy import Policy, ServingTarget
 from tests.test_model_configs import LLAMA3_8B

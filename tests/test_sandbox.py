@@ -82,7 +82,7 @@ def test_plots_keep_matplotlib_config_in_the_cache(env):
 
 @pytest.mark.parametrize("allowed", [False, True])
 def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_path, allowed):
-    from harness import cachekeys, pipeline
+    from harness import artifacts, cachekeys, pipeline
     from harness.config import RunSpec
     from harness.launcher import WorkerExit
     from harness.policy import Policy
@@ -91,9 +91,12 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
     from harness.source import ModelSource
 
     jobs = []
-    monkeypatch.setattr(pipeline, "run_worker",
-                        lambda job, *args, **kwargs: jobs.append(job.to_json()) or WorkerExit(0, tmp_path / "log"))
-    monkeypatch.setattr(pipeline, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
+    def fake_worker(job, *args, **kwargs):
+        return jobs.append(job.to_json()) or WorkerExit(0, tmp_path / "log")
+
+    monkeypatch.setattr(pipeline, "run_worker", fake_worker)  # the evaluate job
+    monkeypatch.setattr(artifacts, "run_worker", fake_worker)  # the quantize job
+    monkeypatch.setattr(artifacts, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
     monkeypatch.setattr(cachekeys, "measure_device_key", lambda threads: {"kind": "cpu"})
     model = tmp_path / "model"
     model.mkdir()

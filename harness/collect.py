@@ -1,0 +1,75 @@
+"""A format's result from its stages: records read back into a FormatRun, with outputs that cannot be scored and
+worker failures turned into one readable reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from harness.cache import read_json
+from harness.fidelity.plan import FidelityPlan
+from harness.measure.probe import Measurement
+from harness.records import Artifact, DeviceRun, FormatRun, Served
+
+
+def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
+                    devices: str | None) -> FormatRun:
+    """The format's result: its stages' records with the measurement and the generations read back."""
+    generations = {**device.generations, **(served.generations if served else {})}
+    fidelity = served.fidelity if served else device.fidelity  # backend vllm: the server's (harness.fidelity.served)
+    error = device.error or (served.error if served else None)
+    run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
+                    measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
+                    generations={name: dict(file.as_dict(), result=file.read("outputs"))
+                                 for name, file in generations.items()},
+                    stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
+                    served=served.block if served else None, devices=devices,
+                    fidelity=read_fidelity(fmt, fidelity), fidelity_note=fidelity.note)
+    missing = [n for n, e in run.generations.items() if e["result"] is None]
+    if run.status == "ok" and (missing or run.measurement.result is None):
+        return replace(run, status="failed",
+                       error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
+    degenerate = degenerate_outputs(run.generations, served=served is not None and bool(served.generations))
+    if run.status == "ok" and degenerate:
+        return replace(run, status="failed", error=degenerate)
+    return run
+
+
+def read_fidelity(fmt: str, plan: FidelityPlan) -> dict[str, dict]:
+    """A format's comparisons read back (the baseline's references are read by the others' workers only)."""
+    if fmt == "baseline":
+        return {}
+    results = {name: read_json(Path(path)) for name, path in plan.results.items()}
+    return {name: value for name, value in results.items() if isinstance(value, dict) and "items" in value}
+
+
+def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) -> str | None:
+    """Why outputs cannot be scored at all: every prediction empty, or (over 4 items or more) one text for every
+    item. Garbage like that is a failure with its reason, never a verdict."""
+    predictions = [o["prediction"] for g in generations.values() if g.get("result") for o in g["result"]["outputs"]]
+    who = "the vLLM server" if served else "the model"
+    if len(predictions) >= 2 and not any(p.strip() for p in predictions):
+        return (f"{who} answered nothing: every one of its {len(predictions)} predictions is empty, so nothing can "
+                "be scored; read the format's log (a server or kernel that fails quietly does this)")
+    if len(predictions) >= 4 and len(set(predictions)) == 1:
+        return (f"{who} gave one answer to every item ({len(predictions)} predictions, all "
+                f"{predictions[0][:60]!r}), so nothing can be scored; read the format's log")
+    return None
+
+
+def failure_reason(failure_path: Path, exit_, stage: str) -> str:
+    failure = read_json(failure_path)
+    if isinstance(failure, dict) and failure.get("error"):
+        return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
+    if exit_.over_memory_limit:
+        return (f"{stage} ran out of memory: the subprocess reached {exit_.over_memory_limit / 2**30:.2f} GiB RSS, "
+                "past its memory limit, and was killed; lower --batch-size or --max-new-tokens, use a smaller "
+                f"format, or raise memory_limit_gib (log: {exit_.log_path})")
+    if exit_.killed_by == "SIGKILL":
+        from harness.measure.oom import oom_reason
+
+        return (f"{stage} subprocess was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9): "
+                f"{oom_reason(None, killed_signal=9, rss_peak_bytes=exit_.rss_peak_bytes)} (log: {exit_.log_path})")
+    if exit_.killed_by:
+        return f"{stage} subprocess was killed by {exit_.killed_by} (log: {exit_.log_path})"
+    return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"
