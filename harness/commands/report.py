@@ -60,23 +60,8 @@ def _fold(run_dir: Path, reviews: list[Path], policy_path: Path | None):
     """The run's report with the judgments folded in, written to report.json (the renderings follow)."""
     from harness.review.session import fold_and_write
 
-    report, run_dir = fold_and_write(run_dir, reviews, _spot_check_policy(run_dir, policy_path) if policy_path
-                                     else None)
+    report, run_dir = fold_and_write(run_dir, reviews, policy_path)
     for name, fmt in report.formats.items():
         if fmt.spot_checks is not None:
             print(f"{name}: {fmt.verdict} (spot checks: {fmt.spot_checks.judged} judged, {fmt.spot_checks.detail})")
     return report, run_dir
-
-
-def _spot_check_policy(run_dir: Path, path: Path):
-    """The run's policy with FILE's [spot_checks]; FILE may not differ from the run's policy anywhere else."""
-    from harness.policy import load_policy
-    from harness.review.session import load_run, run_policy
-
-    given = load_policy(path)
-    own = run_policy(load_run(run_dir))
-    changed = [key for key in own.model_fields if key != "spot_checks" and getattr(own, key) != getattr(given, key)]
-    if changed:
-        raise UserError(f"{path}: differs from the run's policy in {', '.join(changed)}; report --reviews folds only "
-                        "[spot_checks]: rerun `quantgate run --policy FILE --resume` to re-decide the rest")
-    return own.model_copy(update={"spot_checks": given.spot_checks})

@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,8 +52,9 @@ class ReviewPlan:
     items: tuple[ReviewItem, ...]
 
     def item(self, key: str) -> ReviewItem | None:
-        return self._by_key().get(key)
+        return self._by_key.get(key)
 
+    @cached_property
     def _by_key(self) -> dict[str, ReviewItem]:
         return {item.key: item for item in self.items}
 

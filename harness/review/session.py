@@ -108,26 +108,28 @@ def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: li
     return Review(run, plan)
 
 
-def fold_into_run(run_dir: Path, review_files: list[Path], policy=None):
-    """The run's report with these judgment files folded in (harness.review.fold); the plan is the run's own
-    review-plan.json, or the one beside the first judgment file."""
+def fold_into_run(run_dir: Path, review_files: list[Path], policy_file: Path | None = None):
+    """The run's report with these judgment files folded in (harness.review.fold), under the run's policy or, with
+    policy_file, the run's policy with that file's [spot_checks]; the plan is the run's own review-plan.json, or
+    the one beside the first judgment file."""
     from harness.review.fold import fold_reviews
     from harness.review.judgments import read_judgments
 
     run = load_run(run_dir)
+    policy = spot_check_policy(run, policy_file) if policy_file else run_policy(run)
     plan_dir = run.run_dir if (run.run_dir / PLAN_FILE).is_file() else Path(review_files[0]).parent
     plan = read_plan(plan_dir)
     judgments = read_judgments([Path(p) for p in review_files], plan, run.rows)
-    return run, fold_reviews(run.report, run.rows, plan, judgments, policy or run_policy(run))
+    return run, fold_reviews(run.report, run.rows, plan, judgments, policy)
 
 
-def fold_and_write(run_dir: Path, review_files: list[Path], policy=None):
+def fold_and_write(run_dir: Path, review_files: list[Path], policy_file: Path | None = None):
     """Fold the judgments into the run and write report.json; (the new report, the run directory). The
     renderings are the caller's (write_reports)."""
     from harness.cache import atomic_write_text
     from harness.report.schema import report_json
 
-    run, report = fold_into_run(run_dir, review_files, policy)
+    run, report = fold_into_run(run_dir, review_files, policy_file)
     atomic_write_text(run.run_dir / "report.json", report_json(report))
     return report, run.run_dir
 
@@ -148,6 +150,19 @@ def run_policy(run: RunData):
     kept = {k: v for k, v in run.report.policy.model_dump(mode="json", exclude_unset=True).items()
             if k in Policy.model_fields}
     return policy_from_dict(kept, source=f"{run.run_dir / 'report.json'}: policy")
+
+
+def spot_check_policy(run: RunData, path: Path):
+    """The run's policy with FILE's [spot_checks]; FILE may not differ from the run's policy anywhere else."""
+    from harness.policy import load_policy
+
+    given = load_policy(path)
+    own = run_policy(run)
+    changed = [key for key in own.model_fields if key != "spot_checks" and getattr(own, key) != getattr(given, key)]
+    if changed:
+        raise UserError(f"{path}: differs from the run's policy in {', '.join(changed)}; report --reviews folds only "
+                        "[spot_checks]: rerun `quantgate run --policy FILE --resume` to re-decide the rest")
+    return own.model_copy(update={"spot_checks": given.spot_checks})
 
 
 def _item_inputs(report) -> dict[tuple[str, str], dict[str, str]]:

@@ -80,10 +80,10 @@ def summarize(judgments: list[Judgment], rows: list[dict[str, Any]], baseline: s
     alpha = 1.0 - confidence
     summaries = {}
     for name, items in by_format.items():
-        random_items = {k: js for k, js in items.items() if js[0].stratum == "random"}
-        worst_items = {k: js for k, js in items.items() if js[0].stratum != "random"}
-        n = len(random_items)
-        votes = {k: _majority(js) for k, js in random_items.items()}
+        majority = {k: _majority(js) for k, js in items.items()}
+        votes = {k: v for k, v in majority.items() if items[k][0].stratum == "random"}
+        worst = [v for k, v in majority.items() if items[k][0].stratum != "random"]
+        n = len(votes)
         cand_bad = sum(1 for v in votes.values() if not v[1])
         base_bad = sum(1 for v in votes.values() if not v[0])
         worse = sum(1 for v in votes.values() if v[2] == "baseline")
@@ -92,7 +92,7 @@ def summarize(judgments: list[Judgment], rows: list[dict[str, Any]], baseline: s
         multiply = [js for js in items.values() if len({j.reviewer for j in js}) >= 2]
         quoted = []
         for key, js in items.items():
-            base_ok, cand_ok, _ = _majority(js)
+            base_ok, cand_ok, _ = majority[key]
             if not cand_ok:
                 first = js[0]
                 cand_row = texts.get((name, first.evalset, first.id), {})
@@ -109,8 +109,7 @@ def summarize(judgments: list[Judgment], rows: list[dict[str, Any]], baseline: s
             100.0 * (lower_bound(newly_bad, n, alpha / 2) - upper_bound(newly_good, n, alpha / 2)) if n else -100.0,
             100.0 * upper_bound(newly_bad, n, alpha) if n else 100.0,
             fleiss_kappa([["ok" if j.candidate_acceptable else "bad" for j in js] for js in multiply]),
-            len(multiply), len(worst_items),
-            sum(1 for js in worst_items.values() if not _majority(js)[1]),
+            len(multiply), len(worst), sum(1 for v in worst if not v[1]),
             tuple(sorted(quoted, key=lambda q: (q.stratum != "random", q.key))))
     return summaries
 

@@ -30,15 +30,14 @@ def model_shape(config: Any) -> ModelShape:
     fields = config_fields(config)
     if not fields.get("model_type") or fields["model_type"] in KNOWN_TYPES:
         return written_shape(fields)
-    attention_shape(fields)  # a missing attention field names itself before transformers is imported
     return meta_shape(fields)
 
 
 def meta_shape(fields: dict[str, Any]) -> ModelShape:
     """The ModelShape of the decoder transformers builds for this config (fields: config.json as a dict, the
     language model's part of a multimodal one); ConfigFieldError when transformers cannot build it."""
+    attention = attention_shape(fields)  # a missing attention field names itself before transformers is imported
     model = _meta_model(fields)
-    attention = attention_shape(fields, strict=False)
     hidden, vocab = positive_int(fields, "hidden_size"), positive_int(fields, "vocab_size")
     layers = attention.layers
     groups: dict[tuple, set[int]] = defaultdict(set)
