@@ -105,7 +105,12 @@ def tests(session: nox.Session) -> None:
     _ensure_env(session, "test")
     _ensure_vllm_env(session)  # the vLLM backend's tests run a real server
     _install_chromium(session)
-    session.run(str(PYTHON), "-m", "pytest", *(session.posargs or ["-q"]), env={"PYTHONPATH": str(ROOT)})
+    args = list(session.posargs or ["-q"])
+    if not any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in args):
+        # Two xdist workers: most tests compute on one thread, so the second core would otherwise idle.
+        # loadgroup keeps the tests that share the demo recipe's runs on one worker (tests/conftest.py).
+        args += ["-n", "2", "--dist", "loadgroup"]
+    session.run(str(PYTHON), "-m", "pytest", *args, env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

@@ -138,3 +138,29 @@ def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
         if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(file, target / file.name)
     return target
+
+
+# `nox -s tests` runs the suite on two xdist workers (--dist loadgroup), each with its own session fixtures and cache.
+# Every test that needs the demo recipe's runs (the demo_runs fixture: minutes, both cores) goes to one worker as one
+# block, in file order (the served and candidate runs read the artifacts those runs left in that worker's cache), and
+# first, since it is the longest block; the rest spreads over both workers.
+DEMO_RUNS_GROUP = "demo-runs"
+
+
+def pytest_collection_modifyitems(config, items):
+    needs_demo_runs = [item for item in items if "demo_runs" in item.fixturenames]
+    for item in needs_demo_runs:
+        item.add_marker(pytest.mark.xdist_group(DEMO_RUNS_GROUP))
+    chosen = set(map(id, needs_demo_runs))
+    items[:] = needs_demo_runs + [item for item in items if id(item) not in chosen]
+
+
+def ours(process) -> bool:
+    """Whether a process was started by this test worker (xdist runs two workers at once; serially, all are)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return True
+    try:
+        return process.environ().get("PYTEST_XDIST_WORKER") == worker
+    except Exception:  # gone, or not ours to read
+        return False

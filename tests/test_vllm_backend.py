@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import E2E_ARGS, ROOT, quantgate, tiny_llama
+from conftest import E2E_ARGS, ROOT, ours, quantgate, tiny_llama
 from harness.runtime.vllm.client import CompletionRequest, Endpoint, Sampling, complete, get_text, metric_total
 from harness.runtime.vllm.launch_plan import CPU_BLOCK_SIZE, predict_cpu_kv
 from harness.runtime.vllm.locate import PROJECT_ENV
@@ -226,10 +226,12 @@ def _prompt_tokens(cache: Path) -> tuple[dict, dict]:
 
 
 def _servers_left() -> list[int]:
+    """vLLM servers and their supervisors this test worker started (the other worker may be serving its own)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
-        if "vllm.entrypoints.openai.api_server" in command or "harness.runtime.vllm.supervise" in command:
+        if ("vllm.entrypoints.openai.api_server" in command or "harness.runtime.vllm.supervise" in command) \
+                and ours(process):
             found.append(process.pid)
     return found
 
