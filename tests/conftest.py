@@ -147,6 +147,7 @@ def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
 DEMO_RUNS_GROUP = "demo-runs"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
 def pytest_collection_modifyitems(config, items):
     needs_demo_runs = [item for item in items if "demo_runs" in item.fixturenames]
     for item in needs_demo_runs:
