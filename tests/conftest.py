@@ -149,6 +149,8 @@ DEMO_RUNS_GROUP = "demo-runs"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
 def pytest_collection_modifyitems(config, items):
+    # fixturenames is the static closure: a test that asked for demo_runs through request.getfixturevalue would
+    # not be seen here, and would run the demo recipe again on the other worker.
     needs_demo_runs = [item for item in items if "demo_runs" in item.fixturenames]
     for item in needs_demo_runs:
         item.add_marker(pytest.mark.xdist_group(DEMO_RUNS_GROUP))

@@ -23,10 +23,10 @@ def test_the_e2e_runs_take_the_demo_recipe():
 
 
 @pytest.mark.parametrize("which", ["native", "no-bf16"])
-def test_every_format_of_the_demo_recipe_runs(request, which):
+def test_every_format_of_the_demo_recipe_runs(demo_runs, which):
     """The demo's recipe on this CPU as it is, and with the no-bf16 path forced: every format `ok`, and the
     quantized ones calibrated on the bundled corpus, in float32 where bf16 is off."""
-    out, report, result = request.getfixturevalue("demo_run" if which == "native" else "demo_run_no_bf16")
+    out, report, result = demo_runs[0 if which == "native" else 1]
     failed = {name: entry["error"] for name, entry in report["formats"].items() if entry["status"] != "ok"}
     assert not failed, failed
     assert set(report["formats"]) == set(FORMATS)
