@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.runtime.vllm.locate import PROJECT_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NOISE = ("Failed to load", "MatMul8bitLt", "Traceback", "GPT-QModel", "UserWarning")
@@ -27,6 +29,15 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def vllm_install():
+    if not (PROJECT_ENV / "bin" / "python").exists():
+        if os.environ.get("QUANTGATE_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{PROJECT_ENV} is missing but QUANTGATE_REQUIRE_VLLM=1 (build it: nox -s vllm_env)")
+        pytest.skip(f"{PROJECT_ENV} is not built (nox -s vllm_env)")
+    return PROJECT_ENV
 
 
 @pytest.fixture(scope="session")
@@ -140,22 +151,46 @@ def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
     return target
 
 
-# `nox -s tests` runs the suite on two xdist workers (--dist loadgroup), each with its own session fixtures and cache.
-# Every test that needs the demo recipe's runs (the demo_runs fixture: minutes, both cores) goes to one worker as one
-# block, in file order (the served and candidate runs read the artifacts those runs left in that worker's cache), and
-# first, since it is the longest block; the rest spreads over both workers.
+# `nox -s tests` runs the suite on two xdist workers (-n 2 --dist loadgroup), each with its own session fixtures and
+# cache. The tests that need the demo recipe's runs (the demo_runs fixture: minutes, both cores) must share one
+# worker, in file order (the served and candidate runs read the artifacts those runs left in that worker's cache),
+# and start first, being the longest block; the rest spreads over both workers. xdist's own xdist_group mark does
+# not group under pytest 9 (it rewrites Item._nodeid, which pytest 9 no longer reads), so the scheduler below groups
+# by file: every test that needs demo_runs lives in DEMO_RUNS_FILES, which collection checks.
+DEMO_RUNS_FILES = ("test_pipeline_e2e.py", "test_pipeline_external.py", "test_vllm_served_run.py")
 DEMO_RUNS_GROUP = "demo-runs"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
+def demo_runs_scope(nodeid: str) -> str | None:
+    return DEMO_RUNS_GROUP if Path(nodeid.split("::", 1)[0]).name in DEMO_RUNS_FILES else None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # fixturenames is the static closure: a test that asked for demo_runs through request.getfixturevalue would
     # not be seen here, and would run the demo recipe again on the other worker.
-    needs_demo_runs = [item for item in items if "demo_runs" in item.fixturenames]
-    for item in needs_demo_runs:
-        item.add_marker(pytest.mark.xdist_group(DEMO_RUNS_GROUP))
-    chosen = set(map(id, needs_demo_runs))
-    items[:] = needs_demo_runs + [item for item in items if id(item) not in chosen]
+    strays = [item.nodeid for item in items if "demo_runs" in item.fixturenames and not demo_runs_scope(item.nodeid)]
+    if strays:
+        raise pytest.UsageError(f"{strays[0]} needs the demo recipe's runs: move it into one of {DEMO_RUNS_FILES} "
+                                "(tests/conftest.py), or it runs them again on another xdist worker")
+    grouped = [item for item in items if demo_runs_scope(item.nodeid)]
+    chosen = set(map(id, grouped))
+    items[:] = grouped + [item for item in items if id(item) not in chosen]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DemoRunsScheduling(LoadScopeScheduling):
+        """Every test of DEMO_RUNS_FILES as one work unit; every other test a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return demo_runs_scope(nodeid) or nodeid
+
+    return DemoRunsScheduling(config, log)
 
 
 def ours(process) -> bool:
