@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     worker_job = evaluate_job(inputs, "baseline", inputs.source.path, None, list(plan.generate))
     stage_dir = inputs.out_dir / "stages" / "baseline"
     worker_started = time.perf_counter()
-    exit_ = run_worker(worker_job, stage_dir / "evaluate.job.json", inputs.out_dir / "logs" / "baseline.log", "baseline")
+    exit_ = run_worker(worker_job, stage_dir / "device.job.json", inputs.out_dir / "logs" / "baseline.log", "baseline")
     worker_wall = time.perf_counter() - worker_started
     if exit_.returncode != 0:
         raise SystemExit(f"quantgate worker failed (exit {exit_.returncode}); see {exit_.log_path}")

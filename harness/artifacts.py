@@ -15,6 +15,7 @@ from harness.launcher import run_worker
 from harness.quantize import quantizer_for
 from harness.quantize.base import Recipe
 from harness.records import Artifact, RunInputs
+from harness.runtime.serving_engine import is_serving_engine
 
 
 def artifact_for(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
@@ -26,13 +27,13 @@ def artifact_for(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
             "path": str(path), "size_bytes": weights_size(path), "cached": True,
             "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}})
     if fmt in inputs.candidates:
-        from harness.external import not_runnable_here
+        from harness.candidates import not_runnable_here
         from harness.runtime.device import is_cuda
 
         candidate = inputs.candidates[fmt]
         entry = {"path": str(candidate.path), "size_bytes": weights_size(candidate.path), "cached": True,
                  "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
-        blocked = None if inputs.spec.backend == "vllm" else not_runnable_here(candidate, cuda=is_cuda())
+        blocked = None if is_serving_engine(inputs.spec.backend) else not_runnable_here(candidate, cuda=is_cuda())
         if blocked:
             progress.say(f"{fmt}: not runnable on this device: {blocked}")
             return Artifact(None, None, entry, error=f"not runnable on this device: {blocked}")

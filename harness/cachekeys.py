@@ -12,13 +12,14 @@ from harness.config import RunSpec
 from harness.environment import environment
 from harness.evalsets import Prompt
 from harness.measure.probe import ProbeWorkload
+from harness.runtime.serving_engine import is_serving_engine
 
 
 def device_runtime(spec: RunSpec) -> str:
     """The runtime of the device stage's worker (harness.runtime.registry): --backend's, where it names one. With
     --backend vllm, transformers still measures every format (and generates for one vLLM cannot serve); the
     server's generations are keyed by served.served_key."""
-    return "transformers" if spec.backend == "vllm" else spec.backend
+    return "transformers" if is_serving_engine(spec.backend) else spec.backend
 
 
 def evaluation_settings(spec: RunSpec) -> dict:

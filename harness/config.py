@@ -128,7 +128,7 @@ class RunSpec(BaseModel):
     # run redoes only what it had not finished.
     fresh_after: float | None = None
     trust_remote_code: bool = False
-    # Checkpoints quantized elsewhere, judged like the built-in formats (harness.external): name -> directory.
+    # Checkpoints quantized elsewhere, judged like the built-in formats (harness.candidates): name -> directory.
     candidates: dict[str, str] = Field(default_factory=dict)
     baseline_is_quantized: bool = False  # allow a --model that carries a quantization_config
     allow_tokenizer_mismatch: bool = False
@@ -164,9 +164,11 @@ class RunSpec(BaseModel):
     @classmethod
     def _known_backend(cls, value: str) -> str:
         from harness.runtime.registry import RUNTIMES
+        from harness.runtime.serving_engine import SERVING_ENGINES
 
-        if value != "vllm" and value not in RUNTIMES:
-            raise ValueError(f"backend must be vllm or a registered runtime ({', '.join(RUNTIMES)})")
+        if value not in SERVING_ENGINES and value not in RUNTIMES:
+            raise ValueError(f"backend must be a registered serving engine ({', '.join(SERVING_ENGINES)}) or "
+                             f"runtime ({', '.join(RUNTIMES)})")
         return value
 
     @field_validator("concurrency")
@@ -194,7 +196,7 @@ class RunSpec(BaseModel):
     @field_validator("candidates")
     @classmethod
     def _candidate_names(cls, value: dict[str, str]) -> dict[str, str]:
-        from harness.external import check_candidate_name
+        from harness.candidates import check_candidate_name
 
         for name in value:
             try:

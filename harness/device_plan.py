@@ -8,15 +8,16 @@ from pathlib import Path
 from harness.cache import cache_dir
 from harness.cachekeys import device_runtime, evaluation_settings, generate_key, measure_key, reusable, valid_result
 from harness.fidelity.plan import FidelityPlan
-from harness.jobs import EvaluateJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, stage_dir
+from harness.jobs import DeviceJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, stage_dir
 from harness.records import DevicePlan, ResultFile, RunInputs
+from harness.runtime.serving_engine import is_serving_engine
 
 
 def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
                  generate: list[GenerateTask], devices: str | None = None,
-                 fidelity: tuple[FidelityTask, ...] = ()) -> EvaluateJob:
+                 fidelity: tuple[FidelityTask, ...] = ()) -> DeviceJob:
     spec = inputs.spec
-    return EvaluateJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
+    return DeviceJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
                        trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
                        runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
                        fidelity=tuple(fidelity),
@@ -63,7 +64,7 @@ def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict
     """The format's fidelity tasks (harness.fidelity.plan), or a plan with the reason it measures none."""
     from harness.fidelity.plan import plan_comparison, plan_reference
 
-    if inputs.spec.backend == "vllm":  # measured through the servers instead (harness.served)
+    if is_serving_engine(inputs.spec.backend):  # measured through the servers instead (harness.served)
         return FidelityPlan((), {})
     refused = fidelity_refusal(inputs, fmt)
     if refused:

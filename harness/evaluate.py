@@ -220,7 +220,7 @@ def shared_prefix_of(inputs) -> tuple[int, str]:
 def vllm_rules_of(inputs) -> str:
     """The vLLM version whose rules plan the run: --vllm-version, else the vLLM serving it (--backend vllm), else
     the installed one (the project's .venv-vllm included), else the newest known."""
-    served = getattr(getattr(inputs, "vllm", None), "version", None)
+    served = getattr(inputs.serving_install, "version", None) if inputs.spec.backend == "vllm" else None
     return resolve_version(inputs.spec.capacity.vllm_version, installed=served)[0]
 
 

@@ -1,4 +1,4 @@
-"""The jobs a harness.worker subprocess runs, as the parent writes them: a quantize job, or an evaluate job (one
+"""The jobs a harness.worker subprocess runs, as the parent writes them: a quantize job, or a device job (one
 model load that measures and generates). Each is a frozen record with a JSON round trip (to_json/from_json);
 read_job tells them apart by their "kind"."""
 
@@ -107,7 +107,10 @@ class QuantizeJob:
 
 
 @dataclass(frozen=True)
-class EvaluateJob:
+class DeviceJob:
+    """The format's one model load in a worker: it measures (measure), generates (generate) and compares to the
+    baseline token by token (fidelity); scoring and deciding happen later, in the parent (harness.evaluate)."""
+
     artifact_path: str
     batch_size: int
     measure: MeasureTask | None = None
@@ -121,10 +124,10 @@ class EvaluateJob:
     seed: int = 0
     runtime: str = "transformers"  # the Runtime that loads the artifact (harness.runtime.registry)
     failure_path: str = ""
-    kind: str = "evaluate"
+    kind: str = "device"
 
     @classmethod
-    def from_json(cls, data: dict) -> EvaluateJob:
+    def from_json(cls, data: dict) -> DeviceJob:
         measure = data.get("measure")
         return cls(**{**data, "measure": MeasureTask.from_json(measure) if measure else None,
                       "generate": tuple(GenerateTask.from_json(t) for t in data.get("generate") or ()),
@@ -134,12 +137,12 @@ class EvaluateJob:
         return asdict(self)
 
 
-JOB_KINDS = {"quantize": QuantizeJob, "evaluate": EvaluateJob}
+JOB_KINDS = {"quantize": QuantizeJob, "device": DeviceJob}
 
 
-def read_job(path: Path) -> QuantizeJob | EvaluateJob:
+def read_job(path: Path) -> QuantizeJob | DeviceJob:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return JOB_KINDS[data.get("kind", "evaluate")].from_json(data)
+    return JOB_KINDS[data.get("kind", "device")].from_json(data)
 
 
 def stage_dir(out_dir: Path, fmt: str) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from harness import progress
 from harness.cache import atomic_write_json
 from harness.errors import Terminated, raise_terminated
-from harness.jobs import EvaluateJob, QuantizeJob
+from harness.jobs import DeviceJob, QuantizeJob
 from harness.runtime.device import cpu_kernel_environment
 from harness.sandbox import apply_offline, cache_locations
 
@@ -97,7 +97,7 @@ class _MemoryWatch(threading.Thread):
         self._done.set()
 
 
-def run_worker(job: QuantizeJob | EvaluateJob, job_path: Path, log_path: Path, label: str,
+def run_worker(job: QuantizeJob | DeviceJob, job_path: Path, log_path: Path, label: str,
                memory_limit_bytes: int | None = None) -> WorkerExit:
     atomic_write_json(job_path, job.to_json())
     log_path.parent.mkdir(parents=True, exist_ok=True)

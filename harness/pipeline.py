@@ -25,7 +25,7 @@ from harness.device_plan import evaluate_job, pending_evaluation
 from harness.errors import Terminated, UserError, interrupted_exit_code
 from harness.evalsets import load_evalsets
 from harness.evalsets.prompts import check_prompt_lengths, render_prompts
-from harness.external import check_baseline_is_full_precision, read_candidates
+from harness.candidates import check_baseline_is_full_precision, read_candidates
 from harness.jobs import stage_dir
 from harness.launcher import run_worker
 from harness.metrics import metric_names
@@ -34,7 +34,7 @@ from harness.quantize import recipe_for
 from harness.quantize.base import Recipe
 from harness.records import Artifact, DeviceRun, FormatRun, RunInputs
 from harness.report.schema import RunReport, report_json
-from harness.runtime.vllm.client import check_endpoints
+from harness.runtime.serving_engine import is_serving_engine, serving_engine
 from harness.serving import serve, served_refusal_for
 from harness.source import check_remote_code, load_tokenizer, resolve_source
 
@@ -133,7 +133,9 @@ def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:
     """Everything that can be checked before expensive work starts is checked here."""
-    check_endpoints(spec.vllm_endpoints)
+    engine = serving_engine(spec.backend) if is_serving_engine(spec.backend) else None
+    if engine is not None:
+        engine.check_endpoints(spec.vllm_endpoints)
     out_dir = prepare_output_dir(Path(spec.out))
     full_evalsets = load_evalsets(spec.evalsets, allow_outside_paths=spec.allow_outside_paths)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
@@ -158,26 +160,24 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
         wanted = max(spec.calibration_samples_for(f) for f in spec.formats if f != "baseline")
         calibration = load_calibration(spec.calibration, full_evalsets, wanted, tokenizer,
                                        allow_overlap=spec.allow_calibration_overlap)
-    vllm = None
-    if spec.backend == "vllm":
-        from harness.served import vllm_for_run
-
-        vllm = vllm_for_run(spec)
+    serving_install = engine.locate(spec) if engine is not None else None
     # Only a run whose inputs passed every check is saved for --resume.
     atomic_write_json(out_dir / "run.json", spec.model_dump())
-    inputs = RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration, vllm,
-                       candidates, candidate_notes)
+    inputs = RunInputs(spec, out_dir, source, model_config, evalsets, policy, recipes, prompts, calibration,
+                       serving_install, candidates, candidate_notes)
     announce_served_refusals(inputs)
     return inputs
 
 
 def announce_served_refusals(inputs: RunInputs) -> None:
-    """Backend vllm: what vLLM cannot serve is said before any model loads (the report repeats it per format)."""
+    """A serving-engine backend: what the engine cannot serve is said before any model loads (the report repeats
+    it per format)."""
     for fmt in inputs.spec.all_formats():
         refused = served_refusal_for(inputs, fmt)
         if refused:
-            progress.say(f"{fmt}: vLLM will not serve it, so it is scored in transformers and cannot be GO on this "
-                         f"backend: {refused}")
+            title = serving_engine(inputs.spec.backend).title
+            progress.say(f"{fmt}: {title} will not serve it, so it is scored in transformers and cannot be GO on "
+                         f"this backend: {refused}")
 
 
 def prepare_output_dir(out_dir: Path) -> Path:
@@ -207,9 +207,10 @@ def run_format(inputs: RunInputs, fmt: str, devices: str | None = None) -> Forma
         return FormatRun(fmt, status="failed", error=artifact.error, artifact=artifact.entry,
                          stages_run=list(artifact.stages_run), devices=devices)
     refused = served_refusal_for(inputs, fmt)
-    device = run_on_device(inputs, fmt, artifact, devices, generate=inputs.spec.backend != "vllm" or bool(refused))
+    served_backend = is_serving_engine(inputs.spec.backend)
+    device = run_on_device(inputs, fmt, artifact, devices, generate=not served_backend or bool(refused))
     served = None
-    if inputs.spec.backend == "vllm" and device.error is None:
+    if served_backend and device.error is None:
         served = serve(inputs, fmt, artifact, device, refused, devices)
     return collect_results(fmt, artifact, device, served, devices)
 
@@ -231,7 +232,7 @@ def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str 
         job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices, fidelity)
         failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
-        exit_ = run_worker(job, stage_dir(inputs.out_dir, fmt) / "evaluate.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
+        exit_ = run_worker(job, stage_dir(inputs.out_dir, fmt) / "device.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
         stages_run = tuple((["measure"] if plan.measure else []) + [f"generate:{t.evalset}" for t in tasks]
                            + [f"fidelity:{t.evalset}" for t in fidelity])

@@ -20,8 +20,7 @@ from harness.quantize.base import Recipe
 from harness.source import ModelSource
 
 if TYPE_CHECKING:
-    from harness.external import ExternalCheckpoint
-    from harness.runtime.vllm.locate import VllmInstall
+    from harness.candidates import ExternalCheckpoint
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class FormatRun:
     measurement: Measurement = field(default_factory=Measurement)
     generations: dict[str, dict] = field(default_factory=dict)
     stages_run: list[str] = field(default_factory=list)
-    served: dict | None = None  # backend vllm: the format's `served` block (harness.served)
+    served: dict | None = None  # a serving-engine backend: the format's `served` block (harness.served)
     devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")
     fidelity: dict[str, dict] = field(default_factory=dict)  # evalset -> its comparison (harness.fidelity.teacher)
     fidelity_note: str | None = None  # why fidelity was not measured (for every evalset or some)
@@ -52,7 +51,8 @@ class RunInputs:
     recipes: dict[str, Recipe]
     prompts: dict[str, list[Prompt]]
     calibration: CalibrationSet | None  # None when no format calibrates
-    vllm: VllmInstall | None = None  # backend vllm: the VllmInstall quantgate starts servers from (None: endpoints only)
+    # a serving-engine backend: the install its servers start from (ServingEngine.locate; None: endpoints only)
+    serving_install: object | None = None
     candidates: dict[str, ExternalCheckpoint] = field(default_factory=dict)
     candidate_notes: dict[str, list[str]] = field(default_factory=dict)  # name -> notes (tokenizer mismatch)
 
@@ -112,11 +112,12 @@ class DeviceRun:
 
 @dataclass(frozen=True)
 class Served:
-    """Stage serve (backend vllm): the format's `served` block and the server's generations (none if refused)."""
+    """Stage serve (a serving-engine backend): the format's `served` block and the server's generations (none if
+    refused)."""
 
     block: dict
     generations: dict[str, ResultFile]
     stages_run: tuple[str, ...] = ()
     error: str | None = None
-    fidelity: FidelityPlan = FidelityPlan((), {}, "not measured: vLLM does not serve this format")
+    fidelity: FidelityPlan = FidelityPlan((), {})
 

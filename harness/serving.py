@@ -1,6 +1,6 @@
-"""A format's serving stage (--backend vllm): whether the engine can serve it, and the served run (scores, latency,
-load, fidelity through the server) as a Served record; a format the engine cannot serve is scored in transformers
-and its report row says why."""
+"""A format's serving stage (--backend NAME of a serving engine: vllm, or a plugin's): whether the engine can serve
+it, and the served run (scores, latency, load, fidelity through the server) as a Served record; a format the engine
+cannot serve is scored in transformers and its report row says why."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from harness.device_plan import TOKENIZER_DIFFERS
 from harness.fidelity.plan import FidelityPlan
 from harness.measure.probe import Measurement
 from harness.records import Artifact, DeviceRun, FormatRun, ResultFile, RunInputs, Served
+from harness.runtime.serving_engine import is_serving_engine, serving_engine
 
 
 def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
-    if inputs.spec.backend != "vllm":
+    if not is_serving_engine(inputs.spec.backend):
         return None
     from harness.served import served_refusal
 
-    return served_refusal(inputs.vllm, format_spec_of(inputs, fmt), inputs.spec.vllm_endpoints.get(fmt))
+    return served_refusal(inputs, format_spec_of(inputs, fmt), inputs.spec.vllm_endpoints.get(fmt))
 
 
 def format_spec_of(inputs: RunInputs, fmt: str):
@@ -29,14 +30,16 @@ def format_spec_of(inputs: RunInputs, fmt: str):
 
 def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, refused: str | None,
           devices: str | None) -> Served:
-    """Backend vllm: score and time the format through a vLLM server; one vLLM cannot serve is scored in
-    transformers (its report row says why vLLM cannot serve it, and it cannot be GO)."""
+    """Score and time the format through the serving engine's server; one the engine cannot serve is scored in
+    transformers (its report row says why the engine cannot serve it, and it cannot be GO)."""
     from harness.served import run_served, served_block, served_format
 
+    engine = serving_engine(inputs.spec.backend)
     endpoint = inputs.spec.vllm_endpoints.get(fmt)
     if refused:
-        progress.say(f"{fmt}: not served by vLLM: {refused}")
-        return Served(served_block(inputs.vllm, endpoint, status="unsupported", reason=refused), {})
+        progress.say(f"{fmt}: not served by {engine.title}: {refused}")
+        return Served(served_block(inputs, endpoint, status="unsupported", reason=refused), {},
+                      fidelity=FidelityPlan((), {}, f"not measured: {engine.title} does not serve this format"))
     served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
     generations: dict[str, dict] = {}
     # The server is planned before the measurement is read back (the format as run_served has always seen it).
@@ -44,13 +47,15 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
                         devices=devices)
     reference = (device.measurement.read() or {}).get("probe_reply") if fmt == "baseline" else None
     refused_fidelity = TOKENIZER_DIFFERS if inputs.candidate_notes.get(fmt) else None
+    if not (refused_fidelity or engine.prompt_logprobs):
+        refused_fidelity = f"not measured: {engine.title} gives no prompt log-probabilities"
     fidelity: dict[str, str] | None = None if refused_fidelity else {}
-    block = run_served(inputs, served, inputs.vllm, endpoint, generations, lambda path: reusable(inputs.spec, path),
-                       planned, reference_reply=reference, fidelity=fidelity)
-    error = None if block["status"] == "ok" else f"serving with vLLM failed: {block['reason']}"
+    block = run_served(inputs, served, endpoint, generations, lambda path: reusable(inputs.spec, path), planned,
+                       reference_reply=reference, fidelity=fidelity)
+    error = None if block["status"] == "ok" else f"serving with {engine.title} failed: {block['reason']}"
     missing = [e.name for e in inputs.evalsets if e.name not in (fidelity or {})]
-    note = refused_fidelity or ((f"not measured through vLLM for {', '.join(missing)}: the served baseline left no "
-                                 "reference there (it was not served, or failed)") if missing and fmt != "baseline"
-                                else None)
+    note = refused_fidelity or ((f"not measured through {engine.title} for {', '.join(missing)}: the served "
+                                 "baseline left no reference there (it was not served, or failed)")
+                                if missing and fmt != "baseline" else None)
     return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error,
                   FidelityPlan((), fidelity or {}, note))

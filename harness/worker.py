@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, remove_tree
-from harness.jobs import EvaluateJob, GenerateTask, QuantizeJob, read_job
+from harness.jobs import DeviceJob, GenerateTask, QuantizeJob, read_job
 from harness.runtime.base import Runtime
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
         if isinstance(job, QuantizeJob):
             run_quantize(job)
         else:
-            run_evaluate(job)
+            run_device_job(job)
     except BaseException as exc:  # noqa: BLE001 - the parent needs a reason whatever happened
         traceback.print_exc()
         atomic_write_json(Path(job.failure_path), {"status": "failed", "error": describe_failure(exc),
@@ -111,7 +111,7 @@ def run_quantize(job: QuantizeJob) -> None:
     partial.rename(out_dir)
 
 
-def run_evaluate(job: EvaluateJob) -> None:
+def run_device_job(job: DeviceJob) -> None:
     """Load, measure (when the job has a measure task) and generate, then (when the task asks) the profile forward.
     A measured job runs inside a MemoryTimeline from the load to the profile: the measurement is written as soon as
     it is taken (it survives a crash in generation), again with the profile, and again at the end with the whole
@@ -128,14 +128,14 @@ def run_evaluate(job: EvaluateJob) -> None:
         importlib.import_module(library)
     measure = job.measure
     with MemoryTimeline(stage="load") if measure else contextlib.nullcontext() as timeline:
-        result = _evaluate(job, runtime, timeline)
+        result = _load_measure_generate(job, runtime, timeline)
     if measure and result is not None:
         result["memory_timeline"] = timeline.as_dict()
         result["memory"] = whole_job_peaks(result["memory"], result["memory_timeline"])
         atomic_write_json(Path(measure.result_path), result)
 
 
-def _evaluate(job: EvaluateJob, runtime: type[Runtime], timeline) -> dict | None:
+def _load_measure_generate(job: DeviceJob, runtime: type[Runtime], timeline) -> dict | None:
     from harness.measure.memory import memory_in_use, track_peak
     from harness.measure.probe import measure_format
 

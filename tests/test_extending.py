@@ -124,7 +124,7 @@ def test_a_runtime_is_one_registry_entry(tmp_path):
     Runtime protocol alone."""
     from harness import worker
     from harness.errors import UserError
-    from harness.jobs import EvaluateJob, GenerateItem, GenerateTask
+    from harness.jobs import DeviceJob, GenerateItem, GenerateTask
     from harness.runtime.registry import RUNTIMES, register_runtime, runtime_class
     from harness.runtime.transformers_backend import LoadedModel
 
@@ -135,7 +135,7 @@ def test_a_runtime_is_one_registry_entry(tmp_path):
     task = GenerateTask("faq", "k", 4, (GenerateItem("a", "one three"), GenerateItem("b", "seven")),
                         str(tmp_path / "faq.json"))
     try:
-        worker.run_evaluate(EvaluateJob(str(tmp_path), batch_size=2, generate=(task,), runtime="echo"))
+        worker.run_device_job(DeviceJob(str(tmp_path), batch_size=2, generate=(task,), runtime="echo"))
     finally:
         RUNTIMES.pop("echo")
     outputs = json.loads((tmp_path / "faq.json").read_text(encoding="utf-8"))["outputs"]
@@ -149,7 +149,7 @@ def test_backend_names_a_registered_runtime():
     from harness.cachekeys import device_runtime
     from harness.runtime.registry import RUNTIMES, register_runtime
 
-    with pytest.raises(ValidationError, match="vllm or a registered runtime \\(transformers"):
+    with pytest.raises(ValidationError, match="a registered serving engine \\(vllm\\) or runtime \\(transformers"):
         RunSpec(backend="echo")
     register_runtime("echo", f"{__name__}:EchoRuntime")
     try:
@@ -186,3 +186,40 @@ def test_the_toy_format_and_metric_run_through_the_pipeline(demo_cache, tmp_path
     assert {"en_incident_summaries/rougeL", "en_incident_summaries/length_ratio"} <= {
         f"{s}/{m}" for s, metrics in toy["scores"].items() for m in metrics}
     assert toy["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
+
+
+def test_a_toy_serving_engine_serves_through_the_seam_alone(demo_checkpoint, demo_cache, tmp_path):
+    """--backend toyserve: an engine registered by a plugin (tests/plugins/quantgate_toy_serve.py, its server a
+    tiny OpenAI completions server) serves the baseline, is scored and timed through it, refuses toy8 with its own
+    reason, and leaves no server behind; nothing in quantgate names it."""
+    import psutil
+
+    from conftest import ours, tiny_llama
+
+    model = tiny_llama(demo_checkpoint, tmp_path / "tiny")
+    out = tmp_path / "out"
+    env = {"QUANTGATE_PLUGINS": "quantgate_toy,quantgate_toy_serve",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(PLUGIN_DIR)])}
+    result = quantgate("run", "--model", str(model), "--formats", "baseline,toy8", "--backend", "toyserve",
+                       "--max-items", "2", "--max-new-tokens", "8", "--latency-requests", "2", "--out", str(out),
+                       cache=demo_cache, env=env)
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["backend"] == "toyserve"
+    served = report["formats"]["baseline"]["served"]
+    assert served["status"] == "ok" and served["scored"], served["reason"]
+    assert served["engine"] == "toyserve" and served["version"] == "0.1"
+    assert served["kernels"] == ["ToyGreedyLoop"]  # read from its start-up log
+    assert served["baseline_probe"].startswith("reproduced")  # it answers as transformers does
+    assert served["latency"]["concurrency_1"]["requests"] == 2 and served["startup_s"] > 0
+    assert served["saturation"]["holds"] is False and "preemption counter" in served["saturation"]["reason"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert any(s["format"] == "baseline" and s["prediction"] for s in samples)
+    toy8 = report["formats"]["toy8"]
+    assert toy8["served"]["status"] == "unsupported" and "16-bit checkpoints only" in toy8["served"]["reason"]
+    assert "toy8: ToyServe will not serve it" in result.stderr
+    markdown = (out / "report.md").read_text()
+    assert "## Served by ToyServe" in markdown and "Scores come from the ToyServe server (backend toyserve)" in markdown
+    assert (out / "logs" / "baseline.toyserve.log").is_file()
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if "toy_openai_server.py" in " ".join(p.info["cmdline"] or []) and ours(p)]
+    assert not left, "the toy server outlived the run"

@@ -10,7 +10,7 @@ import pytest
 
 from harness.config import build_spec
 from harness.errors import UserError
-from harness.external import check_against_baseline, not_runnable_here, parse_candidates, read_candidate
+from harness.candidates import check_against_baseline, not_runnable_here, parse_candidates, read_candidate
 from harness.formats import known_formats
 from harness.runtime.vllm.launch_plan import refusal
 from harness.runtime.vllm.locate import VllmInstall
@@ -254,7 +254,7 @@ def test_allow_tokenizer_mismatch_is_said_in_the_verdict(tmp_path, monkeypatch):
 
 
 def test_a_legacy_quantized_model_is_not_a_baseline(tmp_path):
-    from harness.external import check_baseline_is_full_precision
+    from harness.candidates import check_baseline_is_full_precision
 
     model = _checkpoint(tmp_path / "m")
     check_baseline_is_full_precision(LLAMA, model / "config.json", False)

@@ -81,8 +81,8 @@ def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_pa
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
     run = start(("run", *FAST, "--evalsets", str(fresh), "--out", str(out)), demo_cache)
-    worker = wait_for_worker(run, "stages/int8/evaluate")
-    job = json.loads((out / "stages" / "int8" / "evaluate.job.json").read_text())
+    worker = wait_for_worker(run, "stages/int8/device")
+    job = json.loads((out / "stages" / "int8" / "device.job.json").read_text())
     wait_for_file(Path(job["measure"]["result_path"]), run)  # int8 has finished its measurement, not its evalsets
     worker.send_signal(signal.SIGKILL)
     stdout, stderr = run.communicate(timeout=600)
@@ -150,7 +150,7 @@ def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path, ca
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
     run = start(("run", *FAST, *cache_flags, "--evalsets", str(sets), "--out", str(out)), demo_cache)
-    wait_for_worker(run, "stages/int8/evaluate")
+    wait_for_worker(run, "stages/int8/device")
     os.killpg(run.pid, signal.SIGKILL)
     run.communicate(timeout=60)
     assert not (out / "report.json").exists()
@@ -168,7 +168,7 @@ def test_an_interrupt_writes_a_partial_report(how, code, reference, demo_cache, 
     shutil.rmtree(demo_cache / "results", ignore_errors=True)
     out = tmp_path / "run"
     run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
-    worker = wait_for_worker(run, "stages/int8/evaluate")
+    worker = wait_for_worker(run, "stages/int8/device")
     if how == "Ctrl-C":
         os.killpg(run.pid, signal.SIGINT)
     else:

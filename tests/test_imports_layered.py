@@ -16,7 +16,7 @@ LAYERS = (
      "harness.jobs", "harness.plugins"),
     ("harness.runtime*", "harness.quantize*", "harness.measure*", "harness.launcher", "harness.policy"),
     ("harness.fidelity*", "harness.diagnose*"),
-    ("harness.config", "harness.environment", "harness.external", "harness.served", "harness.decide",
+    ("harness.config", "harness.environment", "harness.candidates", "harness.served", "harness.decide",
      "harness.evaluate", "harness.records", "harness.cachekeys", "harness.worker", "harness.artifacts",
      "harness.device_plan", "harness.collect", "harness.serving"),
     ("harness.report*",),

@@ -2,7 +2,7 @@
 
 import json
 
-from harness.jobs import EvaluateJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob, read_job
+from harness.jobs import DeviceJob, GenerateItem, GenerateTask, MeasureTask, QuantizeJob, read_job
 
 
 def _through_a_file(job, tmp_path):
@@ -22,14 +22,14 @@ def test_the_quantize_job_round_trips(tmp_path):
 def test_the_evaluate_job_round_trips(tmp_path):
     measure = MeasureTask("/m.json", (("Hello", 8), ("Hi", 4)), ("Hello there",), 8, warmup=1)
     tasks = (GenerateTask("faq", "k1", 12, (GenerateItem("q1", "What?"), GenerateItem("q2", "Why?")), "/g.json"),)
-    job = EvaluateJob(artifact_path="/a", batch_size=4, measure=measure, generate=tasks, format="int8",
+    job = DeviceJob(artifact_path="/a", batch_size=4, measure=measure, generate=tasks, format="int8",
                       devices=None, dtype="float32", threads=1, seed=5, failure_path="/f.json")
     assert _through_a_file(job, tmp_path) == job
-    assert _through_a_file(EvaluateJob("/a", 1), tmp_path) == EvaluateJob("/a", 1)  # nothing to measure
+    assert _through_a_file(DeviceJob("/a", 1), tmp_path) == DeviceJob("/a", 1)  # nothing to measure
 
 
 def test_the_job_file_keeps_the_keys_the_worker_reads(tmp_path):
-    job = EvaluateJob("/a", 2, generate=(GenerateTask("faq", "k", 8, (GenerateItem("q", "p"),), "/g"),))
+    job = DeviceJob("/a", 2, generate=(GenerateTask("faq", "k", 8, (GenerateItem("q", "p"),), "/g"),))
     data = json.loads(json.dumps(job.to_json()))
-    assert data["kind"] == "evaluate" and data["measure"] is None
+    assert data["kind"] == "device" and data["measure"] is None
     assert data["generate"][0]["items"] == [{"id": "q", "prompt": "p"}]

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import E2E_ARGS, quantgate
 from harness.errors import UserError
-from harness.external import parse_candidates, read_candidate
+from harness.candidates import parse_candidates, read_candidate
 
 
 def _checkpoint_like(source: Path, target: Path, **config_changes) -> Path:
@@ -156,7 +156,7 @@ def test_candidates_are_judged_like_the_built_in_formats(candidates_run):
 
 
 def test_cuda_only_layouts_are_not_runnable_on_a_cpu(tmp_path):
-    from harness.external import not_runnable_here
+    from harness.candidates import not_runnable_here
 
     directory = tmp_path / "marlin"
     directory.mkdir()

@@ -12,7 +12,7 @@ import pytest
 
 from harness.config import CapacitySettings, RunSpec
 from harness.evalsets import Prompt
-from harness.jobs import EvaluateJob, MeasureTask
+from harness.jobs import DeviceJob, MeasureTask
 from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
 from harness.measure.capacity.common import measured_activation
 from harness.measure.profile import PROFILE_ON_CPU_ENV, measure_profile, profile_shape, profile_wanted
@@ -123,15 +123,15 @@ def test_a_failing_profile_keeps_the_measurement_and_says_why():
 
 
 def test_the_worker_measures_the_profile_after_the_generations(tiny_llama, on_cpu, tmp_path):
-    """worker.run_evaluate with a measure task that asks for a profile: the measurement carries it, and the job's
+    """worker.run_device_job with a measure task that asks for a profile: the measurement carries it, and the job's
     memory timeline ended before it (its peaks stay the evaluated workload's)."""
     from harness import worker
 
     measure = MeasureTask(str(tmp_path / "measure.json"), (("what is the capital of france ?", 4),),
                           ("what is the capital of france ?",), 4, warmup=1, profile_tokens=1024,
                           profile_sequences=64)
-    job = EvaluateJob(artifact_path=str(tiny_llama), batch_size=2, measure=measure)
-    worker.run_evaluate(EvaluateJob.from_json(json.loads(json.dumps(job.to_json()))))
+    job = DeviceJob(artifact_path=str(tiny_llama), batch_size=2, measure=measure)
+    worker.run_device_job(DeviceJob.from_json(json.loads(json.dumps(job.to_json()))))
     result = json.loads(Path(measure.result_path).read_text(encoding="utf-8"))
     profile = result["profile"]
     assert (profile["profile_tokens"], profile["profile_sequences"]) == (1024, 64)

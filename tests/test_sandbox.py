@@ -94,7 +94,7 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
     def fake_worker(job, *args, **kwargs):
         return jobs.append(job.to_json()) or WorkerExit(0, tmp_path / "log")
 
-    monkeypatch.setattr(pipeline, "run_worker", fake_worker)  # the evaluate job
+    monkeypatch.setattr(pipeline, "run_worker", fake_worker)  # the device job
     monkeypatch.setattr(artifacts, "run_worker", fake_worker)  # the quantize job
     monkeypatch.setattr(artifacts, "quantize_device_key", lambda quantizer, path: {"kind": "cpu"})
     monkeypatch.setattr(cachekeys, "measure_device_key", lambda threads: {"kind": "cpu"})
@@ -105,7 +105,7 @@ def test_trust_remote_code_travels_in_every_worker_job(env, monkeypatch, tmp_pat
                        Policy(), {"int8": Recipe("int8", bits=8, calibration_samples=0)}, {}, None)
     pipeline.run_format(inputs, "baseline")
     pipeline.run_format(inputs, "int8")  # the fake worker leaves no artifact: quantize is its only job
-    assert [job["kind"] for job in jobs] == ["evaluate", "quantize"]
+    assert [job["kind"] for job in jobs] == ["device", "quantize"]
     assert all(job["trust_remote_code"] is allowed for job in jobs)
     assert jobs[0]["seed"] == spec.seed and jobs[1]["recipe"]["seed"] == 0  # --seed reaches every worker
 

@@ -281,7 +281,7 @@ class _FakeModel:
 
 
 def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
-    """worker.run_evaluate (a fake model: measure_format, generate_evalset, the memory timeline) ->
+    """worker.run_device_job (a fake model: measure_format, generate_evalset, the memory timeline) ->
     evaluate_formats and build_report, for an ok baseline, an ok int8, a gptq whose quantization failed (it calibrates, so it carries
     the calibration block) and an interrupted awq."""
     from harness import worker
@@ -289,7 +289,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.calibration import CalibrationSet, check_overlap
     from harness.config import RunSpec
     from harness.evalsets import load_evalsets
-    from harness.jobs import EvaluateJob
+    from harness.jobs import DeviceJob
     from harness.measure import memory
     from harness.measure.probe import Measurement
     from harness.evalsets import Prompt
@@ -332,7 +332,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                    "result_path": str(tmp_path / f"{name}.measure.json")}
         task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / f"{name}.faq.json"),
                 "items": [{"id": p.item_id, "prompt": p.text} for p in prompts["faq"]]}
-        worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path),
+        worker.run_device_job(DeviceJob.from_json({"kind": "device", "artifact_path": str(tmp_path),
                                                    "batch_size": 2, "measure": measure, "generate": [task]}))
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
@@ -377,7 +377,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     # a job of generate tasks only (measurement cached) samples nothing and writes no measurement
     task = {"evalset": "faq", "key": "k", "max_new_tokens": 8, "result_path": str(tmp_path / "only.faq.json"),
             "items": [{"id": "q0", "prompt": "Answer: x"}]}
-    worker.run_evaluate(EvaluateJob.from_json({"kind": "evaluate", "artifact_path": str(tmp_path), "batch_size": 2,
+    worker.run_device_job(DeviceJob.from_json({"kind": "device", "artifact_path": str(tmp_path), "batch_size": 2,
                                                "generate": [task]}))
     assert Path(task["result_path"]).is_file() and not list(tmp_path.glob("only*.measure.json"))
 

@@ -346,7 +346,7 @@ def test_a_gpu_server_without_a_plan_takes_vllm_defaults():
 
 
 def test_a_served_baseline_must_open_its_reply_as_transformers_does():
-    from harness.runtime.vllm.server import ServerFailed
+    from harness.runtime.serving_engine import ServerFailed
     from harness.served import baseline_reproduced
 
     assert baseline_reproduced("The capital of France is Paris.", "The capital  of France is Paris, a city",

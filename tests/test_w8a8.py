@@ -129,7 +129,7 @@ def test_vllm_on_an_avx2_cpu_serves_it_in_float32(monkeypatch, tiny_w8a8):
     --quantization compressed-tensors, and served in float32 on a CPU without bf16 units."""
     from harness.runtime.vllm.launch_plan import cpu_launch, refusal
     from harness.runtime.vllm.locate import VllmInstall
-    from harness.served import served_dtype
+    from harness.runtime.vllm.engine import served_dtype
 
     install = VllmInstall("test", (), True, "0.32.0", "cpu", frozenset({"gptq", "awq", "compressed-tensors"}),
                           "_C_AVX2", False)

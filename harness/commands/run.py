@@ -173,7 +173,7 @@ def flag_values(args) -> tuple[dict, dict]:
 
 
 def candidate_values(args) -> dict:
-    from harness.external import parse_candidates
+    from harness.candidates import parse_candidates
     from harness.formats import known_formats
 
     given = getattr(args, "candidate", None)

@@ -21,7 +21,8 @@ from harness.report.schema import FormatResult, RunReport
 from harness.report.spot_checks import SPOT_CHECK_COLUMNS, spot_check_caption, spot_check_rows, unacceptable_quotes
 from harness.report.units import DASH, clip, excerpt, prompt_excerpt
 from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
-                                 LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, SERVED_TITLE,
+                                 LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, served_backend,
+                                 served_title,
                                  VERDICT_COLUMNS, artifact_rows, backend_note, calibration_rows, capacity_text,
                                  environment_items, evalset_rows, formats_in_order, latency_caption, latency_origin,
                                  latency_rows, memory_caption, memory_rows, Phrase, provenance_items,
@@ -211,7 +212,7 @@ def _format_section(
         more = f"<li>… {len(reasons) - layout.list_items} more in report.json</li>" if len(reasons) > layout.list_items else ""
         parts.append(f'<h3>Reasons</h3><ul class="reasons">{shown}{more}</ul>')
     parts += [_scores(fmt, layout), _memory(fmt), _timeline(fmt), _latency(report, fmt), _capacity(report, fmt),
-              _serving(report, fmt), _fidelity(fmt, report.settings.backend == "vllm"), _spot_checks(fmt, layout),
+              _serving(report, fmt), _fidelity(fmt, served_backend(report)), _spot_checks(fmt, layout),
               _checks(fmt, layout)]
     if fmt.role != "baseline":
         parts += [_regressions(group, layout) for group in groups if group.candidate == name]
@@ -313,7 +314,7 @@ def _served(report: RunReport) -> str:
     views = served_views(report)
     if not views:
         return ""
-    return "\n".join([f'<section id="served"><h2>{e(SERVED_TITLE)}</h2>', *map(_served_format, views), "</section>"])
+    return "\n".join([f'<section id="served"><h2>{e(served_title(report))}</h2>', *map(_served_format, views), "</section>"])
 
 
 def _served_format(view: ServedView) -> str:

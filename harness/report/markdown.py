@@ -19,7 +19,8 @@ from harness.report.schema import FormatResult, RunReport
 from harness.report.spot_checks import SPOT_CHECK_COLUMNS, spot_check_caption, spot_check_rows, unacceptable_quotes
 from harness.report.units import DASH, clip, excerpt, prompt_excerpt
 from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
-                                 LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, SERVED_TITLE,
+                                 LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, served_backend,
+                                 served_title,
                                  VERDICT_COLUMNS, artifact_rows, backend_note, calibration_rows, capacity_text,
                                  environment_items, evalset_rows, formats_in_order, latency_caption, latency_origin,
                                  latency_rows, memory_caption, memory_rows, Phrase, provenance_items,
@@ -190,7 +191,7 @@ def _format_section(
         _latency_table(report, fmt),
         _capacity(report, fmt),
         _serving(report, fmt, layout),
-        _fidelity(fmt, layout, served=report.settings.backend == "vllm"),
+        _fidelity(fmt, layout, served=served_backend(report)),
         _spot_checks(fmt, layout),
     ]
     if fmt.role != "baseline":
@@ -311,7 +312,7 @@ def _served(report: RunReport, layout: _Layout) -> str:
     views = served_views(report)
     if not views:
         return ""
-    return "\n\n".join([f"## {SERVED_TITLE}"] + [_served_format(view, layout) for view in views])
+    return "\n\n".join([f"## {served_title(report)}"] + [_served_format(view, layout) for view in views])
 
 
 def _served_format(view: ServedView, layout: _Layout) -> str:

@@ -388,7 +388,7 @@ class Served(_Strict):
                                                            "loading); failed: the server did not start or broke")
     reason: str | None = Field(description="why unsupported or failed, one line that names the alternative; null "
                                            "when ok")
-    engine: Literal["vllm"] = Field(description="the serving engine")
+    engine: str = Field(description="the serving engine (--backend): vllm, or one a plugin registers")
     source: str = Field(description="where the vLLM came from, e.g. 'project environment .venv-vllm', '--vllm "
                                     "PATH', '--vllm-endpoint URL'")
     version: str | None = Field(description="the vLLM version, e.g. '0.32.0'; null when unknown")

