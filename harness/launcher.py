@@ -17,6 +17,7 @@ from harness import progress
 from harness.cache import atomic_write_json
 from harness.errors import Terminated, raise_terminated
 from harness.jobs import DeviceJob, QuantizeJob
+from harness.measure.rss import RssSampler
 from harness.runtime.device import cpu_kernel_environment
 from harness.sandbox import apply_offline, cache_locations
 
@@ -65,36 +66,30 @@ def set_gptqmodel_cpu_workers(env: MutableMapping[str, str]) -> None:
     env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
 
 
-class _MemoryWatch(threading.Thread):
+class _MemoryWatch:
     """Samples the worker's RSS (its peak goes into an OOM reason) and, with a limit, emulates a smaller host:
     SIGKILL the worker, as the kernel's OOM killer would, once its RSS passes the limit."""
 
     def __init__(self, pid: int, limit_bytes: int | None) -> None:
-        super().__init__(daemon=True)
         import psutil
 
         self._process = psutil.Process(pid)
-        self.limit = limit_bytes
-        self.peak_rss = 0
         self.tripped_at: int | None = None
-        self._done = threading.Event()
+        self._sampler = RssSampler(pid, interval_s=0.05, limit_bytes=limit_bytes, on_limit=self._kill)
 
-    def run(self) -> None:
-        import psutil
+    def _kill(self, rss: int) -> None:
+        self.tripped_at = rss
+        self._process.kill()
 
-        while not self._done.wait(0.05):
-            try:
-                rss = self._process.memory_info().rss
-            except psutil.Error:
-                return
-            self.peak_rss = max(self.peak_rss, rss)
-            if self.limit and rss > self.limit:
-                self.tripped_at = rss
-                self._process.kill()
-                return
+    @property
+    def peak_rss(self) -> int:
+        return self._sampler.peak
+
+    def start(self) -> None:
+        self._sampler.start()
 
     def stop(self) -> None:
-        self._done.set()
+        self._sampler.stop()
 
 
 def run_worker(job: QuantizeJob | DeviceJob, job_path: Path, log_path: Path, label: str,

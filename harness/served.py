@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
+from harness.measure.rss import RssSampler
 from harness.formats import FormatSpec
 from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
                                             serving_engine)
@@ -186,7 +187,7 @@ def serve_and_measure(inputs, served: ServedFormat, endpoint_url, plan: LaunchPl
     offset = log_path.stat().st_size if log_path.exists() else 0
     try:
         with engine.start(install, served, plan, log_path, _worker_env(), inputs.spec.vllm_startup_timeout_s) \
-                as server, RssSampler(server.pid) as rss:
+                as server, RssSampler(server.pid, interval_s=0.5, tree=True) as rss:
             block.update(startup_s=server.startup_s)
             block.update(engine.startup_facts(install, plan, server, log_path, offset))
             block = _measure(inputs, served, Endpoint(server.base_url, served.name), plan, concurrencies, pending,
@@ -301,36 +302,6 @@ def _worker_env() -> dict[str, str]:
     from harness.launcher import worker_environment
 
     return worker_environment(os.environ)
-
-
-class RssSampler:
-    """Peak RSS of a process and its descendants (the server's API process, engine core and workers)."""
-
-    def __init__(self, pid: int | None, interval_s: float = 0.5) -> None:
-        import threading
-
-        self.pid, self.interval_s, self.peak = pid, interval_s, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "RssSampler":
-        if self.pid:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._done.wait(self.interval_s):
-            try:
-                root = psutil.Process(self.pid)
-                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-            except psutil.Error:
-                continue
-            self.peak = max(self.peak, total)
 
 
 def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec,

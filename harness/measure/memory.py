@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from harness.measure.rss import RssSampler
 from harness.runtime.device import is_cuda
 
 
@@ -76,24 +77,6 @@ def _reset_rss_peak() -> bool:
         return False
 
 
-class _RssSampler(threading.Thread):
-    """Fallback where VmHWM cannot be reset: sample RSS every 10 ms."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.peak = current_rss_bytes()
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(0.01):
-            self.peak = max(self.peak, current_rss_bytes())
-
-    def stop(self) -> int:
-        self._stop_event.set()
-        self.join()
-        return max(self.peak, current_rss_bytes())
-
-
 class NvmlSampler(threading.Thread):
     """Device-level used memory (all processes, what nvidia-smi shows) of the first visible GPU, sampled every
     10 ms: `start()`, then `stop()` returns the peak. `start_used` is what the device used when it was made.
@@ -138,7 +121,7 @@ class track_peak:
         self.result = PhasePeak()
         if not is_cuda():
             release_freed_heap()
-        self._sampler = None if _reset_rss_peak() else _RssSampler()
+        self._sampler = None if _reset_rss_peak() else RssSampler()  # where VmHWM cannot be reset: every 10 ms
         if self._sampler:
             self._sampler.start()
         self.result.start_bytes = current_rss_bytes()
