@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
+from harness.flags import flag_pairs
 from harness.measure.rss import RssSampler
 from harness.formats import FormatSpec
 from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
@@ -290,12 +291,7 @@ def _endpoint_from(engine: ServingEngine, url: str, block: dict) -> Endpoint:
 
 
 def _flags(args: tuple[str, ...]) -> dict[str, str]:
-    flags, words = {}, list(args)
-    for index, word in enumerate(words):
-        if word.startswith("--"):
-            following = words[index + 1] if index + 1 < len(words) else ""
-            flags[word] = "" if following.startswith("--") else following
-    return flags
+    return dict(flag_pairs(args))
 
 
 def _worker_env() -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Lowest first. A module may import its own layer and those below.
 LAYERS = (
-    ("harness", "harness.errors", "harness.units", "harness.cache", "harness.progress", "harness.quiet",
+    ("harness", "harness.errors", "harness.units", "harness.cache", "harness.progress", "harness.quiet", "harness.flags",
      "harness.jsonl", "harness.sandbox"),
     ("harness.metrics*", "harness.stats"),
     ("harness.evalsets*", "harness.formats", "harness.quant_config", "harness.calibration", "harness.source",

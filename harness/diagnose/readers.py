@@ -9,6 +9,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from harness.flags import command_words, flag_pairs
 from harness.measure.oom import OomFigures, parse_cuda_oom, parse_size
 
 GIB = 2**30
@@ -219,9 +220,8 @@ def size_gib(text: str | None) -> float | None:
 def parse_flags(text: str) -> list[tuple[str, object]]:
     """The memory-relevant flags of a `vllm serve` command line ("--max-model-len 8192 --enforce-eager"), as
     (key, value) with numbers as numbers and a bare switch as True."""
-    return [(flag.replace("-", "_"), _number(value) if value else True)
-            for flag, value in re.findall(r"--([\w-]+)(?:[ =]((?!--)\S+))?", text)
-            if flag.replace("-", "_") in _FLAG_KEYS]
+    pairs = [(flag[2:].replace("-", "_"), value) for flag, value in flag_pairs(command_words(text))]
+    return [(key, _number(value) if value else True) for key, value in pairs if key in _FLAG_KEYS]
 
 
 def _number(text: str):

@@ -7,6 +7,7 @@ import math
 import shlex
 from dataclasses import asdict, dataclass, field
 
+from harness.flags import flag_pairs
 from harness.formats import EngineServing
 from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
@@ -203,17 +204,10 @@ def render_command(program: str, args: tuple[tuple[str, str], ...]) -> str:
 
 def parse_flags(command: str, program_words: int) -> dict[str, str]:
     """--flag value pairs of a printed command after its first `program_words` words ("" for a bare flag)."""
-    words = shlex.split(command)[program_words:]
-    flags: dict[str, str] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if not word.startswith("--"):
-            raise ValueError(f"{word!r} in {command!r} is not a flag")
-        has_value = i + 1 < len(words) and not words[i + 1].startswith("--")
-        flags[word] = words[i + 1] if has_value else ""
-        i += 2 if has_value else 1
-    return flags
+    try:
+        return dict(flag_pairs(shlex.split(command)[program_words:], strict=True))
+    except ValueError as exc:
+        raise ValueError(f"{exc} in {command!r}") from None
 
 
 def floor2(value: float) -> float:
