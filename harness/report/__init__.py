@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.schema import RunReport, parse_report
-from harness.report.view import load_report, load_samples, samples_path
+from harness.report.schema import load_report
+from harness.report.view import load_samples, samples_path
 
 __all__ = ["OUTPUT_NAMES", "load_report", "write_reports"]
 

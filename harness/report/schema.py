@@ -1055,9 +1055,18 @@ def _problem(error: Any) -> str:
 
 
 def load_report(path: Path) -> RunReport:
-    """The RunReport in the file at path, for every reader (`quantgate report`, `compare`, the benchmarks and GPU
-    checks); every problem (unreadable, not JSON, not a quantgate report, a schema version this quantgate does not
-    read, a bad field) one UserError naming the file."""
+    """The RunReport in the file at path (a run directory: its report.json), the one reader (`quantgate report`,
+    `compare`, `review`, the benchmarks and GPU checks); every problem (no such directory or file, unreadable, not
+    JSON, not a quantgate report, a schema version this quantgate does not read, a bad field) one UserError naming
+    the file."""
+    path = Path(path)
+    if not path.is_file() and path.suffix != ".json":  # a run directory
+        if not path.is_dir():
+            raise UserError(f"{path}: no such directory; pass the output directory of `quantgate run`")
+        path = path / "report.json"
+        if not path.is_file():
+            raise UserError(f"{path}: not found; pass the output directory of `quantgate run` (it holds report.json "
+                            "and samples.jsonl)")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from harness.errors import UserError
 from harness.jsonl import read_jsonl
 from harness.measure.capacity.gpus import with_article
 from harness.report import schema
@@ -713,16 +712,3 @@ def artifact_rows(report: RunReport) -> list[list[str]]:
     return [[name, artifact.path or DASH, fmt_bytes(artifact.size_bytes), "yes" if artifact.cached else "no",
              manifest_summary(artifact.manifest)]
             for name, fmt in formats_in_order(report) if (artifact := fmt.artifact) is not None]
-
-
-def load_report(run_dir: Path) -> RunReport:
-    """RUN_DIR/report.json (or that file itself), parsed; every problem a one-line UserError."""
-    run_dir = Path(run_dir)
-    path = run_dir if run_dir.name == "report.json" and run_dir.is_file() else run_dir / "report.json"
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent}: no such directory; pass the output directory of `quantgate run`")
-    if not path.is_file():
-        raise UserError(
-            f"{path}: not found; pass the output directory of `quantgate run` (it holds report.json and samples.jsonl)"
-        )
-    return schema.load_report(path)
