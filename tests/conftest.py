@@ -2,7 +2,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -75,44 +74,19 @@ class _BackgroundRun:
         return self.out, json.loads((self.out / "report.json").read_text()), done
 
 
-def _wait_for_int8(cache: Path, run: _BackgroundRun, timeout: float = 1200) -> None:
-    """Until the int8 artifact is sealed in the cache (or the run ended): the one stage both demo runs share."""
-    from harness.cache import SEAL
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and run.process.poll() is None:
-        if any((cache / "artifacts").glob(f"int8-*/{SEAL}")):
-            return
-        time.sleep(1)
+@pytest.fixture(scope="session")
+def demo_run(demo_cache, demo_checkpoint, tmp_path_factory):
+    """`nox -s demo`'s recipe on a few items on this CPU as it is: the real pipeline on the demo model, all four
+    formats, the demo's recipe, a few items per bundled set."""
+    return _BackgroundRun(tmp_path_factory.mktemp("demo-run"), demo_cache).result()
 
 
 @pytest.fixture(scope="session")
-def demo_runs(demo_cache, demo_checkpoint, tmp_path_factory):
-    """`nox -s demo`'s recipe on a few items, on this CPU as it is and with the no-bf16 path forced (float32
-    calibration and compute). On a CPU with bf16 units the two share only the int8 artifact, so the second starts
-    once the first has sealed it and both run at once, one per core (each worker computes on one thread); on a CPU
-    without them they are the same run, and the second is served from the cache."""
-    from harness.runtime.device import cpu_has_bf16_matmul
-
-    native = _BackgroundRun(tmp_path_factory.mktemp("demo-run"), demo_cache)
-    if cpu_has_bf16_matmul():
-        _wait_for_int8(demo_cache, native)
-        no_bf16 = _BackgroundRun(tmp_path_factory.mktemp("demo-run-no-bf16"), demo_cache, NO_BF16)
-        return native.result(), no_bf16.result()
-    first = native.result()
-    return first, _BackgroundRun(tmp_path_factory.mktemp("demo-run-no-bf16"), demo_cache, NO_BF16).result()
-
-
-@pytest.fixture(scope="session")
-def demo_run(demo_runs):
-    """The real pipeline on the demo model, all four formats, the demo's recipe, a few items per bundled set."""
-    return demo_runs[0]
-
-
-@pytest.fixture(scope="session")
-def demo_run_no_bf16(demo_runs):
-    """The same with the no-bf16 path forced, whatever this CPU has."""
-    return demo_runs[1]
+def demo_run_no_bf16(demo_cache, demo_checkpoint, tmp_path_factory):
+    """The same with the no-bf16 path forced (float32 calibration and compute), whatever this CPU has. On a CPU
+    without bf16 units it is the native run, which the same worker then serves from its cache (tests/conftest.py
+    puts both groups on one worker there)."""
+    return _BackgroundRun(tmp_path_factory.mktemp("demo-run-no-bf16"), demo_cache, NO_BF16).result()
 
 
 @pytest.fixture(scope="session")
@@ -152,28 +126,39 @@ def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
 
 
 # `nox -s tests` runs the suite on two xdist workers (-n 2 --dist loadgroup), each with its own session fixtures and
-# cache. The tests that need the demo recipe's runs (the demo_runs fixture: minutes, both cores) must share one
-# worker, in file order (the served and candidate runs read the artifacts those runs left in that worker's cache),
-# and start first, being the longest block; the rest spreads over both workers. xdist's own xdist_group mark does
-# not group under pytest 9 (it rewrites Item._nodeid, which pytest 9 no longer reads), so the scheduler below groups
-# by file: every test that needs demo_runs lives in DEMO_RUNS_FILES, which collection checks.
-DEMO_RUNS_FILES = ("test_pipeline_e2e.py", "test_pipeline_external.py", "test_vllm_served_run.py")
-DEMO_RUNS_GROUP = "demo-runs"
+# cache. A test that needs one of the demo recipe's runs (demo_run, demo_run_no_bf16: minutes each) must share a worker
+# with every other test that needs the same run, in file order (the served and candidate runs read the artifacts the
+# native run left in that worker's cache), and those blocks start first, being the longest. On a CPU with bf16 units
+# the two runs share nothing costly, so each has its block and its worker; without them they are the same run, so one
+# block holds both and the second run comes from the cache. The rest spreads over both workers. xdist's own
+# xdist_group mark does not group under pytest 9 (it rewrites Item._nodeid, which pytest 9 no longer reads), so the
+# scheduler below groups by file, and collection checks that every test needing a run is in its group's files.
+DEMO_RUN_FILES = {"demo-run": ("test_pipeline_e2e.py", "test_pipeline_external.py", "test_vllm_served_run.py"),
+                  "demo-run-no-bf16": ("test_pipeline_e2e_no_bf16.py",)}
+DEMO_RUN_FIXTURES = {"demo-run": "demo_run", "demo-run-no-bf16": "demo_run_no_bf16"}
 
 
-def demo_runs_scope(nodeid: str) -> str | None:
-    return DEMO_RUNS_GROUP if Path(nodeid.split("::", 1)[0]).name in DEMO_RUNS_FILES else None
+def demo_run_scope(nodeid: str) -> str | None:
+    from harness.runtime.device import cpu_has_bf16_matmul
+
+    name = Path(nodeid.split("::", 1)[0]).name
+    for group, files in DEMO_RUN_FILES.items():
+        if name in files:
+            return group if cpu_has_bf16_matmul() else "demo-run"
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # fixturenames is the static closure: a test that asked for demo_runs through request.getfixturevalue would
-    # not be seen here, and would run the demo recipe again on the other worker.
-    strays = [item.nodeid for item in items if "demo_runs" in item.fixturenames and not demo_runs_scope(item.nodeid)]
-    if strays:
-        raise pytest.UsageError(f"{strays[0]} needs the demo recipe's runs: move it into one of {DEMO_RUNS_FILES} "
-                                "(tests/conftest.py), or it runs them again on another xdist worker")
-    grouped = [item for item in items if demo_runs_scope(item.nodeid)]
+    # fixturenames is the static closure: a test that asked for a run through request.getfixturevalue would not be
+    # seen here, and would run the demo recipe again on the other worker.
+    for group, fixture in DEMO_RUN_FIXTURES.items():
+        strays = [item.nodeid for item in items
+                  if fixture in item.fixturenames and Path(item.nodeid.split("::")[0]).name not in DEMO_RUN_FILES[group]]
+        if strays:
+            raise pytest.UsageError(f"{strays[0]} needs {fixture}: move it into one of {DEMO_RUN_FILES[group]} "
+                                    "(tests/conftest.py), or it runs the demo recipe again on another xdist worker")
+    grouped = [item for item in items if demo_run_scope(item.nodeid)]
     chosen = set(map(id, grouped))
     items[:] = grouped + [item for item in items if id(item) not in chosen]
 
@@ -184,13 +169,13 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class DemoRunsScheduling(LoadScopeScheduling):
-        """Every test of DEMO_RUNS_FILES as one work unit; every other test a unit of its own."""
+    class DemoRunScheduling(LoadScopeScheduling):
+        """The tests of each demo-run group as one work unit; every other test a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return demo_runs_scope(nodeid) or nodeid
+            return demo_run_scope(nodeid) or nodeid
 
-    return DemoRunsScheduling(config, log)
+    return DemoRunScheduling(config, log)
 
 
 def ours(process) -> bool:

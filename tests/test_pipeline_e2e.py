@@ -22,17 +22,16 @@ def test_the_e2e_runs_take_the_demo_recipe():
     assert "--calibration" not in noxfile and "--group-size" not in noxfile
 
 
-@pytest.mark.parametrize("which", ["native", "no-bf16"])
-def test_every_format_of_the_demo_recipe_runs(demo_runs, which):
-    """The demo's recipe on this CPU as it is, and with the no-bf16 path forced: every format `ok`, and the
-    quantized ones calibrated on the bundled corpus, in float32 where bf16 is off."""
-    out, report, result = demo_runs[0 if which == "native" else 1]
+def test_every_format_of_the_demo_recipe_runs(demo_run):
+    """The demo's recipe on this CPU as it is: every format `ok`, the quantized ones calibrated on the bundled
+    corpus (tests/test_pipeline_e2e_no_bf16.py: the same with the no-bf16 path forced)."""
+    check_every_format_ran(demo_run[1])
+
+
+def check_every_format_ran(report: dict) -> None:
     failed = {name: entry["error"] for name, entry in report["formats"].items() if entry["status"] != "ok"}
     assert not failed, failed
     assert set(report["formats"]) == set(FORMATS)
-    if which == "no-bf16":
-        assert report["device"]["bf16_matmul"] is False
-        assert report["formats"]["baseline"]["compute_dtype"] == "float32"
     # AWQ calibrates in emulated bf16 without bf16 units, on fewer texts by default there (harness.quantize).
     texts = {"gptq": 32, "awq": 32 if report["device"]["bf16_matmul"] else AWQ_NO_BF16_CALIBRATION_SAMPLES}
     for name in ("gptq", "awq"):
@@ -154,13 +153,16 @@ def test_second_identical_run_reuses_every_stage(demo_run, demo_cache, tmp_path)
         assert f"{name}: reusing cached results (measurement, generations on 4 evalset(s))" in result.stderr
 
 
-def test_the_report_validates_against_the_published_schema(demo_run, demo_run_no_bf16):
+def test_the_report_validates_against_the_published_schema(demo_run):
+    check_the_report_validates(demo_run[1])
+
+
+def check_the_report_validates(report: dict) -> None:
     from harness.report.schema import RunReport
 
-    for _, report, _ in (demo_run, demo_run_no_bf16):
-        RunReport.model_validate(report)
-        for name in FORMATS:
-            timeline = report["formats"][name]["memory"]["timeline"]
-            assert timeline["peaks"]["rss_bytes"]["bytes"] > 0 and timeline["stages"][0]["stage"] == "load"
-        assert set(report["formats"]["gptq"]["serving"]) == {"vllm", "sglang", "trtllm"}
-        assert "--quantization bitsandbytes" in report["formats"]["int8"]["capacity"]["vllm_flags"]  # its plugin
+    RunReport.model_validate(report)
+    for name in FORMATS:
+        timeline = report["formats"][name]["memory"]["timeline"]
+        assert timeline["peaks"]["rss_bytes"]["bytes"] > 0 and timeline["stages"][0]["stage"] == "load"
+    assert set(report["formats"]["gptq"]["serving"]) == {"vllm", "sglang", "trtllm"}
+    assert "--quantization bitsandbytes" in report["formats"]["int8"]["capacity"]["vllm_flags"]  # its plugin
