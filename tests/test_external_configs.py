@@ -240,10 +240,10 @@ def test_another_architecture_is_refused_naming_the_field(tmp_path):
 
 
 def test_allow_tokenizer_mismatch_is_said_in_the_verdict(tmp_path, monkeypatch):
-    from harness import external
+    from harness import candidates
     from harness.report.build import comparison_notes
 
-    monkeypatch.setattr(external, "tokenizer_difference", lambda ours, theirs: "another chat template")
+    monkeypatch.setattr(candidates, "tokenizer_difference", lambda ours, theirs: "another chat template")
     candidate = read_candidate("hub", str(_checkpoint(tmp_path / "c", CONFIGS["autogptq_v1"])))
     with pytest.raises(UserError, match="--allow-tokenizer-mismatch runs anyway"):
         check_against_baseline(candidate, LLAMA, tmp_path, allow_tokenizer_mismatch=False)
