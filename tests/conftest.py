@@ -47,7 +47,8 @@ def demo_cache(tmp_path_factory) -> Path:
 
 # `nox -s demo`'s own recipe (calibration count, group size, calibration source: all defaults) on fewer items.
 # Only these size flags may be added: a test that quantizes another way once hid a crash of two formats.
-E2E_ARGS = ("--model", "demo", "--max-items", "4", "--batch-size", "4", "--max-new-tokens", "16")
+E2E_ARGS = ("--model", "demo", "--max-items", "4", "--batch-size", "4", "--max-new-tokens", "16",
+            "--latency-requests", "4")  # the served runs take the same, so they reuse the transformers measurements
 SIZE_FLAGS = ("--max-items", "--batch-size", "--max-new-tokens", "--latency-requests")
 NO_BF16 = {"QUANTGATE_FORCE_NO_BF16": "1"}
 

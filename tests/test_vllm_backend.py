@@ -30,7 +30,7 @@ concurrency for 1,000 tokens per request: 45.50x
 (Worker pid=11072) INFO 12-03 16:18:23 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear
 (Worker pid=11072) INFO 12-03 16:18:23 [auto_gptq.py:352] Using CPUWNA16LinearKernel for AutoGPTQLinearMethod
 """
-SERVED_ARGS = (*E2E_ARGS, "--latency-requests", "4", "--backend", "vllm")
+SERVED_ARGS = (*E2E_ARGS, "--backend", "vllm")
 
 
 def test_startup_log_is_read():
