@@ -4,6 +4,7 @@ fixture: its own file because it needs that fixture, and every test that does ru
 demo_run fixture filled."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,10 @@ def served_run(vllm_install, demo_run, demo_cache, tmp_path_factory):
     from test_pipeline_external import _checkpoint_like
 
     out = tmp_path_factory.mktemp("served-run")
-    gptq = next(p for p in (demo_cache / "artifacts").iterdir() if p.name.startswith("gptq-") and p.is_dir())
-    hub_gptq = _checkpoint_like(gptq, tmp_path_factory.mktemp("served-candidate") / "hub-gptq")
-    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,int8,gptq,w8a8", "--candidate", f"hub-gptq={hub_gptq}",
+    # The demo run's AWQ checkpoint, copied without quantgate's manifest: AWQ served, as a checkpoint made elsewhere.
+    awq = Path(demo_run[1]["formats"]["awq"]["artifact"]["path"])
+    hub_awq = _checkpoint_like(awq, tmp_path_factory.mktemp("served-candidate") / "hub-awq")
+    result = quantgate("run", *SERVED_ARGS, "--formats", "baseline,int8,gptq,w8a8", "--candidate", f"hub-awq={hub_awq}",
                        "--out", str(out), cache=demo_cache)
     return out, json.loads((out / "report.json").read_text()), result, _probe(demo_cache)
 
@@ -90,13 +92,16 @@ def test_served_run_scores_through_vllm(served_run, demo_run):
     assert w8a8["cpu_kernel_library"] == probed["library"] == served["cpu_kernel_library"]
     assert (w8a8["flags"]["--dtype"] == "float32") == (probed["library"] != "_C"), w8a8["flags"]
     assert any("Int8ScaledMM" in kernel for kernel in w8a8["kernels"]), w8a8["kernels"]
-    # A checkpoint made elsewhere is served the same way: same kernel, same served scores as the built-in one.
-    candidate = report["formats"]["hub-gptq"]
-    assert candidate["served"]["status"] == gptq["status"]
+    # AWQ, from a checkpoint made elsewhere (AutoAWQ's GEMM layout): refused or served as the 4-bit GPTQ is, through
+    # the same CPU kernel (vLLM's CPUWNA16LinearKernel takes both) and scored by the server.
+    candidate = report["formats"]["hub-awq"]["served"]
+    assert candidate["status"] == gptq["status"]
     if probed["w4a16"]:
-        # Served through the same kernel as the built-in artifact. Its predictions are not compared item by item:
-        # vLLM batches requests as they arrive, and in bf16 a different batch changes greedy outputs (3 of 16
-        # items matched in one CI run).
-        assert candidate["served"]["scored"] and candidate["served"]["kernels"] == gptq["kernels"]
+        assert candidate["scored"] and candidate["flags"]["--quantization"] == "awq", candidate["flags"]
+        assert candidate["kernels"] == gptq["kernels"] == ["CPUWNA16LinearKernel"], candidate["kernels"]
+        predictions = [s["prediction"] for s in served_samples if s["format"] == "hub-awq"]
+        assert predictions and sum(bool(p) for p in predictions) >= 0.8 * len(predictions)
+    else:
+        assert "cpu_gemm_wna16" in candidate["reason"]
     assert "Traceback" not in result.stderr
     assert not _servers_left(), "a vLLM server outlived the run"
