@@ -43,19 +43,23 @@ def launch_plan_for(inputs, served: ServedFormat, run=None) -> LaunchPlan:
 
 
 def local_gpu_plan(inputs, run, max_model_len: int):
-    """The capacity plan for the GPU(s) this server runs on: the report's vLLM plan, on this device."""
+    """The capacity plan for the GPU(s) this server runs on: the report's plan for the serving engine (the planner
+    registered under its name), on this device; None where no planner has its name."""
     from harness.evaluate import serving_plans
-    from harness.measure.capacity import Target
+    from harness.measure.capacity import PLANNERS, Target
     from harness.measure.capacity.gpus import this_gpu
     from harness.runtime.device import device_info
 
+    engine = engine_of(inputs).name
+    if engine not in PLANNERS:
+        return None
     info = device_info(inputs.spec.threads)
     target = Target(this_gpu(info["name"], info["total_memory_bytes"], info.get("capability")),
                     num_gpus=inputs.spec.tensor_parallel_size,  # the plan splits by tensor parallelism
                     pipeline_parallel_size=inputs.spec.pipeline_parallel_size)  # and sizes the largest stage
-    plans = serving_plans(inputs, run, target, max_model_len, engines=("vllm",),
+    plans = serving_plans(inputs, run, target, max_model_len, engines=(engine,),
                           gpu_memory_utilization=inputs.spec.capacity.gpu_memory_utilization)
-    return None if plans is None else plans["vllm"]
+    return None if plans is None else plans[engine]
 
 
 def served_key(inputs, served: ServedFormat, endpoint: str | None, plan: LaunchPlan, latency_workload: list,
@@ -302,7 +306,7 @@ def _worker_env() -> dict[str, str]:
 
 def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec,
                   devices: str | None = None) -> ServedFormat:
-    """The dtype vLLM runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
+    """The dtype the engine runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
     CPU without bf16 units), the KV bytes per token at that dtype, and greedy decoding with the checkpoint's
     stop tokens and repetition penalty, as LoadedModel decodes."""
     import json
