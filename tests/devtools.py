@@ -92,8 +92,9 @@ class DevToolsBrowser:
                 return reply.get("result", {})
             self._event(reply)
 
-    def wait_for(self, method: str) -> dict[str, Any]:
-        for event in self.events:
+    def wait_for(self, method: str, after: int = 0) -> dict[str, Any]:
+        """The first `method` event from the `after`-th event on (a second page load must not take the first's)."""
+        for event in self.events[after:]:
             if event.get("method") == method:
                 return event
         while True:
@@ -177,5 +178,6 @@ def browser(tmp_path: Path):
 
 
 def load_page(browser: DevToolsBrowser, page: Path) -> None:
+    seen = len(browser.events)
     browser.call("Page.navigate", {"url": page.resolve().as_uri()})
-    browser.wait_for("Page.loadEventFired")
+    browser.wait_for("Page.loadEventFired", after=seen)
