@@ -66,32 +66,6 @@ def set_gptqmodel_cpu_workers(env: MutableMapping[str, str]) -> None:
     env.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
 
 
-class _MemoryWatch:
-    """Samples the worker's RSS (its peak goes into an OOM reason) and, with a limit, emulates a smaller host:
-    SIGKILL the worker, as the kernel's OOM killer would, once its RSS passes the limit."""
-
-    def __init__(self, pid: int, limit_bytes: int | None) -> None:
-        import psutil
-
-        self._process = psutil.Process(pid)
-        self.tripped_at: int | None = None
-        self._sampler = RssSampler(pid, interval_s=0.05, limit_bytes=limit_bytes, on_limit=self._kill)
-
-    def _kill(self, rss: int) -> None:
-        self.tripped_at = rss
-        self._process.kill()
-
-    @property
-    def peak_rss(self) -> int:
-        return self._sampler.peak
-
-    def start(self) -> None:
-        self._sampler.start()
-
-    def stop(self) -> None:
-        self._sampler.stop()
-
-
 def run_worker(job: QuantizeJob | DeviceJob, job_path: Path, log_path: Path, label: str,
                memory_limit_bytes: int | None = None) -> WorkerExit:
     atomic_write_json(job_path, job.to_json())
@@ -107,7 +81,10 @@ def run_worker(job: QuantizeJob | DeviceJob, job_path: Path, log_path: Path, lab
                                      cwd=job_path.parent)  # GPTQModel writes ./logs/: keep it in the stage directory
             relay = threading.Thread(target=_relay_then_release, args=(child.stderr, log, label), daemon=True)
             relay.start()
-            watch = _MemoryWatch(child.pid, memory_limit_bytes)
+            # The worker's RSS (its peak goes into an OOM reason) and, with a limit, a smaller host emulated: the
+            # worker SIGKILLed once its RSS passes the limit, as the kernel's OOM killer would.
+            watch = RssSampler(child.pid, interval_s=0.05, limit_bytes=memory_limit_bytes,
+                               on_limit=lambda rss: child.kill())
             watch.start()
         for line in child.stdout:
             if not progress.handle_protocol_line(line.rstrip("\n"), f"{label}: "):
@@ -126,7 +103,7 @@ def run_worker(job: QuantizeJob | DeviceJob, job_path: Path, log_path: Path, lab
         if watch is not None:
             watch.stop()
         log.release()
-    return WorkerExit(child.returncode, log_path, watch.tripped_at, watch.peak_rss or None)
+    return WorkerExit(child.returncode, log_path, watch.tripped_at, watch.peak or None)
 
 
 class _WorkerLog:

@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import subprocess
@@ -139,13 +140,18 @@ DEMO_RUN_FILES = {"demo-run": ("test_pipeline_e2e.py", "test_pipeline_external.p
 DEMO_RUN_FIXTURES = {"demo-run": "demo_run", "demo-run-no-bf16": "demo_run_no_bf16"}
 
 
-def demo_run_scope(nodeid: str) -> str | None:
+@functools.cache
+def _bf16_cpu() -> bool:  # asked once per process, not per test id (it reads /proc/cpuinfo)
     from harness.runtime.device import cpu_has_bf16_matmul
 
+    return cpu_has_bf16_matmul()
+
+
+def demo_run_scope(nodeid: str) -> str | None:
     name = Path(nodeid.split("::", 1)[0]).name
     for group, files in DEMO_RUN_FILES.items():
         if name in files:
-            return group if cpu_has_bf16_matmul() else "demo-run"
+            return group if _bf16_cpu() else "demo-run"
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from harness.measure.rss import RssSampler
+from harness.measure.rss import RssSampler, own_rss_bytes, status_kib
 from harness.runtime.device import is_cuda
 
 
@@ -41,15 +41,7 @@ def memory_in_use() -> int:
 
 
 def current_rss_bytes() -> int:
-    return _status_kib("VmRSS") * 1024
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+    return own_rss_bytes()
 
 
 def release_freed_heap() -> bool:
@@ -141,7 +133,7 @@ class track_peak:
 
     def __exit__(self, *exc) -> None:
         result = self.result
-        result.rss_peak_bytes = self._sampler.stop() if self._sampler else _status_kib("VmHWM") * 1024
+        result.rss_peak_bytes = self._sampler.stop() if self._sampler else status_kib("VmHWM") * 1024
         result.peak_bytes = result.rss_peak_bytes
         if is_cuda():
             import torch

@@ -9,13 +9,17 @@ import threading
 from typing import Callable
 
 
-def own_rss_bytes() -> int:
-    """This process's RSS from /proc/self/status (cheaper than psutil, read every 10 ms)."""
+def status_kib(field: str) -> int:
+    """A kB field of /proc/self/status (VmRSS, VmHWM): cheaper than psutil, read every 10 ms."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     return 0
+
+
+def own_rss_bytes() -> int:
+    return status_kib("VmRSS") * 1024
 
 
 class RssSampler(threading.Thread):
@@ -33,6 +37,7 @@ class RssSampler(threading.Thread):
 
             self._process = psutil.Process(pid)
         self.peak = own_rss_bytes() if pid is None else 0
+        self.tripped_at: int | None = None  # the RSS that passed limit_bytes
         self._done = threading.Event()
 
     def read(self) -> int:
@@ -54,6 +59,7 @@ class RssSampler(threading.Thread):
                 return
             self.peak = max(self.peak, rss)
             if self.limit_bytes and rss > self.limit_bytes:
+                self.tripped_at = rss
                 if self.on_limit:
                     self.on_limit(rss)
                 return
