@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,19 @@ def quantgate(*args: str, cache: Path, timeout: float = 1800, check_codes=(0, 1)
     if check_codes is not None and result.returncode not in check_codes:
         raise AssertionError(f"quantgate {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test gets os.environ and tempfile's directory back as they were: a test that calls `cli.main` in this
+    process confines it (harness.sandbox.confine_process: offline variables, cache locations, TMPDIR in that test's
+    cache), which otherwise stays for every later test on the worker (Chromium then failed to start: its singleton
+    socket path under that TMPDIR was too long)."""
+    saved, saved_tempdir = dict(os.environ), tempfile.tempdir
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    tempfile.tempdir = saved_tempdir
 
 
 @pytest.fixture(scope="session")

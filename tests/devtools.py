@@ -169,26 +169,12 @@ def browser(tmp_path: Path):
         if os.environ.get("QUANTGATE_REQUIRE_BROWSER") == "1":  # CI: the browser check must run, never skip
             pytest.fail("Chromium is not installed but QUANTGATE_REQUIRE_BROWSER=1 (apt-get install -y chromium)")
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
-    instance = started(binary, tmp_path)
+    instance = DevToolsBrowser(binary, tmp_path / "chromium-profile")
     try:
+        instance.open_page()
         yield instance
     finally:
         instance.close()
-
-
-def started(binary: str, tmp_path: Path) -> DevToolsBrowser:
-    """Chromium with a page open. A start that fails is tried once more, on a fresh profile, and a second failure
-    stands: on a loaded CI machine Chromium once failed both browser tests of a file in their setup."""
-    for attempt in (1, 2):
-        instance = DevToolsBrowser(binary, tmp_path / f"chromium-profile-{attempt}")
-        try:
-            instance.open_page()
-            return instance
-        except AssertionError:
-            instance.close()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
 
 def load_page(browser: DevToolsBrowser, page: Path) -> None:

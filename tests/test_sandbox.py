@@ -16,16 +16,13 @@ LOCATIONS = ("HF_HOME", "TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
 
 @pytest.fixture
 def env(monkeypatch, tmp_path):
-    """A user environment with its own HF_HOME, online; os.environ and tempfile are restored afterwards."""
-    saved, saved_tempdir = dict(os.environ), tempfile.tempdir
+    """A user environment with its own HF_HOME, online (conftest's environment_restored puts os.environ and
+    tempfile back afterwards)."""
     monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "users-hf-home"))
     for name in (*OFFLINE, "QUANTGATE_ALLOW_NETWORK", "QUANTGATE_HF_HOME"):
         monkeypatch.delenv(name, raising=False)
     yield tmp_path / "cache"
-    os.environ.clear()
-    os.environ.update(saved)
-    tempfile.tempdir = saved_tempdir
 
 
 def test_worker_environment_is_offline_and_inside_the_cache(env):
