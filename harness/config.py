@@ -23,7 +23,7 @@ class FormatSettings(BaseModel):
 
 
 class CapacitySettings(BaseModel):
-    """The target of the report's serving plans. target_gpu: a GPU of the table (harness.measure.capacity.gpus), at
+    """The target of the report's serving plans. target_gpu: a GPU of the table (harness.capacity.gpus), at
     its memory as the driver reports it; without it the target is a GPU of gpu_memory_gib (compute capability
     unknown), which target_gpu makes moot. What the run leaves unset comes from the policy's [serving] target
     (for_report), else an 80 GiB GPU and the run's longest request."""
@@ -35,7 +35,7 @@ class CapacitySettings(BaseModel):
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
     # Measured CUDA context + non-torch memory per GPU (vLLM logs it as non_torch_memory at start-up); replaces the
-    # planners' estimate. None: the estimate (harness.measure.capacity.memory.NON_TORCH_BYTES).
+    # planners' estimate. None: the estimate (harness.capacity.memory.NON_TORCH_BYTES).
     overhead_gib: float | None = Field(default=None, ge=0)
     # The vLLM rules the plans follow; None: the vLLM serving the run, else the installed one, else the newest.
     vllm_version: str | None = None
@@ -45,7 +45,7 @@ class CapacitySettings(BaseModel):
     def _known_version(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from harness.measure.capacity import resolve_version
+        from harness.capacity import resolve_version
 
         return resolve_version(value)[0]  # ValueError names the known versions
 
@@ -54,14 +54,14 @@ class CapacitySettings(BaseModel):
     def _known_gpu(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from harness.measure.capacity.gpus import gpu_by_name
+        from harness.capacity.gpus import gpu_by_name
 
         return gpu_by_name(value).name  # ValueError names the known GPUs
 
     def target(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
         """The capacity.Target of the plans: the named GPU, or without one a GPU of gpu_memory_gib, that many times
         (the run's --tensor-parallel-size x --pipeline-parallel-size)."""
-        from harness.measure.capacity import Target, gpu_by_name, gpu_of_size
+        from harness.capacity import Target, gpu_by_name, gpu_of_size
 
         return Target(gpu_by_name(self.target_gpu) if self.target_gpu
                       else gpu_of_size(self.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB),
@@ -72,7 +72,7 @@ class CapacitySettings(BaseModel):
         gpu_memory_gib; max_model_len), the policy's [serving] target (a policy.ServingTarget) for what it leaves
         open, so that the printed commands are for the deployment the capacity check judges; else an 80 GiB GPU
         (max_model_len None: the run's longest request)."""
-        from harness.measure.capacity import gpu_by_name
+        from harness.capacity import gpu_by_name
 
         named = self.target_gpu is not None or self.gpu_memory_gib is not None
         update: dict = {}

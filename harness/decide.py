@@ -29,7 +29,7 @@ from typing import Any, Iterable, Literal
 from harness import units
 from harness.fidelity.rule import FidelityJudgment, judge_fidelity
 from harness.fidelity.summary import FidelityItem
-from harness.measure.capacity.gpus import with_article
+from harness.capacity.gpus import with_article
 from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy
 from harness.stats import PairedComparison, compare_paired, items_needed

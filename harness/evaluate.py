@@ -10,7 +10,7 @@ from harness.decide import FormatDecision, FormatOutcome, ServingFit, decide_for
 from harness.evalsets.prompts import shared_prefix_tokens
 from harness.fidelity.summary import FidelityItem
 from harness.metrics import score_item
-from harness.measure.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
+from harness.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
                                       WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
                                       resolve_version, weight_format)
 from harness.measure.kv import text_config
@@ -102,8 +102,8 @@ def profile_budget(inputs) -> tuple[int, int]:
     run's capacity target (max(max_model_len, 8192) with chunked prefill, capacity.vllm.token_budget) over
     min(--max-num-seqs or DEFAULT_MAX_NUM_SEQS, tokens) sequences. Other engines' budgets differ; their planners
     scale the figure (capacity.common.measured_activation)."""
-    from harness.measure.capacity.common import DEFAULT_MAX_NUM_SEQS
-    from harness.measure.capacity.vllm import token_budget
+    from harness.capacity.common import DEFAULT_MAX_NUM_SEQS
+    from harness.capacity.vllm import token_budget
 
     tokens = token_budget(Workload(max_model_len=max_model_len_of(inputs)))
     return tokens, min(inputs.spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)

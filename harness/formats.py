@@ -18,7 +18,7 @@ from harness.errors import UserError
 
 @dataclass(frozen=True)
 class EngineServing:
-    """How one serving engine takes a format's checkpoint, as the capacity planners (harness.measure.capacity) plan
+    """How one serving engine takes a format's checkpoint, as the capacity planners (harness.capacity) plan
     it: its --quantization value (None for a 16-bit checkpoint), whether the engine also has the value's Marlin
     variant ("<quantization>_marlin", the fast 4-bit kernel of compute capability 8.0+), or why it cannot serve the
     checkpoint at all; and a caveat its plan carries."""

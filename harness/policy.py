@@ -50,7 +50,7 @@ class ServingTarget(BaseModel):
     def _known_gpu(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from harness.measure.capacity.gpus import gpu_by_name
+        from harness.capacity.gpus import gpu_by_name
 
         return gpu_by_name(value).name
 

@@ -46,8 +46,8 @@ def local_gpu_plan(inputs, run, max_model_len: int):
     """The capacity plan for the GPU(s) this server runs on: the report's plan for the serving engine (the planner
     registered under its name), on this device; None where no planner has its name."""
     from harness.evaluate import serving_plans
-    from harness.measure.capacity import PLANNERS, Target
-    from harness.measure.capacity.gpus import this_gpu
+    from harness.capacity import PLANNERS, Target
+    from harness.capacity.gpus import this_gpu
     from harness.runtime.device import device_info
 
     engine = engine_of(inputs).name

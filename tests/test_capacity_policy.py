@@ -18,8 +18,8 @@ from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
 from harness.errors import UserError
 from harness.evalsets.prompts import Prompt
-from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
-from harness.measure.capacity.vllm import NEWEST_VERSION
+from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
+from harness.capacity.vllm import NEWEST_VERSION
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.measure.probe import Measurement
 from harness.records import FormatRun
@@ -386,7 +386,7 @@ def test_copy_of_policy_is_unchanged():
 
 def test_measured_overhead_replaces_the_non_torch_estimate():
     """--capacity-overhead-gib is the user's measured CUDA context + non-torch memory: every engine plans with it."""
-    from harness.measure.capacity.memory import NON_TORCH_BYTES
+    from harness.capacity.memory import NON_TORCH_BYTES
 
     default = format_entry(inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4")),
                            measured("gptq", DEMO_WEIGHTS["gptq"]), 600)

@@ -21,7 +21,7 @@ def _plugin_env() -> dict:
 
 def test_the_toy_plugin_registers_a_format_and_a_metric(monkeypatch):
     from harness.formats import FORMAT_SPECS, check_format_names, default_formats
-    from harness.measure.capacity import weight_format
+    from harness.capacity import weight_format
     from harness.metrics import METRIC_SPECS, metric_names, score_prediction
     from harness.plugins import load_plugins
 

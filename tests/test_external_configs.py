@@ -267,8 +267,8 @@ def test_a_legacy_quantized_model_is_not_a_baseline(tmp_path):
 def test_candidates_plan_the_quantization_value_vllm_takes(tmp_path):
     """compressed-tensors has no "_marlin" variant (vLLM picks Marlin inside it); GPTQ does; bitsandbytes is served
     through its plugin."""
-    from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm
-    from harness.measure.capacity.memory import WeightFormat
+    from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm
+    from harness.capacity.memory import WeightFormat
 
     shape = model_shape({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
                          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -14,7 +14,7 @@ LAYERS = (
     ("harness.metrics*", "harness.stats"),
     ("harness.evalsets*", "harness.formats", "harness.quant_config", "harness.calibration", "harness.source",
      "harness.jobs", "harness.plugins"),
-    ("harness.runtime*", "harness.quantize*", "harness.measure*", "harness.launcher", "harness.policy"),
+    ("harness.runtime*", "harness.quantize*", "harness.measure*", "harness.capacity*", "harness.launcher", "harness.policy"),
     ("harness.fidelity*", "harness.diagnose*"),
     ("harness.config", "harness.environment", "harness.candidates", "harness.served", "harness.decide",
      "harness.evaluate", "harness.records", "harness.cachekeys", "harness.worker", "harness.artifacts",

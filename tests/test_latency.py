@@ -27,7 +27,7 @@ def test_a_p95_of_too_few_requests_is_shown_as_the_max_of_n():
     assert few["requests"] == 8 and few["e2e_ms"]["max"] == 800.0
     assert p95_text(LatencyStats.model_validate(few["e2e_ms"])) == "max of 8: 800.0 ms"
     enough = latency_block([BatchTiming(1, 10, 5, 0.01 * i, 0.1 * i) for i in range(1, 21)])
-    from harness.report.units import fmt_ms
+    from harness.units import format_ms
 
     # 1900 + 0.05 x 100: interpolated, not the max
-    assert p95_text(LatencyStats.model_validate(enough["e2e_ms"])) == fmt_ms(1905.0)
+    assert p95_text(LatencyStats.model_validate(enough["e2e_ms"])) == format_ms(1905.0)

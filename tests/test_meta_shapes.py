@@ -1,4 +1,4 @@
-"""Architectures counted from the model transformers builds on the meta device (harness/measure/capacity/meta.py),
+"""Architectures counted from the model transformers builds on the meta device (harness/capacity/meta.py),
 with the configs of transformers' own config classes (no hub): the hand-written shapes cross-check it where both
 exist, and the parameter total must be what the built model holds."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure.capacity import weight_format, weights_bytes
-from harness.measure.capacity.meta import meta_shape, model_shape
-from harness.measure.capacity.shapes import attention_shape, config_fields, written_shape
+from harness.capacity import weight_format, weights_bytes
+from harness.capacity.meta import meta_shape, model_shape
+from harness.capacity.shapes import attention_shape, config_fields, written_shape
 
 HAND_WRITTEN = ["llama", "qwen2", "qwen3", "mixtral", "gemma2", "deepseek_v3"]
 NEW = ["gemma3_text", "qwen3_moe", "gpt_oss", "phi3", "llama4_text"]

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from harness.measure.capacity import (ConfigFieldError, TensorParallelError, attention_shape, kv_bytes_per_sequence,
+from harness.capacity import (ConfigFieldError, TensorParallelError, attention_shape, kv_bytes_per_sequence,
                                       kv_bytes_per_token, model_shape, parameter_count, weight_format, weights_bytes)
-from harness.measure.capacity.memory import activation_peak_bytes, kv_heads_per_gpu, kv_split
+from harness.capacity.memory import activation_peak_bytes, kv_heads_per_gpu, kv_split
 from harness.measure.kv import estimate_weights_bytes
 from harness.measure.kv import kv_bytes_per_sequence as kv_sequence_from_config
 from harness.measure.kv import kv_bytes_per_token as kv_from_config

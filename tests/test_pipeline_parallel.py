@@ -10,12 +10,12 @@ import pytest
 from harness.config import CapacitySettings, RunSpec
 from harness.errors import UserError
 from harness.formats import known_formats
-from harness.measure.capacity import (ENGINES, GPUS, Target, TensorParallelError, Workload, check_sglang_command,
+from harness.capacity import (ENGINES, GPUS, Target, TensorParallelError, Workload, check_sglang_command,
                                       check_trtllm_command, check_vllm_command, gpu_by_name, model_shape,
                                       pipeline_stage, plan_engine, plan_engines, planned_weights_bytes,
                                       weight_format, weights_bytes)
-from harness.measure.capacity.memory import NCCL_BYTES, NON_TORCH_BYTES, kv_bytes_per_sequence, kv_bytes_per_token
-from harness.measure.capacity.vllm import KNOWN_VERSIONS
+from harness.capacity.memory import NCCL_BYTES, NON_TORCH_BYTES, kv_bytes_per_sequence, kv_bytes_per_token
+from harness.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
 from test_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA3_8B, MIXTRAL_8X7B, QWEN25_7B
 from test_planners import _run  # quantgate plan, in process

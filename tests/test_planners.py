@@ -11,14 +11,14 @@ import pytest
 
 from harness.commands import plan as plan_command
 from harness.errors import UserError
-from harness.measure.capacity import (ENGINES, GPUS, Target, TensorParallelError, Workload, check_sglang_command,
+from harness.capacity import (ENGINES, GPUS, Target, TensorParallelError, Workload, check_sglang_command,
                                       check_trtllm_command, check_vllm_command, gpu_by_name, gpu_of_size,
                                       kernel_support, model_shape, plan_engine, plan_engines, plan_sglang,
                                       plan_trtllm, plan_vllm, resolve_version, weight_format)
-from harness.measure.capacity import vllm as vllm_module
-from harness.measure.capacity.memory import (CUDA_GRAPH_BYTES, GIB, HEADROOM_BYTES, MIB, NON_TORCH_BYTES,
+from harness.capacity import vllm as vllm_module
+from harness.capacity.memory import (CUDA_GRAPH_BYTES, GIB, HEADROOM_BYTES, MIB, NON_TORCH_BYTES,
                                              activation_peak_bytes, weights_bytes)
-from harness.measure.capacity.vllm import KNOWN_VERSIONS
+from harness.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
 from harness.formats import known_formats
 from test_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA3_8B, MIXTRAL_8X7B, QWEN25_7B
@@ -494,8 +494,8 @@ def test_a_toy_planner_added_through_the_registry_alone_reaches_plan_and_the_rep
     from dataclasses import replace
 
     from harness import cli
-    from harness.measure.capacity import engine_title, register_planner
-    from harness.measure.capacity.registry import PLANNERS
+    from harness.capacity import engine_title, register_planner
+    from harness.capacity.registry import PLANNERS
 
     def plan_toy(shape, fmt, target, workload, **options):
         vllm = PLANNERS["vllm"].plan(shape, fmt, target, workload, **options)

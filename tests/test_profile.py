@@ -13,8 +13,8 @@ import pytest
 from harness.config import CapacitySettings, RunSpec
 from harness.evalsets import Prompt
 from harness.jobs import DeviceJob, MeasureTask
-from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
-from harness.measure.capacity.common import measured_activation
+from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
+from harness.capacity.common import measured_activation
 from harness.measure.profile import PROFILE_ON_CPU_ENV, measure_profile, profile_shape, profile_wanted
 from harness.measure.probe import Measurement
 from harness.cachekeys import measure_key
@@ -208,7 +208,7 @@ def _run(profile: dict | None, compute_dtype: str = "bfloat16") -> FormatRun:
 
 def _vllm_memory(run: FormatRun, max_model_len: int = 600):
     from harness.evaluate import serving_plans
-    from harness.measure.capacity.vllm import NEWEST_VERSION
+    from harness.capacity.vllm import NEWEST_VERSION
     from harness.measure.kv import DEMO_CONFIG
 
     inputs = SimpleNamespace(spec=RunSpec(capacity=CapacitySettings(vllm_version=NEWEST_VERSION)),
@@ -217,7 +217,7 @@ def _vllm_memory(run: FormatRun, max_model_len: int = 600):
 
 
 def test_cpu_plans_without_a_profile_estimate_from_the_config_not_from_the_generation_peak():
-    from harness.measure.capacity import activation_peak_bytes
+    from harness.capacity import activation_peak_bytes
     from harness.measure.kv import DEMO_CONFIG
 
     memory = _vllm_memory(_run(None, "float32"))

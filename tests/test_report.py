@@ -26,7 +26,7 @@ from harness.report.regressions import worst_regressions
 from harness.report.view import LEGEND
 from harness.report.scores_csv import render_scores_csv
 from harness.report.schema import RunReport, parse_report
-from harness.report.units import fmt_bytes, fmt_interval, prompt_excerpt
+from harness.units import format_bytes, format_interval, prompt_excerpt
 from harness.report.view import load_samples
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example"
@@ -76,17 +76,17 @@ def _sections(markdown: str) -> list[str]:
 
 
 def test_bytes_are_human_units():
-    assert fmt_bytes(512) == "512 B"
-    assert fmt_bytes(1536) == "1.5 KiB"
-    assert fmt_bytes(57344) == "56.0 KiB"
-    assert fmt_bytes(234881024) == "224.0 MiB"
-    assert fmt_bytes(15231233024) == "14.19 GiB"
-    assert fmt_bytes(None) == "—"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(57344) == "56.0 KiB"
+    assert format_bytes(234881024) == "224.0 MiB"
+    assert format_bytes(15231233024) == "14.19 GiB"
+    assert format_bytes(None) == "—"
 
 
 def test_delta_interval_uses_real_minus_and_signs():
-    assert fmt_interval(-1.23, -3.0, 0.5) == "−1.2 [−3.0, +0.5]"
-    assert fmt_interval(0.0, None, None) == "0.0"
+    assert format_interval(-1.23, -3.0, 0.5) == "−1.2 [−3.0, +0.5]"
+    assert format_interval(0.0, None, None) == "0.0"
 
 
 def test_prompt_excerpt_drops_chat_tokens_and_keeps_the_question():
@@ -567,7 +567,7 @@ def test_memory_timeline_renders_a_plot_per_format_and_a_peak_line(report, sampl
     peak = timed["formats"]["int8"]["memory"]["timeline"]["peaks"]["rss_bytes"]
     assert peak["stage"] == "generate:en_support_qa"
     md = render_markdown(parse_report(timed, "report.json"), samples)
-    line = f"**Memory over time:** peak RSS {fmt_bytes(peak['bytes'])} at {peak['t_s']:.1f} s (generate:en\\_support\\_qa)"
+    line = f"**Memory over time:** peak RSS {format_bytes(peak['bytes'])} at {peak['t_s']:.1f} s (generate:en\\_support\\_qa)"
     assert line in md and md.count("**Memory over time:**") == 2
     assert "peak NVML used 9.00 GiB at " in md and "; peak allocated 7.00 GiB" in md
     _assert_tables_well_formed(md)

@@ -6,7 +6,6 @@ import pytest
 
 from harness import decide
 from harness.measure import oom
-from harness.report import units as report_units
 from harness.units import DASH, MINUS, format_bytes, format_ms, format_number, format_signed, is_number
 
 GIB, MIB, KIB = 2**30, 2**20, 2**10
@@ -25,7 +24,6 @@ def test_is_number():
 ])
 def test_format_bytes_defaults_are_the_reports(size, text):
     assert format_bytes(size) == text
-    assert report_units.fmt_bytes(size) == text
 
 
 def test_format_bytes_options():
@@ -59,7 +57,7 @@ def test_plan_sizes():
     (1000, "1.00 s", "1000.0 ms"), (1500, "1.50 s", "1500.0 ms"), (math.inf, DASH, "n/a"),
 ])
 def test_format_ms(ms, report_text, verdict_text):
-    assert format_ms(ms) == report_text == report_units.fmt_ms(ms)
+    assert format_ms(ms) == report_text
     assert format_ms(ms, missing="n/a", seconds=False) == verdict_text == decide.format_ms(ms)
 
 
@@ -69,7 +67,7 @@ def test_format_number():
     assert format_number(-0.04) == "0.0"  # no minus on a value shown as zero
     assert format_number(None) == DASH and format_number(None, missing="n/a") == "n/a"
     assert decide.num(-3.0) == f"{MINUS}3.0" and decide.num(None) == "n/a" and decide.num(-0.01) == "0.0"
-    assert report_units.fmt_num(7, 0) == "7"
+    assert format_number(7, 0) == "7"
 
 
 def test_format_signed():
@@ -78,6 +76,15 @@ def test_format_signed():
     assert format_signed(0.04) == format_signed(-0.04) == format_signed(0) == "0.0"
     assert format_signed(0, plus_zero=True) == "+0.0"
     assert format_signed(None) == DASH
-    assert report_units.fmt_signed(-0.04) == "0.0" and report_units.fmt_signed(2, 2) == "+2.00"
+    assert format_signed(-0.04) == "0.0" and format_signed(2, 2) == "+2.00"
     assert decide.signed(0.0) == "+0.0" and decide.signed(-0.01) == "+0.0" and decide.signed(None) == "n/a"
     assert decide.signed(-2.0) == f"{MINUS}2.0" and decide.signed(1.26, 2) == "+1.26"
+
+
+@pytest.mark.parametrize(("size", "text"), [
+    (0.5 * GIB, "0.50 GiB"), (0.09 * GIB, "92.2 MiB"), (3 * GIB, "3.00 GiB"), (500, "0.0 MiB"), (-0.2 * GIB, "-0.20 GiB"),
+])
+def test_plan_sizes_use_gib_from_a_tenth_of_one(size, text):
+    from harness.capacity.common import gib
+
+    assert gib(size) == text == format_bytes(size, smallest="MiB", from_fraction=0.1)

@@ -247,7 +247,7 @@ def _prefix_cache_hits(endpoint: Endpoint, shared: int, requests: int) -> tuple[
 def test_parallel_flags_and_the_gpu_plan_reach_the_command():
     """--tensor-parallel-size/--pipeline-parallel-size pass through; on a GPU the capacity plan's flags are used."""
     from harness.formats import format_spec
-    from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
+    from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_vllm, weight_format
     from harness.runtime.vllm.launch_plan import cpu_launch, gpu_launch
 
     cpu = cpu_launch(format_spec("gptq"), dtype="float32", max_model_len=600, max_num_seqs=4, kv_space_gib=2,
@@ -319,8 +319,8 @@ def test_saturation_prompts_share_no_prefix():
 
 def test_a_local_gpu_is_planned_with_its_own_kernels():
     """The served GPU plan knows the device's compute capability: Marlin on an H200 (9.0), plain GPTQ on a T4."""
-    from harness.measure.capacity import Target, Workload, model_shape, plan_vllm, weight_format
-    from harness.measure.capacity.gpus import this_gpu
+    from harness.capacity import Target, Workload, model_shape, plan_vllm, weight_format
+    from harness.capacity.gpus import this_gpu
 
     config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from harness.formats import default_formats, format_spec
-from harness.measure.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
-from harness.measure.capacity.gpus import Gpu
+from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
+from harness.capacity.gpus import Gpu
 from harness.measure.kv import DEMO_CONFIG
 from harness.quantize import recipe_for
 from harness.quantize.w8a8 import W8A8Quantizer, is_int8_w8a8
@@ -106,7 +106,7 @@ def test_weights_as_vllm_holds_them():
     """int8 weights with an fp32 scale per output channel (vLLM's CompressedTensorsW8A8Int8 keeps fp32 scales):
     the same storage as LLM.int8's, about 61% of bf16 for the demo model (its embeddings stay 16-bit)."""
     shape = model_shape(DEMO_CONFIG)
-    from harness.measure.capacity.memory import weights_bytes
+    from harness.capacity.memory import weights_bytes
 
     ours = weights_bytes(shape, weight_format("w8a8"))
     assert ours == weights_bytes(shape, weight_format("int8")) == 106_168_320 + 622_080 + 56_693_376

@@ -86,7 +86,7 @@ def _context(args: argparse.Namespace):
     source = ""
     if args.model:
         from harness.commands.plan import load_model_config
-        from harness.measure.capacity import ConfigFieldError, kv_bytes_per_token, model_shape, weight_format, \
+        from harness.capacity import ConfigFieldError, kv_bytes_per_token, model_shape, weight_format, \
             weights_bytes
 
         config, source = load_model_config(args.model)
@@ -98,7 +98,7 @@ def _context(args: argparse.Namespace):
         w16, w4 = weights_bytes(shape, weight_format("baseline")), weights_bytes(shape, weight_format("awq", 128))
     gpu_gib, gpu_name = None, ""
     if args.target_gpu:
-        from harness.measure.capacity import gpu_by_name
+        from harness.capacity import gpu_by_name
 
         gpu = gpu_by_name(args.target_gpu)
         gpu_gib, gpu_name = gpu.memory_bytes / 2**30, gpu.name

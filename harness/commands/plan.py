@@ -9,12 +9,12 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
-from harness.measure.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
+from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
                                       Workload, engine_names, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
-from harness.measure.capacity.common import capacity_view
-from harness.measure.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
+from harness.capacity.common import capacity_view
+from harness.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import choose_group_size
 from harness.units import format_bytes

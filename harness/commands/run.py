@@ -144,7 +144,7 @@ def flag_values(args) -> tuple[dict, dict]:
         raise UserError("--target-gpu and --gpu-memory-gib: give one (--target-gpu plans on that GPU's own memory)")
     target_gpu = getattr(args, "target_gpu", None)
     if target_gpu:
-        from harness.measure.capacity import gpu_by_name
+        from harness.capacity import gpu_by_name
 
         try:
             target_gpu = gpu_by_name(target_gpu).name

@@ -1,6 +1,6 @@
 """Memory arithmetic from a model's config alone: KV cache per token, weights per format, an activation estimate.
 
-Nothing here loads weights. A thin face over the memory model in harness.measure.capacity (shapes.py, memory.py),
+Nothing here loads weights. A thin face over the memory model in harness.capacity (shapes.py, memory.py),
 taking a transformers PretrainedConfig or config.json read as a dict (multimodal configs through their nested
 `text_config`). Dense decoders, MoE (every expert counted) and MLA are covered; an architecture the memory model
 cannot count raises ConfigFieldError (a ValueError) naming the field.
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.measure.capacity.memory import FP16_BYTES, WeightFormat
-from harness.measure.capacity.memory import activation_peak_bytes as _activation_peak_bytes
-from harness.measure.capacity.memory import kv_bytes_per_sequence as _kv_bytes_per_sequence
-from harness.measure.capacity.memory import kv_bytes_per_token as _kv_bytes_per_token
-from harness.measure.capacity.memory import parameter_count as _parameter_count
-from harness.measure.capacity.memory import weights_bytes
-from harness.measure.capacity.meta import model_shape
-from harness.measure.capacity.shapes import ConfigFieldError, attention_shape, config_fields, head_dim, num_kv_heads
+from harness.capacity.memory import FP16_BYTES, WeightFormat
+from harness.capacity.memory import activation_peak_bytes as _activation_peak_bytes
+from harness.capacity.memory import kv_bytes_per_sequence as _kv_bytes_per_sequence
+from harness.capacity.memory import kv_bytes_per_token as _kv_bytes_per_token
+from harness.capacity.memory import parameter_count as _parameter_count
+from harness.capacity.memory import weights_bytes
+from harness.capacity.meta import model_shape
+from harness.capacity.shapes import ConfigFieldError, attention_shape, config_fields, head_dim, num_kv_heads
 
 __all__ = ["DEMO_CONFIG", "FP16_BYTES", "ConfigFieldError", "estimate_activation_peak_bytes",
            "estimate_weights_bytes", "head_dim", "kv_bytes_per_sequence", "kv_bytes_per_token", "num_kv_heads",
@@ -83,5 +83,5 @@ def estimate_activation_peak_bytes(config: Any, max_num_batched_tokens: int, max
                                    act_dtype_bytes: int = 2) -> int:
     """Rough peak of a serving engine's forward pass over `max_num_batched_tokens` tokens (vLLM's profile run):
     tokens x (4 x hidden + 3 x MLP width) x 2 bytes plus fp32 sampler logits, max_num_seqs x vocab x 4 x 2
-    (harness.measure.capacity.memory.activation_peak_bytes). Llama-3-8B at 8192 tokens: about 1.2 GiB."""
+    (harness.capacity.memory.activation_peak_bytes). Llama-3-8B at 8192 tokens: about 1.2 GiB."""
     return _activation_peak_bytes(model_shape(config), max_num_batched_tokens, max_num_seqs, act_dtype_bytes)

@@ -9,7 +9,7 @@ import time
 from harness import __version__
 from harness.decide import baseline_scores, exit_code, recommend
 from harness.environment import environment
-from harness.measure.capacity.common import capacity_view
+from harness.capacity.common import capacity_view
 from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity,
                                report_capacity)
 from harness.measure.kv import kv_bytes_per_token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.fidelity.rule import kl_text, pct
 from harness.report.schema import FidelityEntry, FormatResult
-from harness.report.units import DASH
+from harness.units import DASH
 
 FIDELITY_COLUMNS = ("Evalset", "KL nats/token [95% CI]", "Top-1 agreement [95% CI]", "Items with a flip",
                     "Median first flip", "Limits", "Status")

@@ -19,7 +19,7 @@ from harness.report.plots import Plot, render_plots
 from harness.report.regressions import RegressionGroup, worst_regressions
 from harness.report.schema import FormatResult, RunReport
 from harness.report.spot_checks import SPOT_CHECK_COLUMNS, spot_check_caption, spot_check_rows, unacceptable_quotes
-from harness.report.units import DASH, clip, excerpt, prompt_excerpt
+from harness.units import DASH, clip, excerpt, prompt_excerpt
 from harness.report.view import (ARTIFACT_COLUMNS, BASELINE_SCORE_COLUMNS, CALIBRATION_COLUMNS, EVALSET_COLUMNS,
                                  LATENCY_COLUMNS, LEGEND, SCORE_COLUMNS, SERVED_LATENCY_COLUMNS, served_backend,
                                  served_title,

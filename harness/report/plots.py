@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from harness.cache import cache_dir
 from harness.report.schema import FormatResult, RunReport
-from harness.report.units import is_number
+from harness.units import is_number
 from harness.report.view import (TIMELINE_LABELS, candidates, formats_in_order, gated_scores, largest_batch_kv,
                                   latency_run, memory_timeline, timeline_peak_text)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.report.schema import SAMPLE_FIELDS, RunReport
-from harness.report.units import fmt_num, fmt_signed, is_number
+from harness.units import format_number, format_signed, is_number
 from harness.report.view import baseline_name, candidates, gate_metrics
 
 
@@ -32,7 +32,7 @@ class Regression:
     @property
     def change_text(self) -> str:
         """'80.0 → 40.0 (−40.0)', the last column of both renderers' tables."""
-        return f"{fmt_num(self.baseline_score)} → {fmt_num(self.candidate_score)} ({fmt_signed(self.change)})"
+        return f"{format_number(self.baseline_score)} → {format_number(self.candidate_score)} ({format_signed(self.change)})"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 regenerate with `python -m harness schema > docs/report.schema.json`). docs/report.md says what each field means.
 
 The models follow what the producer writes today (harness/report/build.py, which returns a RunReport, from
-decide.py, measure/latency.py, measure/capacity/, calibration.py, the artifact manifest of pipeline.py and
+decide.py, measure/latency.py, capacity/, calibration.py, the artifact manifest of pipeline.py and
 worker.py, the `served` block of served.py) and what version-1 reports written earlier carry, so both validate:
 - extra="forbid" everywhere a fixed set of keys is written, so that a renamed or misspelled field fails
   validation and names itself; extra="allow" only where the dict is open-ended by nature: the artifact manifest
@@ -458,7 +458,7 @@ class Capacity(_Strict):
 
 
 class ServingMemory(_Strict):
-    """One GPU's memory under an engine's plan, bytes (harness.measure.capacity.MemoryBreakdown)."""
+    """One GPU's memory under an engine's plan, bytes (harness.capacity.MemoryBreakdown)."""
 
     gpu_memory_bytes: int = Field(description="the GPU's memory as the driver reports it, bytes")
     weights_bytes: int = Field(description="weights on one GPU, bytes (16-bit serving size)")
@@ -479,10 +479,10 @@ class ServingMemory(_Strict):
 
 class ServingPlan(_Strict):
     """One engine's settings for this format on the run's target GPU and the numbers behind them
-    (harness.measure.capacity.EnginePlan)."""
+    (harness.capacity.EnginePlan)."""
 
     engine: str = Field(description="the serving engine, as the planner registry names it: vllm, sglang, trtllm, or "
-                                    "one a plugin registered (harness.measure.capacity.registry)")
+                                    "one a plugin registered (harness.capacity.registry)")
     engine_version: str = Field(description="the engine rules followed, e.g. '0.34' for vLLM; '' where not "
                                             "versioned")
     format: str = Field(description="the format planned")

@@ -12,7 +12,7 @@ import io
 from typing import Any
 
 from harness.report.schema import SAMPLE_FIELDS, RunReport
-from harness.report.units import is_number
+from harness.units import is_number
 
 KEY_COLUMNS = ("format", "evalset", "id", "new_tokens")
 

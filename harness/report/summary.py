@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.report.fidelity import verdict_text
 from harness.report.markdown import md_cell, md_inline
 from harness.report.schema import RunReport
-from harness.report.units import clip
+from harness.units import clip
 from harness.report.view import formats_in_order, recommendation_sentence, verdict_rows
 
 MAX_BYTES = 8 * 1024

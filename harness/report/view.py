@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from harness.jsonl import read_jsonl
-from harness.measure.capacity.gpus import with_article
+from harness.capacity.gpus import with_article
 from harness.report import schema
-from harness.measure.capacity import engine_names, engine_title
+from harness.capacity import engine_names, engine_title
 from harness.report.fidelity import fidelity_cell, verdict_text
 from harness.report.schema import (FormatResult, LatencyRun, LatencyStats, Manifest, Memory, MemoryTimeline, Overlap,
                                    RunReport, Saturation, ScoreEntry, Served, ServedKvCache)
 from harness.runtime.serving_engine import is_serving_engine, serving_engine_title
-from harness.report.units import DASH, fmt_bytes, fmt_int, fmt_interval, fmt_ms, fmt_num, fmt_signed, is_number
+from harness.units import DASH, format_bytes, format_int, format_interval, format_ms, format_number, format_signed, is_number
 
 # "How to read a verdict": (term, explanation), rendered by both Markdown and HTML
 LEGEND = (
@@ -88,18 +88,18 @@ def verdict_rows(report: RunReport) -> list[VerdictRow]:
 
 def _verdict_row(report: RunReport, index: int, name: str, fmt: FormatResult) -> VerdictRow:
     memory = fmt.memory
-    peak = fmt_bytes(memory.peak_bytes if memory is not None else None)
+    peak = format_bytes(memory.peak_bytes if memory is not None else None)
     if peak != DASH and memory is not None and memory.device:
         peak += f" ({memory.device})"
     baseline = fmt.role == "baseline"
-    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", fmt_num(gs.score.value) if baseline
+    gated = [GatedFigure(f"{gs.evalset}/{gs.metric}", format_number(gs.score.value) if baseline
                          else delta_interval(gs.score), "" if baseline else gs.score.status or "")
              for gs in gated_scores(report, fmt)]
     error = (fmt.error or "no error recorded") if fmt.status == "failed" else None
     weights = memory.weights_bytes if memory is not None else None
     flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
     fidelity, fidelity_status = fidelity_cell(fmt)
-    return VerdictRow(index, name, baseline, fmt.verdict, peak, fmt_bytes(weights), fmt_ms(_tpot_p50(fmt)), error,
+    return VerdictRow(index, name, baseline, fmt.verdict, peak, format_bytes(weights), format_ms(_tpot_p50(fmt)), error,
                       gated, flags, fidelity, fidelity_status, verdict_text(fmt))
 
 
@@ -111,7 +111,7 @@ def _tpot_p50(fmt: FormatResult) -> float | None:
 
 def delta_interval(score: ScoreEntry) -> str:
     """'−1.2 [−3.0, +0.5]': the paired delta and its 95% interval."""
-    return fmt_interval(score.delta, score.ci_low, score.ci_high)
+    return format_interval(score.delta, score.ci_low, score.ci_high)
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ class ScoreRow:
 def score_rows(fmt: FormatResult) -> list[ScoreRow]:
     """Every score of one format, gated metrics first (they decide the verdict)."""
     scores = sorted(iter_scores(fmt), key=lambda s: 0 if s[2].gated else 1)
-    return [ScoreRow(evalset, metric, score.gated, fmt_num(score.value), fmt_int(score.n), delta_interval(score),
-                     fmt_num(score.margin), fmt_num(score.mde), fmt_num(score.p_value, 3), score.method or DASH,
+    return [ScoreRow(evalset, metric, score.gated, format_number(score.value), format_int(score.n), delta_interval(score),
+                     format_number(score.margin), format_number(score.mde), format_number(score.p_value, 3), score.method or DASH,
                      score.status or "")
             for evalset, metric, score in scores]
 
@@ -258,9 +258,9 @@ def memory_rows(fmt: FormatResult) -> list[MemoryRow]:
         MemoryRow("KV cache per token", _with_measured(memory.kv_bytes_per_token, memory.kv_bytes_per_token_measured)),
     ]
     if is_number(kv_at_largest) and is_number(tokens):
-        rows.append(MemoryRow(f"KV cache at largest batch ({fmt_int(tokens)} tokens)", fmt_bytes(kv_at_largest)))
-    rows.append(MemoryRow("Activation peak", fmt_bytes(memory.activation_peak_bytes)))
-    rows.append(MemoryRow("Peak", fmt_bytes(memory.peak_bytes), is_peak=True))
+        rows.append(MemoryRow(f"KV cache at largest batch ({format_int(tokens)} tokens)", format_bytes(kv_at_largest)))
+    rows.append(MemoryRow("Activation peak", format_bytes(memory.activation_peak_bytes)))
+    rows.append(MemoryRow("Peak", format_bytes(memory.peak_bytes), is_peak=True))
     for value, label in (
         (memory.rss_peak_bytes, "Peak RSS"),
         (memory.cuda_max_allocated_bytes, "torch.cuda max allocated"),
@@ -268,14 +268,14 @@ def memory_rows(fmt: FormatResult) -> list[MemoryRow]:
         (memory.nvml_peak_used_bytes, "NVML peak used (nvidia-smi)"),
     ):
         if is_number(value):
-            rows.append(MemoryRow(label, fmt_bytes(value)))
+            rows.append(MemoryRow(label, format_bytes(value)))
     return rows
 
 
 def _with_measured(value: int | None, measured: int | None) -> str:
-    text = fmt_bytes(value)
+    text = format_bytes(value)
     if is_number(measured) and measured != value:
-        text += f" (measured {fmt_bytes(measured)})"
+        text += f" (measured {format_bytes(measured)})"
     return text
 
 
@@ -307,7 +307,7 @@ def timeline_peak_text(fmt: FormatResult) -> str:
         peak = getattr(timeline.peaks, field)
         if peak is None:
             continue
-        text = f"peak {TIMELINE_LABELS[field]} {fmt_bytes(peak.bytes)}"
+        text = f"peak {TIMELINE_LABELS[field]} {format_bytes(peak.bytes)}"
         if is_number(peak.t_s):
             text += f" at {peak.t_s:.1f} s"
         if peak.stage:
@@ -338,8 +338,8 @@ def timeline_growth(timeline: MemoryTimeline) -> str:
     (first, start), (last, end) = next(iter(lows.items())), list(lows.items())[-1]
     if end - start < max(GROWTH_MIN_BYTES, GROWTH_MIN_SHARE * start):
         return ""
-    return (f"{TIMELINE_LABELS[field]} kept rising through the evaluation, its lowest {fmt_bytes(start)} in {first} "
-            f"and {fmt_bytes(end)} in {last}: memory that grows with each new input shape (a kernel cache) or a "
+    return (f"{TIMELINE_LABELS[field]} kept rising through the evaluation, its lowest {format_bytes(start)} in {first} "
+            f"and {format_bytes(end)} in {last}: memory that grows with each new input shape (a kernel cache) or a "
             "leak, which a long-running server would show too")
 
 
@@ -360,12 +360,12 @@ def latency_rows(fmt: FormatResult) -> list[list[str]]:
         run = latency_run(fmt, which)
         if run is None:
             continue
-        label = "batch 1" if which == "batch_1" else f"batch {fmt_int(run.batch_size)}"
-        cells = [label, fmt_int(run.requests or run.ttft_ms.count)]
+        label = "batch 1" if which == "batch_1" else f"batch {format_int(run.batch_size)}"
+        cells = [label, format_int(run.requests or run.ttft_ms.count)]
         for stats in (run.ttft_ms, run.tpot_ms, run.e2e_ms):
-            cells += [fmt_ms(stats.p50), p95_text(stats)]
+            cells += [format_ms(stats.p50), p95_text(stats)]
         tput = run.throughput_tok_s
-        cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
+        cells.append(f"{format_number(tput)} tok/s" if is_number(tput) else DASH)
         rows.append(cells)
     return rows
 
@@ -383,9 +383,9 @@ def tail_text(stats: LatencyStats, key: Literal["p95", "p99"]) -> str:
     value, count = getattr(stats, key), stats.count
     if is_number(count) and 0 < count < P95_MIN_REQUESTS:
         if is_number(stats.max):
-            return f"max of {fmt_int(count)}: {fmt_ms(stats.max)}"
-        return f"{key} of only {fmt_int(count)}: {fmt_ms(value)}"  # a report from before "max" was kept
-    return fmt_ms(value)
+            return f"max of {format_int(count)}: {format_ms(stats.max)}"
+        return f"{key} of only {format_int(count)}: {format_ms(value)}"  # a report from before "max" was kept
+    return format_ms(value)
 
 
 def latency_caption(fmt: FormatResult) -> str:
@@ -445,9 +445,9 @@ def served_engine_text(served: Served) -> str:
     parts = [f"{engine_title(served.engine)} {served.version or '(version unknown)'} from {source}"
              + (f" at {endpoint}" if endpoint and endpoint not in source else "")]
     if is_number(served.startup_s):
-        parts.append(f"started in {fmt_num(served.startup_s)} s")
+        parts.append(f"started in {format_number(served.startup_s)} s")
     if is_number(served.rss_peak_bytes):
-        parts.append(f"peak RSS {fmt_bytes(served.rss_peak_bytes)}")
+        parts.append(f"peak RSS {format_bytes(served.rss_peak_bytes)}")
     if served.log:
         parts.append(f"log {served.log}")
     return "; ".join(parts)
@@ -457,13 +457,13 @@ def served_kv_text(kv: ServedKvCache) -> str:
     """'predicted 46,592 tokens vs vLLM's 46,592 tokens (error +0.0%), max concurrency 45.50 predicted vs 45.50
     vLLM at 1,024 tokens'; then the block size and vLLM's KV memory."""
     error = kv.relative_error
-    text = (f"predicted {fmt_int(kv.predicted_tokens)} tokens vs vLLM's {fmt_int(kv.vllm_tokens)} "
-            f"tokens (error {fmt_signed(100 * error) + '%' if is_number(error) else DASH}), max concurrency "
-            f"{fmt_num(kv.predicted_max_concurrency, 2)} predicted vs "
-            f"{fmt_num(kv.vllm_max_concurrency, 2)} vLLM at {fmt_int(kv.max_model_len)} tokens")
-    extra = [f"{fmt_int(kv.block_size)}-token blocks"] if is_number(kv.block_size) else []
+    text = (f"predicted {format_int(kv.predicted_tokens)} tokens vs vLLM's {format_int(kv.vllm_tokens)} "
+            f"tokens (error {format_signed(100 * error) + '%' if is_number(error) else DASH}), max concurrency "
+            f"{format_number(kv.predicted_max_concurrency, 2)} predicted vs "
+            f"{format_number(kv.vllm_max_concurrency, 2)} vLLM at {format_int(kv.max_model_len)} tokens")
+    extra = [f"{format_int(kv.block_size)}-token blocks"] if is_number(kv.block_size) else []
     if is_number(kv.vllm_kv_memory_gib):
-        extra.append(f"vLLM's KV memory {fmt_num(kv.vllm_kv_memory_gib, 2)} GiB")
+        extra.append(f"vLLM's KV memory {format_number(kv.vllm_kv_memory_gib, 2)} GiB")
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -478,12 +478,12 @@ def saturation_text(saturation: Saturation) -> str:
 def served_latency_rows(served: Served) -> list[list[str]]:
     rows = []
     for run in sorted(served.latency.values(), key=lambda run: run.concurrency):
-        cells = [fmt_int(run.concurrency), fmt_int(run.requests)]
+        cells = [format_int(run.concurrency), format_int(run.requests)]
         for stats, tails in ((run.ttft_ms, ("p95", "p99")), (run.itl_ms, ("p95",)), (run.tpot_ms, ("p95",)),
                              (run.e2e_ms, ("p95",))):
-            cells += [fmt_ms(stats.p50)] + [tail_text(stats, tail) for tail in tails]
+            cells += [format_ms(stats.p50)] + [tail_text(stats, tail) for tail in tails]
         tput = run.output_tokens_per_s
-        cells.append(f"{fmt_num(tput)} tok/s" if is_number(tput) else DASH)
+        cells.append(f"{format_number(tput)} tok/s" if is_number(tput) else DASH)
         rows.append(cells)
     return rows
 
@@ -529,18 +529,18 @@ def capacity_text(report: RunReport, fmt: FormatResult) -> str:
         return ""
     gib, util = cap.gpu_memory_gib, cap.gpu_memory_utilization
     named = report.settings.capacity.target_gpu if report.settings.capacity is not None else None
-    target = with_article(f"{named} ({fmt_num(gib, 2)} GiB)" if named and is_number(gib) else
-                          f"{fmt_num(gib, 0)} GiB GPU" if is_number(gib) else "target GPU")
+    target = with_article(f"{named} ({format_number(gib, 2)} GiB)" if named and is_number(gib) else
+                          f"{format_number(gib, 0)} GiB GPU" if is_number(gib) else "target GPU")
     if is_number(util):
         target += f" at {util:.2f} utilization"
     note = f" {cap.note}" if cap.note else ""
     if cap.servable is False:
         return f"On {target}: vLLM cannot serve this format." + note
     text = (
-        f"On {target}, max-model-len {fmt_int(cap.max_model_len)}: "
-        f"KV room {fmt_bytes(cap.kv_room_bytes)}, "
-        f"max concurrent sequences {fmt_int(cap.max_num_seqs)}, "
-        f"max batched tokens {fmt_int(cap.max_num_batched_tokens)}; "
+        f"On {target}, max-model-len {format_int(cap.max_model_len)}: "
+        f"KV room {format_bytes(cap.kv_room_bytes)}, "
+        f"max concurrent sequences {format_int(cap.max_num_seqs)}, "
+        f"max batched tokens {format_int(cap.max_num_batched_tokens)}; "
         + ("fits." if cap.fits else "does not fit.")
     )
     return text + note
@@ -570,11 +570,11 @@ def serving_caption(report: RunReport, fmt: FormatResult) -> str:
     size = memory.gpu_memory_bytes if memory is not None else None
     if tp * pp > 1:
         gpu = target or "GPUs"
-        each = f"{fmt_bytes(size)} each; " if is_number(size) else ""
+        each = f"{format_bytes(size)} each; " if is_number(size) else ""
         where = f"{tp * pp} x {gpu} ({each}tensor parallel {tp} x pipeline parallel {pp})"
     else:
-        where = f"{target} ({fmt_bytes(size)})" if target and is_number(size) else target or (
-            f"a {fmt_bytes(size)} GPU" if is_number(size) else "the target GPU")
+        where = f"{target} ({format_bytes(size)})" if target and is_number(size) else target or (
+            f"a {format_bytes(size)} GPU" if is_number(size) else "the target GPU")
     if capacity is not None and capacity.target_source == "policy":
         where += ", the policy's serving target"
     sources = ([f"weights {memory.weights_source}", f"activations {memory.activation_source}"] if memory is not None
@@ -599,12 +599,12 @@ def serving_rows(fmt: FormatResult) -> list[ServingRow]:
             summary = plan.reason or "does not fit"
         else:
             kv_bytes = plan.memory.kv_cache_bytes if plan.memory is not None else None
-            shared = (f" ({fmt_int(plan.max_concurrency_shared_prefix)} when each shares the "
-                      f"{fmt_int(plan.shared_prefix_tokens)}-token prefix all prompts open with)"
+            shared = (f" ({format_int(plan.max_concurrency_shared_prefix)} when each shares the "
+                      f"{format_int(plan.shared_prefix_tokens)}-token prefix all prompts open with)"
                       if plan.max_concurrency_shared_prefix is not None else "")
-            summary = (f"KV cache {fmt_bytes(kv_bytes)} holds {fmt_int(plan.kv_tokens)} "
-                       f"tokens: {fmt_int(plan.max_concurrency)} sequences of {fmt_int(plan.max_model_len)} tokens"
-                       f"{shared}; the command runs {fmt_int(plan.max_num_seqs)} at once")
+            summary = (f"KV cache {format_bytes(kv_bytes)} holds {format_int(plan.kv_tokens)} "
+                       f"tokens: {format_int(plan.max_concurrency)} sequences of {format_int(plan.max_model_len)} tokens"
+                       f"{shared}; the command runs {format_int(plan.max_num_seqs)} at once")
             summary += plugin_requirement(engine, plan.command)
         rows.append(ServingRow(title, summary, plan.command, plan.config_yaml))
     return rows
@@ -612,7 +612,7 @@ def serving_rows(fmt: FormatResult) -> list[ServingRow]:
 
 def plugin_requirement(engine: str, command: str) -> str:
     """'; needs the vllm-bnb-plugin package beside vLLM' where the command's --quantization comes from a plugin."""
-    from harness.measure.capacity.vllm import PLUGIN_METHODS
+    from harness.capacity.vllm import PLUGIN_METHODS
 
     words = command.split()
     method = words[words.index("--quantization") + 1] if "--quantization" in words[:-1] else None
@@ -649,12 +649,12 @@ def provenance_items(report: RunReport) -> list[tuple[str, str]]:
     model_bits += [f"{key} {value}" for key, value in (("architecture", model.architecture), ("dtype", model.dtype))
                    if value]
     if is_number(model.num_parameters):
-        model_bits.append(f"{fmt_int(model.num_parameters)} parameters")
+        model_bits.append(f"{format_int(model.num_parameters)} parameters")
     items = [("Model", ", ".join(model_bits))]
     if model.note:
         items.append(("Model note", model.note))
-    dev = [device.kind, device.name, fmt_bytes(device.total_memory_bytes)]
-    items.append(("Device", f"{' '.join(d for d in dev if d)}; threads {fmt_int(device.threads)}"))
+    dev = [device.kind, device.name, format_bytes(device.total_memory_bytes)]
+    items.append(("Device", f"{' '.join(d for d in dev if d)}; threads {format_int(device.threads)}"))
     items.append(
         (
             "Settings",
@@ -665,7 +665,7 @@ def provenance_items(report: RunReport) -> list[tuple[str, str]]:
     items.append(
         (
             "Run",
-            f"{tool.name} {tool.version}, created {report.created_at or DASH}, wall {fmt_num(report.wall_s)} s",
+            f"{tool.name} {tool.version}, created {report.created_at or DASH}, wall {format_number(report.wall_s)} s",
         )
     )
     return items
@@ -677,7 +677,7 @@ def environment_items(report: RunReport) -> list[str]:
 
 def evalset_rows(report: RunReport) -> list[list[str]]:
     """Evalset, task, language, items, gate, tokenizer, hash, spec."""
-    return [[name, spec.task, spec.language or DASH, fmt_int(spec.n), ", ".join(spec.gate) or DASH,
+    return [[name, spec.task, spec.language or DASH, format_int(spec.n), ", ".join(spec.gate) or DASH,
              spec.tokenizer or DASH, spec.hash or DASH, spec.spec or DASH]
             for name, spec in report.evalsets.items()]
 
@@ -689,7 +689,7 @@ CALIBRATION_COLUMNS = ("Format", "Calibration source", "Texts", "Tokens (mean, m
 
 def calibration_rows(report: RunReport) -> list[list[str]]:
     """Per format that calibrates: where its texts came from, how many and how long, and what they overlap."""
-    return [[name, cal.source or DASH, fmt_int(cal.texts), f"{fmt_num(cal.tokens_mean, 0)}, {fmt_int(cal.tokens_min)}",
+    return [[name, cal.source or DASH, format_int(cal.texts), f"{format_number(cal.tokens_mean, 0)}, {format_int(cal.tokens_min)}",
              overlap_text(cal.overlap)]
             for name, fmt in formats_in_order(report) if (cal := fmt.calibration) is not None]
 
@@ -698,8 +698,8 @@ def overlap_text(overlap: Overlap | None) -> str:
     if overlap is None:
         return DASH
     share = overlap.calibration_ngram_share
-    text = (f"{fmt_int(overlap.items_overlapping)} of {fmt_int(overlap.items_total)} items share "
-            f"{overlap.ngram}-grams; {fmt_num(100 * share, 2) if is_number(share) else DASH}% of the "
+    text = (f"{format_int(overlap.items_overlapping)} of {format_int(overlap.items_total)} items share "
+            f"{overlap.ngram}-grams; {format_number(100 * share, 2) if is_number(share) else DASH}% of the "
             "calibration n-grams occur in evaluated items")
     if overlap.items_overlapping and overlap.allowed:
         ids = overlap.overlapping
@@ -709,6 +709,6 @@ def overlap_text(overlap: Overlap | None) -> str:
 
 
 def artifact_rows(report: RunReport) -> list[list[str]]:
-    return [[name, artifact.path or DASH, fmt_bytes(artifact.size_bytes), "yes" if artifact.cached else "no",
+    return [[name, artifact.path or DASH, format_bytes(artifact.size_bytes), "yes" if artifact.cached else "no",
              manifest_summary(artifact.manifest)]
             for name, fmt in formats_in_order(report) if (artifact := fmt.artifact) is not None]

@@ -11,7 +11,7 @@ One job a module:
   render.py          the printout
 
 Only the NVML sampler (harness.measure.memory.NvmlSampler), the size and time formatters (harness.units) and the
-predictions being checked (harness.measure.kv, harness.measure.capacity) come from harness.
+predictions being checked (harness.measure.kv, harness.capacity) come from harness.
 """
 
 from pathlib import Path

@@ -15,7 +15,7 @@ import time
 
 from harness.commands.plan import capacity_view
 from harness.formats import format_spec
-from harness.measure.capacity import Target, Workload, gpu_of_size, model_shape, plan_vllm, weight_format
+from harness.capacity import Target, Workload, gpu_of_size, model_shape, plan_vllm, weight_format
 from harness.measure.kv import estimate_weights_bytes, kv_bytes_per_token
 from harness.measure.memory import NvmlSampler
 from scripts.gpu_check.model import gptq_dir, gptqmodel_env

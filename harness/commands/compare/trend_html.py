@@ -16,7 +16,7 @@ from harness.commands.compare.trend import FormatTrend, Trend, point_cell, verdi
 from harness.errors import UserError
 from harness.report.html import CSP, e
 from harness.report.plots import VERDICT_COLOURS, Plot, _figure, _png, _quiet_matplotlib
-from harness.report.units import is_number
+from harness.units import is_number
 
 MAX_PLOTTED_FORMATS = 12
 GREY = "#57606a"

@@ -1,6 +1,6 @@
 """The `vllm serve` flags for one format, and what vLLM's KV cache should hold with them.
 
-On a GPU the flags are the capacity plan's (harness.measure.capacity.vllm) for the GPU at hand. On a CPU,
+On a GPU the flags are the capacity plan's (harness.capacity.vllm) for the GPU at hand. On a CPU,
 vLLM takes its KV cache size from VLLM_CPU_KVCACHE_SPACE (whole GiB) and pages it in blocks of 128 tokens
 (vllm/platforms/cpu.py); the prediction follows vllm/v1/core/kv_cache_utils.py:
     blocks = floor(space / (block_size x KV bytes per token)), a request of max_model_len takes
@@ -82,7 +82,7 @@ def cpu_launch(spec: FormatSpec, *, dtype: str, max_model_len: int, max_num_seqs
 
 
 def gpu_launch(plan, *, dtype: str, seed: int, parallel: tuple[int, int], max_num_seqs: int | None) -> LaunchPlan:
-    """The capacity plan's own flags (harness.measure.capacity EnginePlan for vLLM) plus seed and dtype."""
+    """The capacity plan's own flags (harness.capacity EnginePlan for vLLM) plus seed and dtype."""
     args: list[str] = []
     for flag, value in plan.args:
         if flag in ("--dtype", "--tensor-parallel-size", "--pipeline-parallel-size") or (

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.measure.capacity.advice import what_would_fit
-from harness.measure.capacity.common import EnginePlan, MemoryBreakdown, Target, Workload
-from harness.measure.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, kernel_support
-from harness.measure.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
+from harness.capacity.advice import what_would_fit
+from harness.capacity.common import EnginePlan, MemoryBreakdown, Target, Workload
+from harness.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, kernel_support
+from harness.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
-from harness.measure.capacity.meta import model_shape
-from harness.measure.capacity.registry import PLANNERS, engine_names, engine_title, register_planner
-from harness.measure.capacity.sglang import check_sglang_command, plan_sglang
-from harness.measure.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, pipeline_stage
-from harness.measure.capacity.trtllm import check_trtllm_command, plan_trtllm
-from harness.measure.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
+from harness.capacity.meta import model_shape
+from harness.capacity.registry import PLANNERS, engine_names, engine_title, register_planner
+from harness.capacity.sglang import check_sglang_command, plan_sglang
+from harness.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, pipeline_stage
+from harness.capacity.trtllm import check_trtllm_command, plan_trtllm
+from harness.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
 
 register_planner("vllm", "vLLM", lambda shape, fmt, target, workload, *, vllm_version=NEWEST_VERSION,
                  gpu_memory_utilization=None, **_: plan_vllm(shape, fmt, target, workload, version=vllm_version,
@@ -47,7 +47,7 @@ __all__ = [
 
 def plan_engine(engine: str, shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
                 vllm_version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
-    """One engine's plan (harness.measure.capacity.registry); when it is servable but does not fit, its reason ends
+    """One engine's plan (harness.capacity.registry); when it is servable but does not fit, its reason ends
     with what would (re-planned)."""
     if engine not in PLANNERS:
         raise ValueError(f"unknown engine {engine!r} (known: {', '.join(engine_names())})")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from harness.measure.capacity.common import EnginePlan, Target, Workload
-from harness.measure.capacity.gpus import FP8_MIN_CC, GPUS, gpu_of_size, has_capability
-from harness.measure.capacity.memory import GIB, TensorParallelError, WeightFormat
-from harness.measure.capacity.shapes import ModelShape
+from harness.capacity.common import EnginePlan, Target, Workload
+from harness.capacity.gpus import FP8_MIN_CC, GPUS, gpu_of_size, has_capability
+from harness.capacity.memory import GIB, TensorParallelError, WeightFormat
+from harness.capacity.shapes import ModelShape
 
 Planner = Callable[[ModelShape, WeightFormat, Target, Workload], EnginePlan]
 MIN_USEFUL_LEN = 256  # a shorter max-model-len is no deployment anyone asked for

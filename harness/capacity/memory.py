@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
-from harness.measure.capacity.shapes import Attention, Linear, ModelShape, pipeline_stage
+from harness.capacity.shapes import Attention, Linear, ModelShape, pipeline_stage
 
 GIB = 2**30
 MIB = 2**20

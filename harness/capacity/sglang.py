@@ -20,15 +20,15 @@ most-loaded GPU's (shapes.pipeline_stage).
 
 from __future__ import annotations
 
-from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
                                              pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
-from harness.measure.capacity.gpus import Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_sequence,
+from harness.capacity.gpus import Gpu, has_capability
+from harness.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_sequence,
                                              kv_bytes_per_token)
-from harness.measure.capacity.shapes import ModelShape
+from harness.capacity.shapes import ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
 SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token; "

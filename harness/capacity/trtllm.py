@@ -17,14 +17,14 @@ pipeline_parallel_size); the memory is the most-loaded GPU's (shapes.pipeline_st
 
 from __future__ import annotations
 
-from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
                                              needs_half_dtype, parse_flags, pipeline_note, prefix_sharing,
                                              prefix_sharing_note, render_command, short_of_one_sequence)
-from harness.measure.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
+from harness.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
+from harness.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
                                              kv_bytes_per_sequence, kv_bytes_per_token)
-from harness.measure.capacity.shapes import ModelShape
+from harness.capacity.shapes import ModelShape
 
 PROGRAM = "trtllm-serve MODEL"
 SOURCE = "docs/source/reference/memory.md; tensorrt_llm/commands/serve.py; tensorrt_llm/llmapi/llm_args.py"

@@ -1,6 +1,6 @@
 """The serving-engine planners by name: one entry per engine (its title as written, and the function that plans
 it). The report, `quantgate plan` and the schema read this registry; a planner is added by register_planner alone
-(harness/measure/capacity/__init__.py registers vLLM, SGLang and TensorRT-LLM)."""
+(harness/capacity/__init__.py registers vLLM, SGLang and TensorRT-LLM)."""
 
 from __future__ import annotations
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-from harness.measure.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
                                              marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
                                              prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
-from harness.measure.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, check_split, kv_bytes_per_sequence,
+from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
+from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, check_split, kv_bytes_per_sequence,
                                              kv_bytes_per_token)
-from harness.measure.capacity.shapes import ModelShape
+from harness.capacity.shapes import ModelShape
 
 KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
 NEWEST_VERSION = "0.34"

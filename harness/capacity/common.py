@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field
 
 from harness.flags import flag_pairs
 from harness.formats import EngineServing
-from harness.measure.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
-from harness.measure.capacity.memory import (GIB, MIB, TensorParallelError, WeightFormat, activation_peak_bytes,
+from harness.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
+from harness.units import format_bytes
+from harness.capacity.memory import (GIB, TensorParallelError, WeightFormat, activation_peak_bytes,
                                              check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, shared_prefix_bytes, workload_non_torch)
-from harness.measure.capacity.registry import engine_title
-from harness.measure.capacity.shapes import Attention, ModelShape, pipeline_stage
+from harness.capacity.registry import engine_title
+from harness.capacity.shapes import Attention, ModelShape, pipeline_stage
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's and our cap on concurrent sequences unless --max-num-seqs says otherwise
 # vLLM's marlin_utils: output width per GPU divisible by GPTQ_MARLIN_MIN_THREAD_N, input width by _MIN_THREAD_K.
@@ -216,7 +217,8 @@ def floor2(value: float) -> float:
 
 
 def gib(size: float) -> str:
-    return f"{size / GIB:.2f} GiB" if abs(size) >= 0.1 * GIB else f"{size / MIB:.1f} MiB"
+    """A plan's sizes: GiB from a tenth of one ('0.50 GiB'), MiB below."""
+    return format_bytes(size, smallest="MiB", from_fraction=0.1)
 
 
 def needs_half_dtype(shape: ModelShape, gpu: Gpu) -> bool:

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from harness.measure.capacity.shapes import (KNOWN_TYPES, ConfigFieldError, Linear, ModelShape, attention_shape,
+from harness.capacity.shapes import (KNOWN_TYPES, ConfigFieldError, Linear, ModelShape, attention_shape,
                                              config_fields, derived_max_len, positive_int, written_shape)
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
