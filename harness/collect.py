@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.cache import read_json
 from harness.fidelity.plan import FidelityPlan
 from harness.measure.probe import Measurement
-from harness.records import Artifact, DeviceRun, FormatRun, Served
+from harness.records import Artifact, DeviceRun, EvalsetGeneration, FormatRun, ResultFile, Served
 
 
 def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Served | None,
@@ -20,12 +20,11 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     error = device.error or (served.error if served else None)
     run = FormatRun(fmt, status="failed" if error else "ok", error=error, artifact=artifact.entry,
                     measurement=Measurement(**device.measurement.as_dict(), result=device.measurement.read()),
-                    generations={name: dict(file.as_dict(), result=file.read("outputs"))
-                                 for name, file in generations.items()},
+                    generations={name: read_generation(file) for name, file in generations.items()},
                     stages_run=[*artifact.stages_run, *device.stages_run, *(served.stages_run if served else ())],
                     served=served.block if served else None, devices=devices,
                     fidelity=read_fidelity(fmt, fidelity), fidelity_note=fidelity.note)
-    missing = [n for n, e in run.generations.items() if e["result"] is None]
+    missing = [n for n, g in run.generations.items() if g is None]
     if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
                        error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
@@ -33,6 +32,11 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     if run.status == "ok" and degenerate:
         return replace(run, status="failed", error=degenerate)
     return run
+
+
+def read_generation(file: ResultFile) -> EvalsetGeneration | None:
+    result = file.read("outputs")
+    return EvalsetGeneration.from_result(result) if result is not None else None
 
 
 def read_fidelity(fmt: str, plan: FidelityPlan) -> dict[str, dict]:
@@ -43,10 +47,10 @@ def read_fidelity(fmt: str, plan: FidelityPlan) -> dict[str, dict]:
     return {name: value for name, value in results.items() if isinstance(value, dict) and "items" in value}
 
 
-def degenerate_outputs(generations: dict[str, dict], *, served: bool = False) -> str | None:
+def degenerate_outputs(generations: dict[str, EvalsetGeneration | None], *, served: bool = False) -> str | None:
     """Why outputs cannot be scored at all: every prediction empty, or (over 4 items or more) one text for every
     item. Garbage like that is a failure with its reason, never a verdict."""
-    predictions = [o["prediction"] for g in generations.values() if g.get("result") for o in g["result"]["outputs"]]
+    predictions = [o.prediction for g in generations.values() if g for o in g.outputs]
     who = "the vLLM server" if served else "the model"
     if len(predictions) >= 2 and not any(p.strip() for p in predictions):
         return (f"{who} answered nothing: every one of its {len(predictions)} predictions is empty, so nothing can "

@@ -10,6 +10,7 @@ from harness.decide import FormatDecision, FormatOutcome, ServingFit, decide_for
 from harness.evalsets.prompts import shared_prefix_tokens
 from harness.fidelity.summary import FidelityItem
 from harness.metrics import score_item
+from harness.records import FormatRun, RunInputs
 from harness.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, TensorParallelError,
                                       WeightFormat, Workload, gpu_by_name, model_shape, plan_engine, plan_engines,
                                       resolve_version, weight_format)
@@ -25,18 +26,18 @@ class Evaluation:
     samples: tuple[dict, ...]
 
 
-def evaluate_formats(inputs, runs: dict) -> Evaluation:
+def evaluate_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> Evaluation:
     samples: list[dict] = []
     outcomes = {name: score(inputs, run, samples) for name, run in runs.items()}
     return Evaluation(outcomes, decide(inputs, outcomes), tuple(samples))
 
 
-def score(inputs, run, samples: list[dict]) -> FormatOutcome:
+def score(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> FormatOutcome:
     """The format's per-item scores with what its budgets judge (samples gets one row per scored item)."""
     name = run.name
     items = score_format(inputs, run, samples)
     budget_latency, latency_source = budget_latency_of(run, inputs.policy.latency_budgets_judge)
-    served = getattr(run, "served", None) or {}
+    served = run.served or {}
     return FormatOutcome(
         name=name, status=run.status if run.status in ("ok", "interrupted") else "failed", error=run.error,
         items=items,
@@ -51,15 +52,15 @@ def score(inputs, run, samples: list[dict]) -> FormatOutcome:
         cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
         calibration_overlap=_calibration_overlap(inputs, name),
         serving_fit=serving_fit(inputs, run) if name != "baseline" else None,
-        fidelity=fidelity_items(run, samples), fidelity_note=getattr(run, "fidelity_note", None),
+        fidelity=fidelity_items(run, samples), fidelity_note=run.fidelity_note,
         languages={e.name: e.language for e in inputs.evalsets},
     )
 
 
-def fidelity_items(run, samples: list[dict]) -> dict[str, dict[str, FidelityItem]]:
+def fidelity_items(run: FormatRun, samples: list[dict]) -> dict[str, dict[str, FidelityItem]]:
     """The format's per-item fidelity (harness.fidelity), also added to its samples.jsonl rows as `fidelity`."""
     by_set = {name: {str(row["id"]): FidelityItem.from_json(row) for row in result["items"]}
-              for name, result in (getattr(run, "fidelity", None) or {}).items()}
+              for name, result in run.fidelity.items()}
     for sample in samples:
         item = by_set.get(sample["evalset"], {}).get(sample["id"]) if sample["format"] == run.name else None
         if item is not None:
@@ -68,13 +69,13 @@ def fidelity_items(run, samples: list[dict]) -> dict[str, dict[str, FidelityItem
     return by_set
 
 
-def decide(inputs, outcomes: dict[str, FormatOutcome]) -> dict[str, FormatDecision]:
+def decide(inputs: RunInputs, outcomes: dict[str, FormatOutcome]) -> dict[str, FormatDecision]:
     baseline = outcomes["baseline"]
     return {name: decide_format(baseline, outcome, inputs.policy)
             for name, outcome in outcomes.items() if name != "baseline"}
 
 
-def plan_capacity(inputs, run, max_model_len: int) -> dict[str, EnginePlan] | None:
+def plan_capacity(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict[str, EnginePlan] | None:
     """Each engine's plan at the report's capacity target (report_capacity); None when the format measured no
     weights or the planners cannot read the config."""
     if not memory_of(run).get("weights_bytes"):
@@ -85,19 +86,19 @@ def plan_capacity(inputs, run, max_model_len: int) -> dict[str, EnginePlan] | No
                          max_model_len, gpu_memory_utilization=capacity.gpu_memory_utilization)
 
 
-def report_capacity(inputs):
+def report_capacity(inputs: RunInputs):
     """The target of the report's serving plans: the run's own, with the policy's [serving] target for what the
     run leaves open (config.CapacitySettings.for_report)."""
     return inputs.spec.capacity.for_report(inputs.policy.serving)
 
 
-def max_model_len_of(inputs) -> int:
+def max_model_len_of(inputs: RunInputs) -> int:
     """The report plans' context length: --max-model-len, else the policy's [serving] max_model_len when it names
     a target, else the longest request of the run (prompt plus new tokens)."""
     return report_capacity(inputs).settings.max_model_len or longest_request(inputs)
 
 
-def profile_budget(inputs) -> tuple[int, int]:
+def profile_budget(inputs: RunInputs) -> tuple[int, int]:
     """(tokens, sequences) of the profile forward (harness.measure.profile): vLLM's --max-num-batched-tokens for the
     run's capacity target (max(max_model_len, 8192) with chunked prefill, capacity.vllm.token_budget) over
     min(--max-num-seqs or DEFAULT_MAX_NUM_SEQS, tokens) sequences. Other engines' budgets differ; their planners
@@ -109,10 +110,10 @@ def profile_budget(inputs) -> tuple[int, int]:
     return tokens, min(inputs.spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)
 
 
-def budget_latency_of(run, judge: str = "served") -> tuple[dict, str]:
+def budget_latency_of(run: FormatRun, judge: str = "served") -> tuple[dict, str]:
     """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
     format was served; else (and for formats not served) transformers' batch-1 figures."""
-    served = getattr(run, "served", None) or {}
+    served = run.served or {}
     at_one = None
     if judge == "served" and served.get("status") == "ok":
         at_one = (served.get("latency") or {}).get("concurrency_1")
@@ -121,30 +122,30 @@ def budget_latency_of(run, judge: str = "served") -> tuple[dict, str]:
     return latency_of(run).get("batch_1") or {}, "transformers"
 
 
-def score_format(inputs, run, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+def score_format(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     items_by_set: dict[str, dict[str, dict[str, float]]] = {}
     for evalset in inputs.evalsets:
-        result = (run.generations.get(evalset.name) or {}).get("result")
-        if not result:
+        generation = run.generations.get(evalset.name)
+        if not generation:
             continue
         prompts = {p.item_id: p.text for p in inputs.prompts[evalset.name]}
-        outputs = {o["id"]: o for o in result["outputs"]}
+        outputs = {o.id: o for o in generation.outputs}
         scores = {}
         for item in evalset.items:
             output = outputs.get(item.id)
             if output is None:
                 continue
-            metrics = score_item(evalset, item, output["prediction"])
+            metrics = score_item(evalset, item, output.prediction)
             scores[item.id] = metrics
             samples.append({"format": run.name, "evalset": evalset.name, "id": item.id, "prompt": prompts[item.id],
-                            "prediction": output["prediction"],
+                            "prediction": output.prediction,
                             "references": list(item.answers if evalset.task == "qa" else item.references),
-                            "new_tokens": output["new_tokens"], **metrics})  # schema.SAMPLE_FIELDS, then metrics
+                            "new_tokens": output.new_tokens, **metrics})  # schema.SAMPLE_FIELDS, then metrics
         items_by_set[evalset.name] = scores
     return items_by_set
 
 
-def shape_of(inputs) -> ModelShape | None:
+def shape_of(inputs: RunInputs) -> ModelShape | None:
     """The planners' shape of the run's model; None when its config is not one they read (no plan, no guess)."""
     try:
         return model_shape(text_config(inputs.model_config))
@@ -152,7 +153,7 @@ def shape_of(inputs) -> ModelShape | None:
         return None
 
 
-def serving_sizes(run) -> tuple[int | None, int | None]:
+def serving_sizes(run: FormatRun) -> tuple[int | None, int | None]:
     """(weights, profiled activation peak) the format measured, at the 16-bit size it serves with (None: not
     measured; an activation of 0, which only RSS can read, counts as not measured). The activation is the profile
     forward's at the plan's token budget (harness.measure.profile), never the generation's peak (the evaluation's
@@ -165,7 +166,7 @@ def serving_sizes(run) -> tuple[int | None, int | None]:
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
 
-def _weight_format(inputs, name: str) -> WeightFormat:
+def _weight_format(inputs: RunInputs, name: str) -> WeightFormat:
     """The storage the planners size, with how each engine serves it: a registered format's, or a candidate's from
     its quantization_config (its real bits and group size; the registered format of the same storage where there is
     one, else its own FormatSpec, its method counting as its bits per weight)."""
@@ -180,7 +181,7 @@ def _weight_format(inputs, name: str) -> WeightFormat:
     return weight_format(name, recipe.group_size if recipe is not None else None)
 
 
-def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
+def serving_plans(inputs: RunInputs, run: FormatRun, target: Target, max_model_len: int, *, engines: tuple[str, ...] | None = None,
                   gpu_memory_utilization: float | None = None) -> dict[str, EnginePlan] | None:
     """Each engine's plan (capacity.plan_engines) for the format on `target`, from its measured weights and its
     profile forward's activation peak, which each planner scales to its own token budget (estimated from the config
@@ -209,7 +210,7 @@ def serving_plans(inputs, run, target: Target, max_model_len: int, *, engines: t
         return None
 
 
-def shared_prefix_of(inputs) -> tuple[int, str]:
+def shared_prefix_of(inputs: RunInputs) -> tuple[int, str]:
     """(tokens every rendered prompt of the run opens with, where the figure comes from): the token prefix common to
     all of them (a chat template's system prompt, a shared instruction), which the engines' prefix caches keep
     once. Each evalset's own prefix may be longer; the plans count only what every request shares."""
@@ -217,14 +218,14 @@ def shared_prefix_of(inputs) -> tuple[int, str]:
     return shared_prefix_tokens(prompts), f"common to the run's {len(prompts):,} rendered prompts"
 
 
-def vllm_rules_of(inputs) -> str:
+def vllm_rules_of(inputs: RunInputs) -> str:
     """The vLLM version whose rules plan the run: --vllm-version, else the vLLM serving it (--backend vllm), else
     the installed one (the project's .venv-vllm included), else the newest known."""
     served = getattr(inputs.serving_install, "version", None) if inputs.spec.backend == "vllm" else None
     return resolve_version(inputs.spec.capacity.vllm_version, installed=served)[0]
 
 
-def serving_fit(inputs, run) -> ServingFit | None:
+def serving_fit(inputs: RunInputs, run: FormatRun) -> ServingFit | None:
     """The vLLM plan at the policy's serving target (whatever target the run's own plans name), at the run's
     --gpu-memory-utilization (else the vLLM version's default), for the capacity check;
     None when the policy sets no target or the planners cannot read the config. Weights not measured (a format
@@ -246,7 +247,7 @@ def serving_fit(inputs, run) -> ServingFit | None:
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
+def _calibration_overlap(inputs: RunInputs, name: str) -> tuple[str, ...]:
     """The evaluated items a format's calibration texts contained (only ever non-empty when the run allowed it)."""
     recipe = inputs.recipes.get(name)
     if inputs.calibration is None or recipe is None or not recipe.calibration_samples:
@@ -255,14 +256,14 @@ def _calibration_overlap(inputs, name: str) -> tuple[str, ...]:
     return overlap.overlapping if overlap and overlap.items_overlapping else ()
 
 
-def memory_of(run) -> dict:
+def memory_of(run: FormatRun) -> dict:
     return run.measurement.memory
 
 
-def latency_of(run) -> dict:
+def latency_of(run: FormatRun) -> dict:
     return run.measurement.latency
 
 
-def longest_request(inputs) -> int:
+def longest_request(inputs: RunInputs) -> int:
     """The longest request of the run, tokens: a prompt plus its max new tokens (512 without prompts)."""
     return max((p.tokens + p.max_new_tokens for prompts in inputs.prompts.values() for p in prompts), default=512)

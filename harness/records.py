@@ -17,10 +17,43 @@ from harness.jobs import GenerateTask, MeasureTask
 from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
 from harness.policy import Policy
 from harness.quantize.base import Recipe
+from harness.runtime.base import BatchTiming
 from harness.source import ModelSource
 
 if TYPE_CHECKING:
     from harness.candidates import ExternalCheckpoint
+
+
+@dataclass(frozen=True)
+class GeneratedOutput:
+    """One item's generation, as it is scored."""
+
+    id: str
+    prediction: str
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class EvalsetGeneration:
+    """One evalset's generations as their result file holds them (harness.worker.generate_evalset, or a server's in
+    harness.served)."""
+
+    evalset: str
+    outputs: tuple[GeneratedOutput, ...]
+    wall_s: float = 0.0
+    latency: dict = field(default_factory=dict)  # measure.latency.latency_block of its batches; {} from a server
+    batches: tuple[BatchTiming, ...] = ()  # the evaluation's own batches (in-process runtimes)
+
+    @classmethod
+    def from_result(cls, result: dict) -> EvalsetGeneration:
+        return cls(result["evalset"],
+                   tuple(GeneratedOutput(o["id"], o["prediction"], o["new_tokens"]) for o in result["outputs"]),
+                   result.get("wall_s", 0.0), result.get("latency") or {},
+                   tuple(BatchTiming(**b) for b in result.get("batches") or ()))
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(o.new_tokens for o in self.outputs)
 
 
 @dataclass(frozen=True)
@@ -32,7 +65,7 @@ class FormatRun:
     error: str | None = None
     artifact: dict | None = None
     measurement: Measurement = field(default_factory=Measurement)
-    generations: dict[str, dict] = field(default_factory=dict)
+    generations: dict[str, EvalsetGeneration | None] = field(default_factory=dict)  # None: its result is missing
     stages_run: list[str] = field(default_factory=list)
     served: dict | None = None  # a serving-engine backend: the format's `served` block (harness.served)
     devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")

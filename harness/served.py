@@ -19,6 +19,7 @@ from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.flags import flag_pairs
 from harness.measure.rss import RssSampler
 from harness.formats import FormatSpec
+from harness.records import FormatRun, RunInputs
 from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
                                             serving_engine)
 from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, complete,
@@ -26,15 +27,15 @@ from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFai
 from harness.runtime.vllm.load import latency_at, saturation
 
 
-def engine_of(inputs) -> ServingEngine:
+def engine_of(inputs: RunInputs) -> ServingEngine:
     return serving_engine(inputs.spec.backend)
 
 
-def served_refusal(inputs, spec: FormatSpec, endpoint: str | None) -> str | None:
+def served_refusal(inputs: RunInputs, spec: FormatSpec, endpoint: str | None) -> str | None:
     return engine_of(inputs).refusal(inputs.serving_install, spec, endpoint)
 
 
-def launch_plan_for(inputs, served: ServedFormat, run=None) -> LaunchPlan:
+def launch_plan_for(inputs: RunInputs, served: ServedFormat, run: FormatRun | None = None) -> LaunchPlan:
     from harness.evaluate import longest_request
 
     max_model_len = inputs.spec.capacity.max_model_len or longest_request(inputs)
@@ -42,7 +43,7 @@ def launch_plan_for(inputs, served: ServedFormat, run=None) -> LaunchPlan:
     return engine_of(inputs).launch_plan(inputs.spec, served, inputs.serving_install, max_model_len, capacity_plan)
 
 
-def local_gpu_plan(inputs, run, max_model_len: int):
+def local_gpu_plan(inputs: RunInputs, run: FormatRun, max_model_len: int):
     """The capacity plan for the GPU(s) this server runs on: the report's plan for the serving engine (the planner
     registered under its name), on this device; None where no planner has its name."""
     from harness.evaluate import serving_plans
@@ -62,7 +63,7 @@ def local_gpu_plan(inputs, run, max_model_len: int):
     return None if plans is None else plans[engine]
 
 
-def served_key(inputs, served: ServedFormat, endpoint: str | None, plan: LaunchPlan, latency_workload: list,
+def served_key(inputs: RunInputs, served: ServedFormat, endpoint: str | None, plan: LaunchPlan, latency_workload: list,
                concurrencies: tuple[int, ...]) -> dict:
     """Everything a served figure depends on besides the prompts."""
     from harness.runtime.device import device_key
@@ -75,8 +76,8 @@ def served_key(inputs, served: ServedFormat, endpoint: str | None, plan: LaunchP
             "device": device_key(1), "latency": latency_workload, "concurrency": list(concurrencies)}
 
 
-def run_served(inputs, served: ServedFormat, endpoint_url: str | None,
-               generations: dict[str, dict], reusable, run=None, reference_reply: str | None = None,
+def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None,
+               generations: dict[str, dict], reusable, run: FormatRun | None = None, reference_reply: str | None = None,
                fidelity: dict[str, str] | None = None) -> dict:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
     cached). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
@@ -118,12 +119,12 @@ def run_served(inputs, served: ServedFormat, endpoint_url: str | None,
     return block
 
 
-def served_reference_map(inputs) -> Path:
+def served_reference_map(inputs: RunInputs) -> Path:
     """Where the served baseline says which reference each evalset's served fidelity is measured against."""
     return inputs.out_dir / "stages" / "baseline" / "served-fidelity.json"
 
 
-def plan_served_fidelity(inputs, served: ServedFormat, key: str, generations: dict[str, dict], reusable,
+def plan_served_fidelity(inputs: RunInputs, served: ServedFormat, key: str, generations: dict[str, dict], reusable,
                          fidelity: dict[str, str]) -> list[tuple]:
     """The served fidelity work still to do: the baseline's references, or this format's comparisons against the
     references the served baseline wrote. Fills `fidelity` (evalset -> result path)."""
@@ -150,7 +151,7 @@ def plan_served_fidelity(inputs, served: ServedFormat, key: str, generations: di
     return pending
 
 
-def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple],
+def measure_served_fidelity(inputs: RunInputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple],
                             max_model_len: int) -> None:
     from harness.fidelity.served import compare_served, write_served_reference
     from harness.source import load_tokenizer
@@ -169,14 +170,14 @@ def measure_served_fidelity(inputs, served: ServedFormat, endpoint: Endpoint, pe
             compare_served(endpoint, source, path, label)
 
 
-def latency_requests(inputs) -> list[tuple[tuple[int, ...], int]]:
+def latency_requests(inputs: RunInputs) -> list[tuple[tuple[int, ...], int]]:
     """The transformers backend's batch-1 workload (RunInputs.probe_workload), as token ids."""
     by_text = {p.text: p for prompts in inputs.prompts.values() for p in prompts}
     batch1, _, _ = inputs.probe_workload()
     return [(by_text[text].ids, max_new) for text, max_new in batch1]
 
 
-def serve_and_measure(inputs, served: ServedFormat, endpoint_url, plan: LaunchPlan, concurrencies, pending,
+def serve_and_measure(inputs: RunInputs, served: ServedFormat, endpoint_url, plan: LaunchPlan, concurrencies, pending,
                       reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
     engine, install = engine_of(inputs), inputs.serving_install
     log_path = inputs.out_dir / "logs" / f"{served.name}.{engine.name}.log"
@@ -225,7 +226,7 @@ def diagnosed(log_path: Path, offset: int) -> str:
     return f"; diagnosis: {diagnosis.summary}; first change: {first.setting} ({first.effect})"
 
 
-def served_block(inputs, endpoint_url: str | None, **values) -> dict:
+def served_block(inputs: RunInputs, endpoint_url: str | None, **values) -> dict:
     """A format's `served` block with every key present (docs/report.md describes each)."""
     engine, install = engine_of(inputs), inputs.serving_install
     block = {"status": "ok", "reason": None, "engine": engine.name, "scored": False,
@@ -237,7 +238,7 @@ def served_block(inputs, endpoint_url: str | None, **values) -> dict:
     return block
 
 
-def _measure(inputs, served, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive,
+def _measure(inputs: RunInputs, served: ServedFormat, endpoint: Endpoint, plan: LaunchPlan, concurrencies, pending, block, *, alive,
              reference_reply: str | None = None, fidelity_pending: list[tuple] = ()) -> dict:
     workload = [CompletionRequest(ids, n) for ids, n in latency_requests(inputs)]
     if reference_reply is not None and workload:
@@ -304,7 +305,7 @@ def _worker_env() -> dict[str, str]:
     return worker_environment(os.environ)
 
 
-def served_format(inputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec,
+def served_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path: Path, spec: FormatSpec,
                   devices: str | None = None) -> ServedFormat:
     """The dtype the engine runs the format in (the transformers backend's rule: float32 for a 16-bit checkpoint on a
     CPU without bf16 units), the KV bytes per token at that dtype, and greedy decoding with the checkpoint's

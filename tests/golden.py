@@ -41,18 +41,23 @@ def spec_for(command, out: Path):
 
 def run_record(run) -> dict:
     """A pipeline FormatRun as JSON (every field: it is what the evaluation reads)."""
+    from dataclasses import asdict
+
     return {"name": run.name, "status": run.status, "error": run.error, "artifact": run.artifact,
             "measurement": {"path": run.measurement.path, "key": run.measurement.key,
                             "result": run.measurement.result},
-            "generations": run.generations, "stages_run": list(run.stages_run), "served": run.served,
+            "generations": {name: {"result": asdict(g) if g else None} for name, g in run.generations.items()},
+            "stages_run": list(run.stages_run), "served": run.served,
             "devices": run.devices, "fidelity": run.fidelity, "fidelity_note": run.fidelity_note}
 
 
 def format_run(record: dict):
     from harness.measure.probe import Measurement
-    from harness.records import FormatRun
+    from harness.records import EvalsetGeneration, FormatRun
 
-    return FormatRun(**{**record, "measurement": Measurement(**record["measurement"])})
+    generations = {name: EvalsetGeneration.from_result(g["result"]) if g["result"] else None
+                   for name, g in record["generations"].items()}
+    return FormatRun(**{**record, "measurement": Measurement(**record["measurement"]), "generations": generations})
 
 
 def build_outputs(inputs, runs: dict, out: Path, *, wall_s: float, fixed: dict | None = None) -> None:

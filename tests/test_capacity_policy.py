@@ -1,4 +1,4 @@
-"""Serving plans in the report (format_entry, renderers, schema) and capacity as a checked policy item, with real
+"""Serving plans in the report (measured_fields, renderers, schema) and capacity as a checked policy item, with real
 configs: the demo model (SmolLM2-135M) and Llama-3-8B, and measured-like weights."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ import argparse
 import copy
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from harness.evaluate import max_model_len_of, report_capacity, serving_fit
-from harness.report.build import format_entry
+from harness.report.build import measured_fields
 from harness.commands import run as run_command
 from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
@@ -28,6 +27,7 @@ from harness.quantize.base import Recipe
 from harness.report.html import render_html
 from harness.report.markdown import render_markdown
 from harness.report.schema import RunReport, parse_report
+from records import run_inputs
 from tests.test_model_configs import LLAMA3_8B
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_example"
@@ -38,13 +38,19 @@ LLAMA_WEIGHTS = {"baseline": 16_060_522_496, "int8": 9_086_705_664, "gptq": 5_73
 L4_POLICY = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, min_concurrency=8))
 
 
+def format_entry(inputs, run, max_model_len: int) -> dict:
+    """A format's measured fields as report.json holds them (the schema objects dumped as the report writes them)."""
+    return json.loads(json.dumps(measured_fields(inputs, run, max_model_len),
+                                 default=lambda block: block.model_dump(mode="json", exclude_unset=True)))
+
+
 def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None,
                prompts: dict | None = None):
     # The newest vLLM rules whatever vLLM this machine has (.venv-vllm's would decide otherwise).
     capacity = capacity or CapacitySettings(vllm_version=NEWEST_VERSION)
-    return SimpleNamespace(spec=RunSpec(capacity=capacity), model_config=config, policy=policy, prompts=prompts or {},
-                           calibration=None, recipes={"gptq": Recipe("gptq", bits=4, group_size=64),
-                                                      "awq": Recipe("awq", bits=4, group_size=64)})
+    return run_inputs(spec=RunSpec(capacity=capacity), model_config=config, policy=policy, prompts=prompts or {},
+                      calibration=None, recipes={"gptq": Recipe("gptq", bits=4, group_size=64),
+                                                 "awq": Recipe("awq", bits=4, group_size=64)})
 
 
 PROFILED = "measured (profile forward of 8,192 tokens over 256 sequences)"

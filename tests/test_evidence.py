@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +14,9 @@ from harness.errors import UserError
 from harness.measure.latency import P95_MIN_REQUESTS
 from harness.measure.probe import Measurement
 from harness.policy import Policy, load_policy
+from harness.records import EvalsetGeneration
 from harness.stats import compare_paired, items_needed
+from records import format_run, run_inputs
 from test_decide import run_decide, write_jsonl
 
 MINUS = "\u2212"
@@ -270,7 +271,7 @@ def test_p95_budget_on_too_few_requests_is_inconclusive_but_a_breach_still_fails
 
 def test_evaluate_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     from harness import evaluate
-    from harness.evalsets import load_evalsets
+    from harness.evalsets import Prompt, load_evalsets
     from harness.measure.latency import latency_block
     from harness.runtime.base import BatchTiming
 
@@ -283,10 +284,10 @@ def test_evaluate_passes_latency_requests_and_clusters(tmp_path, monkeypatch):
     timings = [BatchTiming(batch_size=1, prompt_tokens=12, steps=10, ttft_s=0.1, e2e_s=0.3) for _ in range(5)]
     measurement = Measurement(result={"latency": {"batch_1": latency_block(timings)}, "memory": {}})
     outputs = [{"id": r["id"], "prediction": "x", "new_tokens": 1} for r in rows]
-    run = SimpleNamespace(name="baseline", status="ok", error=None, measurement=measurement,
-                          generations={"faq": {"result": {"outputs": outputs}}})
-    inputs = SimpleNamespace(spec=None, evalsets=[evalset], recipes={}, calibration=None, policy=Policy(),
-                             prompts={"faq": [SimpleNamespace(item_id=r["id"], text="p") for r in rows]})
+    run = format_run("baseline", status="ok", error=None, measurement=measurement,
+                     generations={"faq": EvalsetGeneration.from_result({"evalset": "faq", "outputs": outputs})})
+    inputs = run_inputs(evalsets=[evalset], recipes={}, calibration=None, policy=Policy(),
+                        prompts={"faq": [Prompt("faq", r["id"], "p", 1, 1) for r in rows]})
     seen = {}
 
     class Captured(Exception):

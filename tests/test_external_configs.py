@@ -4,7 +4,6 @@ transformers refuse before loading, candidate names, the fingerprint, the run co
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +13,7 @@ from harness.candidates import check_against_baseline, not_runnable_here, parse_
 from harness.formats import known_formats
 from harness.runtime.vllm.launch_plan import refusal
 from harness.runtime.vllm.locate import VllmInstall
+from records import run_inputs
 
 CONFIGS = json.loads((Path(__file__).parent / "fixtures" / "quantization_configs.json").read_text())
 METHODS = frozenset({"gptq", "awq", "compressed-tensors", "fp8"})
@@ -109,7 +109,7 @@ def test_bitsandbytes_4bit_is_sized_at_4_bits(tmp_path):
     def sized(candidate):
         recipe = Recipe(candidate.name, bits=candidate.bits, group_size=candidate.group_size, calibration_samples=0,
                         extra=candidate.recipe_extra())
-        return _weight_format(SimpleNamespace(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
+        return _weight_format(run_inputs(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
                               candidate.name)
 
     nf4 = sized(_candidate(tmp_path, "bitsandbytes_nf4"))
@@ -248,7 +248,7 @@ def test_allow_tokenizer_mismatch_is_said_in_the_verdict(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--allow-tokenizer-mismatch runs anyway"):
         check_against_baseline(candidate, LLAMA, tmp_path, allow_tokenizer_mismatch=False)
     notes = check_against_baseline(candidate, LLAMA, tmp_path, allow_tokenizer_mismatch=True)
-    reasons = comparison_notes(SimpleNamespace(model_config=LLAMA, candidate_notes={"hub": notes}), "hub")
+    reasons = comparison_notes(run_inputs(model_config=LLAMA, candidate_notes={"hub": notes}), "hub")
     assert reasons == ["tokenizer differs from the baseline's (another chat template); run with "
                        "--allow-tokenizer-mismatch"]
 

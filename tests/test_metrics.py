@@ -182,13 +182,22 @@ def test_score_item_lives_in_metrics_only():
 
 
 def test_score_item_by_hand():
-    from types import SimpleNamespace
+    from pathlib import Path
 
+    from harness.evalsets import EvalItem, EvalSet
     from harness.metrics import score_item
 
-    item = SimpleNamespace(answers=("Denver Broncos",), references=("Denver Broncos",))
-    qa = SimpleNamespace(task="qa", metrics=("em", "f1"), abstain_phrases=(), item_language=lambda item: "en")
+    def evalset(task: str, language: str, metrics: tuple[str, ...], item: EvalItem) -> EvalSet:
+        return EvalSet(name=task, task=task, language=language, spec_path=None, data_path=Path(f"{task}.jsonl"),
+                       description="", prompt_template="", system_prompt=None, few_shot=(), max_new_tokens=16,
+                       metrics=metrics, gate=metrics[-1:], abstain_phrases=(), items=(item,), content_hash="sha256:0")
+
+    item = EvalItem(id="q0", question="Who won Super Bowl 50?", context="", instruction="",
+                    answers=("Denver Broncos",), references=("Denver Broncos",), line=1)
+    qa = evalset("qa", "en", ("em", "f1"), item)
     assert score_item(qa, item, "The Denver Broncos!") == {"em": 100.0, "f1": 100.0}
-    summary = SimpleNamespace(task="generation", language="zh", metrics=("rouge1",))
-    assert score_item(summary, SimpleNamespace(references=("今天天气不错",)), "今天天气很好") == {
+    reference = EvalItem(id="s0", question="", context="", instruction="Summarize.", answers=(),
+                         references=("今天天气不错",), line=1)
+    summary = evalset("generation", "zh", ("rouge1",), reference)
+    assert score_item(summary, reference, "今天天气很好") == {
         "rouge1": pytest.approx(200 / 3)}

@@ -169,12 +169,11 @@ def test_cuda_only_layouts_are_not_runnable_on_a_cpu(tmp_path):
 
 
 def test_a_quantized_baseline_is_named_in_every_verdict():
-    from types import SimpleNamespace
-
     from harness.report.build import comparison_notes
+    from records import run_inputs
 
-    inputs = SimpleNamespace(model_config={"quantization_config": {"quant_method": "awq", "bits": 4}},
-                             candidate_notes={"hub": ["tokenizer differs from the baseline's (another chat template)"]})
+    inputs = run_inputs(model_config={"quantization_config": {"quant_method": "awq", "bits": 4}},
+                        candidate_notes={"hub": ["tokenizer differs from the baseline's (another chat template)"]})
     notes = comparison_notes(inputs, "hub")
     assert notes[0].startswith("tokenizer differs") and "compared with a quantized baseline (awq 4-bit" in notes[1]
-    assert comparison_notes(SimpleNamespace(model_config={}, candidate_notes={}), "gptq") == []
+    assert comparison_notes(run_inputs(model_config={}, candidate_notes={}), "gptq") == []

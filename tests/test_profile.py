@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,6 +20,7 @@ from harness.cachekeys import measure_key
 from harness.device_plan import profile_request
 from harness.records import FormatRun
 from harness.policy import Policy, ServingTarget
+from records import run_inputs
 from tests.test_model_configs import LLAMA3_8B
 
 VOCAB = 65_536  # full fp32 logits of 8,192 tokens would take 2 GiB; one row per sequence (256) takes 64 MiB
@@ -109,7 +109,10 @@ def test_the_budget_spreads_over_at_most_max_num_seqs_sequences():
 
 
 def test_a_runtime_without_a_profile_forward_records_why():
-    record = measure_profile(SimpleNamespace(), 8192, 256)
+    class NoProfile:
+        """A runtime that offers no ProfileForward (optional: harness.runtime.base)."""
+
+    record = measure_profile(NoProfile(), 8192, 256)
     assert record["activation_profile_bytes"] is None and "no profile_forward" in record["profile_error"]
 
 
@@ -147,7 +150,7 @@ def test_the_worker_measures_the_profile_after_the_generations(tiny_llama, on_cp
 
 def _inputs(policy: Policy = Policy(), **spec):
     prompts = {"faq": [Prompt("faq", "q1", "what is the capital ?", 500, 100)]}
-    return SimpleNamespace(spec=RunSpec(**spec), prompts=prompts, policy=policy)
+    return run_inputs(spec=RunSpec(**spec), prompts=prompts, policy=policy)
 
 
 def test_the_measure_task_asks_for_vllms_token_budget(monkeypatch):
@@ -211,8 +214,8 @@ def _vllm_memory(run: FormatRun, max_model_len: int = 600):
     from harness.capacity.vllm import NEWEST_VERSION
     from harness.measure.kv import DEMO_CONFIG
 
-    inputs = SimpleNamespace(spec=RunSpec(capacity=CapacitySettings(vllm_version=NEWEST_VERSION)),
-                             model_config=DEMO_CONFIG, recipes={}, candidates={}, prompts={})
+    inputs = run_inputs(spec=RunSpec(capacity=CapacitySettings(vllm_version=NEWEST_VERSION)),
+                        model_config=DEMO_CONFIG, recipes={}, candidates={}, prompts={})
     return serving_plans(inputs, run, Target(gpu_by_name("L4")), max_model_len)["vllm"].memory
 
 

@@ -8,7 +8,6 @@ import inspect
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -255,8 +254,7 @@ class _FakeModel:
         return cls(*args, **kwargs)
 
     def __init__(self, *_args, **_kwargs) -> None:
-        weights = [SimpleNamespace(numel=lambda: 1000, element_size=lambda: 1) for _ in range(3)]
-        self.model = SimpleNamespace(parameters=lambda: weights, buffers=lambda: [])
+        pass
 
     def encode(self, prompt: str) -> list[int]:
         return list(range(len(prompt.split())))
@@ -293,12 +291,13 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.measure import memory
     from harness.measure.probe import Measurement
     from harness.evalsets import Prompt
-    from harness.records import FormatRun
+    from harness.records import EvalsetGeneration, FormatRun
     from harness.policy import Policy
     from harness.quantize.base import Recipe
-    from harness.report.build import build_report, report_document
+    from harness.report.build import build_report
     from harness.runtime import device, transformers_backend
     from harness.source import ModelSource
+    from records import run_inputs
 
     monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(memory, "is_cuda", lambda: False)  # no torch import: the trackers read /proc on a CPU
@@ -316,7 +315,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     prompts = {"faq": [Prompt("faq", r["id"], f"Answer: {r['question']}", 6, 8) for r in rows]}
     calibration = CalibrationSet("calibration.txt", ("Unrelated text about billing cycles and renewals.",) * 4,
                                  token_counts=(8, 8, 8, 8))
-    inputs = SimpleNamespace(
+    inputs = run_inputs(
         spec=spec, evalsets=[evalset], prompts=prompts, policy=Policy(max_memory_gib=100, max_tpot_p95_ms=1000),
         source=ModelSource("demo", "demo", tmp_path, "sha256:abc", "a test model"),
         model_config={"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
@@ -338,7 +337,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
         return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
                          measurement=Measurement("m.json", "m", measurement),
-                         generations={"faq": {"path": "g.json", "key": "g", "result": generation}})
+                         generations={"faq": EvalsetGeneration.from_result(generation)})
     manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",
                 "recipe": inputs.recipes["int8"].as_dict(), "source": "sha256:abc", "calibration_hash": "sha256:0",
                 "calibration_texts": 0, "calibration_source": None, "device": {"kind": "cpu", "bf16_matmul": False},
@@ -354,11 +353,11 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     }
     evaluation = evaluate_formats(inputs, runs)
     report, samples = build_report(inputs, runs, evaluation, wall_s=12.34), evaluation.samples
-    data = json.loads(schema.report_json(report))  # report.json as written
-    # The typed report writes back the producer's document byte for byte: keys in its order, integers as integers.
-    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s=12.34)))
-    assert schema.report_json(RunReport.model_validate(document)) == json.dumps(document, indent=2,
-                                                                                ensure_ascii=False) + "\n"
+    text = schema.report_json(report)  # report.json as written
+    data = json.loads(text)
+    # The typed report read back writes the file byte for byte: keys in the producer's order, integers as integers.
+    assert schema.report_json(RunReport.model_validate(data)) == text == json.dumps(data, indent=2,
+                                                                                   ensure_ascii=False) + "\n"
 
     parsed = RunReport.model_validate(data)
     assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)

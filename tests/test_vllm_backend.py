@@ -268,19 +268,20 @@ def test_parallel_flags_and_the_gpu_plan_reach_the_command():
 
 
 def test_latency_budgets_judge_the_figures_the_policy_names():
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from harness.evaluate import budget_latency_of
     from harness.measure.probe import Measurement
+    from records import format_run
 
     transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
     served = {"ttft_ms": {"p95": 80.0}, "requests": 20}
-    run = SimpleNamespace(measurement=Measurement(result={"latency": {"batch_1": transformers}}),
-                          served={"status": "ok", "latency": {"concurrency_1": served}})
+    run = format_run("awq", measurement=Measurement(result={"latency": {"batch_1": transformers}}),
+                     served={"status": "ok", "latency": {"concurrency_1": served}})
     assert budget_latency_of(run, "served") == (served, "vLLM server, concurrency 1")
     assert budget_latency_of(run, "transformers") == (transformers, "transformers")
-    run.served = {"status": "unsupported", "latency": {}}
-    assert budget_latency_of(run, "served") == (transformers, "transformers")
+    refused = replace(run, served={"status": "unsupported", "latency": {}})
+    assert budget_latency_of(refused, "served") == (transformers, "transformers")
 
 
 def test_devices_split_into_lanes_of_the_parallel_size():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from harness import __version__
@@ -14,80 +13,78 @@ from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_l
                                report_capacity)
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
-from harness.report.schema import SCHEMA_VERSION, RunReport
-from harness.runtime.base import BatchTiming
+from harness.records import FormatRun, RunInputs
+from harness.report.schema import (SCHEMA_VERSION, Artifact, Calibration, Capacity, CapacityTarget, Device,
+                                   EvalsetInfo, EvalsetLatency, FormatResult, Generation, Latency, Memory, Model,
+                                   Recommendation, RunReport, Served, ServingPlan, Settings, Tool)
+from harness.report.schema import Policy as SchemaPolicy
 
 
-def build_report(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> RunReport:
-    """The report, validated as report.json will hold it: the document in JSON's own types (a record's tuples become
-    lists, as every later reader gets them), each block keeping its keys' order (schema.report_json writes it back
-    byte for byte)."""
-    document = json.loads(json.dumps(report_document(inputs, runs, evaluation, wall_s), default=str))
-    return RunReport.model_validate(document)
-
-
-def report_document(inputs, runs: dict, evaluation: Evaluation, wall_s: float) -> dict:
-    """report.json's fields, in the order the file lists them."""
+def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Evaluation, wall_s: float) -> RunReport:
+    """The report as report.json will hold it, built block by block as the schema's objects (each block keeps the
+    order its fields are given in: schema.report_json writes it back byte for byte). A value that is not what its
+    field declares fails here, naming the block, rather than being written as a string."""
     from harness.metrics import tokenizer_name
     from harness.runtime.device import device_info
 
     spec = inputs.spec
     outcomes, decisions = evaluation.outcomes, evaluation.decisions
     baseline = outcomes["baseline"]
-    max_model_len = max_model_len_of(inputs)
     planned = report_capacity(inputs)
-    formats = {}
-    for name, run in runs.items():
-        entry = format_entry(inputs, run, max_model_len)
-        if name == "baseline":
-            entry.update(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
-                         reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],
-                         checks=[], scores=baseline_scores(baseline), rule=None, fidelity=None)
-        else:
-            decision = decisions[name]
-            entry.update(role="candidate", verdict=decision.verdict,
-                         reasons=[*decision.reasons, *comparison_notes(inputs, name)],
-                         checks=decision.checks, scores=decision.scores, rule=decision.rule or None,
-                         fidelity=decision.fidelity or None)
-        formats[name] = entry
-    report = {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "quantgate", "version": __version__},
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_s": round(wall_s, 1),
-        "model": {**inputs.source.as_dict(), "architecture": (inputs.model_config.get("architectures") or ["?"])[0],
-                  "num_parameters": _num_parameters(runs), "dtype": inputs.model_config.get("dtype")
-                  or inputs.model_config.get("torch_dtype")},
-        "device": device_info(spec.threads),
-        "environment": environment(),
-        "settings": {"seed": spec.seed, "batch_size": spec.batch_size, "max_items": spec.max_items,
-                     "max_new_tokens": spec.max_new_tokens, "formats": spec.formats,
-                     "candidates": spec.candidates, "dtype": spec.dtype,
-                     "threads": spec.threads, "latency_requests": spec.latency_requests,
-                     "warmup_requests": spec.warmup_requests, "resamples": inputs.policy.resamples,
-                     "decoding": "greedy", "backend": spec.backend,
-                     "capacity": {**planned.settings.model_dump(), "target_source": planned.target_source,
-                                  "tensor_parallel_size": spec.tensor_parallel_size,
-                                  "pipeline_parallel_size": spec.pipeline_parallel_size}},
-        "policy": inputs.policy.as_dict(),
-        "evalsets": {e.name: {"task": e.task, "language": e.language, "n": len(e.items), "hash": e.content_hash,
-                              "spec": str(e.spec_path), "metrics": list(e.metrics), "gate": list(e.gate),
-                              "tokenizer": tokenizer_name(e.language, e.task),
-                              "max_new_tokens": e.max_new_tokens} for e in inputs.evalsets},
-        "formats": formats,
-        "recommendation": recommend({n: d.verdict for n, d in decisions.items()},
-                                    {n: o.peak_bytes for n, o in outcomes.items()}),
+    formats = {name: format_result(inputs, run, evaluation) for name, run in runs.items()}
+    return RunReport(
+        schema_version=SCHEMA_VERSION,
+        tool=Tool(name="quantgate", version=__version__),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        wall_s=round(wall_s, 1),
+        model=Model(**inputs.source.as_dict(),
+                    architecture=(inputs.model_config.get("architectures") or ["?"])[0],
+                    num_parameters=_num_parameters(runs),
+                    dtype=inputs.model_config.get("dtype") or inputs.model_config.get("torch_dtype")),
+        device=Device.model_validate(device_info(spec.threads)),
+        environment=environment(),
+        settings=Settings(seed=spec.seed, batch_size=spec.batch_size, max_items=spec.max_items,
+                          max_new_tokens=spec.max_new_tokens, formats=list(spec.formats),
+                          candidates=dict(spec.candidates), dtype=spec.dtype, threads=spec.threads,
+                          latency_requests=spec.latency_requests, warmup_requests=spec.warmup_requests,
+                          resamples=inputs.policy.resamples, decoding="greedy", backend=spec.backend,
+                          capacity=CapacityTarget(**planned.settings.model_dump(), target_source=planned.target_source,
+                                                  tensor_parallel_size=spec.tensor_parallel_size,
+                                                  pipeline_parallel_size=spec.pipeline_parallel_size)),
+        policy=SchemaPolicy.model_validate(inputs.policy.as_dict()),
+        evalsets={e.name: EvalsetInfo(task=e.task, language=e.language, n=len(e.items), hash=e.content_hash,
+                                      spec=str(e.spec_path), metrics=list(e.metrics), gate=list(e.gate),
+                                      tokenizer=tokenizer_name(e.language, e.task), max_new_tokens=e.max_new_tokens)
+                  for e in inputs.evalsets},
+        formats=formats,
+        recommendation=Recommendation(**recommend({n: d.verdict for n, d in decisions.items()},
+                                                  {n: o.peak_bytes for n, o in outcomes.items()})),
         # a baseline that failed leaves nothing judged, whatever the candidates' (or no candidates') verdicts
-        "exit_code": exit_code({n: d.verdict for n, d in decisions.items()}, inputs.policy)
+        exit_code=exit_code({n: d.verdict for n, d in decisions.items()}, inputs.policy)
         or int(baseline.status != "ok"),
-        "samples": "samples.jsonl",
-    }
-    return report
+        samples="samples.jsonl",
+    )
 
 
-def comparison_notes(inputs, name: str) -> list[str]:
+def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation) -> FormatResult:
+    """One format's block: what its stages measured (measured_fields), then its verdict and why."""
+    measured = measured_fields(inputs, run, max_model_len_of(inputs))
+    if run.name == "baseline":
+        judged = dict(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
+                      reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],
+                      checks=[], scores=baseline_scores(evaluation.outcomes["baseline"]), rule=None, fidelity=None)
+    else:
+        decision = evaluation.decisions[run.name]
+        judged = dict(role="candidate", verdict=decision.verdict,
+                      reasons=[*decision.reasons, *comparison_notes(inputs, run.name)],
+                      checks=decision.checks, scores=decision.scores, rule=decision.rule or None,
+                      fidelity=decision.fidelity or None)
+    return FormatResult(**measured, **judged)
+
+
+def comparison_notes(inputs: RunInputs, name: str) -> list[str]:
     """What a verdict was compared with when that is not a full-precision baseline of the same tokenizer."""
-    notes = list(getattr(inputs, "candidate_notes", {}).get(name, []))
+    notes = list(inputs.candidate_notes.get(name, []))
     quant = inputs.model_config.get("quantization_config")
     if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
@@ -97,7 +94,8 @@ def comparison_notes(inputs, name: str) -> list[str]:
     return notes
 
 
-def format_entry(inputs, run, max_model_len: int) -> dict:
+def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict:
+    """A format block's fields from its stages, in report order, each block a schema object."""
     memory = dict(memory_of(run))
     latency = dict(latency_of(run))
     compute_dtype = run.measurement.compute_dtype
@@ -107,9 +105,11 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
     kv_predicted = kv_bytes_per_token(inputs.model_config, kv_dtype_bytes=2 * upcast)
     recipe = inputs.recipes.get(run.name)
     calibrated = inputs.calibration is not None and recipe is not None and recipe.calibration_samples
-    entry = {"status": run.status, "error": run.error, "artifact": run.artifact, "stages_run": run.stages_run,
-             "compute_dtype": compute_dtype,
-             "calibration": inputs.calibration.summary(recipe.calibration_samples) if calibrated else None}
+    entry = {"status": run.status, "error": run.error,
+             "artifact": Artifact.model_validate(run.artifact) if run.artifact is not None else None,
+             "stages_run": list(run.stages_run), "compute_dtype": compute_dtype,
+             "calibration": Calibration.model_validate(inputs.calibration.summary(recipe.calibration_samples))
+             if calibrated else None}
     if memory:
         memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
                       kv_bytes_per_token=kv_predicted,
@@ -121,37 +121,28 @@ def format_entry(inputs, run, max_model_len: int) -> dict:
             memory["timeline"] = run.measurement.timeline
     else:
         memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
-    entry["memory"] = memory
-    generated = [g["result"] for g in run.generations.values() if g.get("result")]
+    entry["memory"] = Memory.model_validate(memory)
+    generated = [g for g in run.generations.values() if g]
     if latency:
-        batches = [BatchTiming(**b) for g in generated for b in g.get("batches", [])]
+        batches = [b for g in generated for b in g.batches]
         if batches:  # the evaluation's own batches: every request of every evalset at the evaluation batch size
             latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
         latency.update(device=memory.get("device"), threads=inputs.spec.threads)
-    entry["latency"] = latency or None
+    entry["latency"] = Latency.model_validate(latency) if latency else None
     entry["capacity"] = entry["serving"] = None
     plans = plan_capacity(inputs, run, max_model_len)
     if plans is not None:
-        entry["capacity"] = capacity_view(plans["vllm"])
-        entry["serving"] = {engine: plain(plan.as_dict()) for engine, plan in plans.items()}
-    if getattr(run, "served", None) is not None:
-        entry["served"] = run.served
-    entry["generation"] = {"items": sum(len(g["outputs"]) for g in generated),
-                           "new_tokens": sum(o["new_tokens"] for g in generated for o in g["outputs"]),
-                           "wall_s": round(sum(g.get("wall_s", 0) for g in generated), 2),
-                           "batched_latency": [{"evalset": g["evalset"], **g["latency"]} for g in generated
-                                               if g.get("latency")]}
+        entry["capacity"] = Capacity.model_validate(capacity_view(plans["vllm"]))  # the vLLM plan in version 1's shape
+        entry["serving"] = {engine: ServingPlan.model_validate(plan.as_dict()) for engine, plan in plans.items()}
+    if run.served is not None:
+        entry["served"] = Served.model_validate(run.served)
+    entry["generation"] = Generation(
+        items=sum(len(g.outputs) for g in generated), new_tokens=sum(g.new_tokens for g in generated),
+        wall_s=round(sum(g.wall_s for g in generated), 2),
+        batched_latency=[EvalsetLatency.model_validate({"evalset": g.evalset, **g.latency})
+                         for g in generated if g.latency])
     return entry
 
 
-def plain(value):
-    """A dataclass's asdict with tuples as lists: what json.dumps writes and the strict schema validates."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def _num_parameters(runs) -> int | None:
+def _num_parameters(runs: dict[str, FormatRun]) -> int | None:
     return memory_of(runs["baseline"]).get("parameters") if "baseline" in runs else None

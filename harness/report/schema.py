@@ -58,6 +58,16 @@ def _not_bool(value: Any) -> Any:
 AS_READ = "as_read"  # the serialization context key of report_json: dump each block as it was read
 
 
+def _lists(value: Any) -> Any:
+    """A block built from frozen records holds tuples where report.json holds lists (the strict fields take lists
+    only): tuples become lists, as json.dumps would write them."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(item) for item in value]
+    return value
+
+
 class _ReadForm(BaseModel):
     """Remembers the form a block was read in: its keys' order, and which numbers were written as integers (a float
     field reads 2 as 2.0). A dump with context {AS_READ: True} writes the block back that way (report_json)."""
@@ -69,7 +79,7 @@ class _ReadForm(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _remember_read_form(cls, data: Any, handler: Any) -> Any:
-        model = handler(data)
+        model = handler(_lists(data) if isinstance(data, dict) else data)
         if isinstance(data, dict):
             model._read_order = list(data)
             model._read_ints = frozenset(key for key, value in data.items() if type(value) is int)
