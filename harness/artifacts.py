@@ -15,6 +15,8 @@ from harness.launcher import run_worker
 from harness.quantize import quantizer_for
 from harness.quantize.base import Recipe
 from harness.records import Artifact, RunInputs
+from harness.report.schema import Artifact as ArtifactEntry
+from harness.report.schema import Manifest
 from harness.runtime.serving_engine import is_serving_engine
 
 
@@ -23,16 +25,14 @@ def artifact_for(inputs: RunInputs, fmt: str, devices: str | None) -> Artifact:
     cache)."""
     if fmt == "baseline":
         path = inputs.source.path
-        return Artifact(inputs.source.fingerprint, path, {
-            "path": str(path), "size_bytes": weights_size(path), "cached": True,
-            "manifest": {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}})
+        return Artifact(inputs.source.fingerprint, path, artifact_entry(
+            path, True, {"engine": "none", "format": "baseline", "source": inputs.source.fingerprint}))
     if fmt in inputs.candidates:
         from harness.candidates import not_runnable_here
         from harness.runtime.device import is_cuda
 
         candidate = inputs.candidates[fmt]
-        entry = {"path": str(candidate.path), "size_bytes": weights_size(candidate.path), "cached": True,
-                 "manifest": {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()}}
+        entry = artifact_entry(candidate.path, True, {**candidate.provenance(), "recipe": inputs.recipes[fmt].as_dict()})
         blocked = None if is_serving_engine(inputs.spec.backend) else not_runnable_here(candidate, cuda=is_cuda())
         if blocked:
             progress.say(f"{fmt}: not runnable on this device: {blocked}")
@@ -74,9 +74,14 @@ def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifac
         progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
     else:
         progress.say(f"{fmt}: reusing cached artifact {out_dir.name}")
-    entry = {"path": str(out_dir), "size_bytes": weights_size(out_dir), "cached": cached,
-             "manifest": read_json(out_dir / "quantgate_manifest.json")}
+    entry = artifact_entry(out_dir, cached, read_json(out_dir / "quantgate_manifest.json"))
     return Artifact(key, out_dir, entry, () if cached else ("quantize",))
+
+
+def artifact_entry(path: Path, cached: bool, manifest: dict | None) -> ArtifactEntry:
+    """The report's artifact block of the checkpoint at `path`."""
+    return ArtifactEntry(path=str(path), size_bytes=weights_size(path), cached=cached,
+                         manifest=Manifest.model_validate(manifest) if manifest is not None else None)
 
 
 def weights_size(path: Path) -> int:

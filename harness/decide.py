@@ -32,6 +32,7 @@ from harness.fidelity.summary import FidelityItem
 from harness.capacity.gpus import with_article
 from harness.measure.latency import P95_MIN_REQUESTS
 from harness.policy import Policy
+from harness.report.schema import Saturation
 from harness.stats import PairedComparison, compare_paired, items_needed
 
 Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
@@ -69,7 +70,7 @@ class FormatOutcome:
     serving_fit: ServingFit | None = None  # the vLLM plan at the policy's serving target; None: not planned
     latency_source: str = "transformers"  # or "vLLM server": where ttft/tpot p95 were measured
     served_refusal: str | None = None  # backend vllm: why vLLM cannot serve this format (then it cannot be GO)
-    saturation: dict | None = None  # backend vllm: the saturation check at the planned flags (load.saturation)
+    saturation: Saturation | None = None  # backend vllm: the saturation check at the planned flags (load.saturation)
     fidelity: dict[str, dict[str, FidelityItem]] = field(default_factory=dict)  # evalset -> id -> against baseline
     fidelity_note: str | None = None  # why fidelity was not measured (harness.fidelity.plan)
     languages: dict[str, str] = field(default_factory=dict)  # evalset -> language ("en", "zh")
@@ -449,10 +450,10 @@ def _served_checks(candidate: FormatOutcome) -> list[Check]:
         checks.append(Check("served", "run", "fail", detail, detail))
     if candidate.saturation is not None:
         held = candidate.saturation
-        if held.get("holds"):
-            checks.append(Check("capacity/saturation", "capacity", "pass", "holds under load: " + held["reason"], ""))
+        if held.holds:
+            checks.append(Check("capacity/saturation", "capacity", "pass", "holds under load: " + held.reason, ""))
         else:
-            detail = "does not hold under load: " + held["reason"]
+            detail = "does not hold under load: " + held.reason
             checks.append(Check("capacity/saturation", "capacity", "fail", detail, f"capacity: {detail}"))
     return checks
 

@@ -37,7 +37,7 @@ def score(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> FormatOutco
     name = run.name
     items = score_format(inputs, run, samples)
     budget_latency, latency_source = budget_latency_of(run, inputs.policy.latency_budgets_judge)
-    served = run.served or {}
+    served = run.served
     return FormatOutcome(
         name=name, status=run.status if run.status in ("ok", "interrupted") else "failed", error=run.error,
         items=items,
@@ -46,8 +46,8 @@ def score(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> FormatOutco
         ttft_p95_ms=budget_latency.get("ttft_ms", {}).get("p95"),
         tpot_p95_ms=budget_latency.get("tpot_ms", {}).get("p95"),
         latency_requests=budget_latency.get("requests"), latency_source=latency_source,
-        served_refusal=served.get("reason") if served.get("status") == "unsupported" else None,
-        saturation=served.get("saturation"),
+        served_refusal=served.reason if served and served.status == "unsupported" else None,
+        saturation=served.saturation if served else None,
         clusters={e.name: e.clusters() for e in inputs.evalsets},
         cluster_by={e.name: e.cluster_by for e in inputs.evalsets},
         calibration_overlap=_calibration_overlap(inputs, name),
@@ -113,12 +113,9 @@ def profile_budget(inputs: RunInputs) -> tuple[int, int]:
 def budget_latency_of(run: FormatRun, judge: str = "served") -> tuple[dict, str]:
     """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
     format was served; else (and for formats not served) transformers' batch-1 figures."""
-    served = run.served or {}
-    at_one = None
-    if judge == "served" and served.get("status") == "ok":
-        at_one = (served.get("latency") or {}).get("concurrency_1")
-    if at_one:
-        return at_one, "vLLM server, concurrency 1"
+    at_one = run.served.latency.get("concurrency_1") if run.served and run.served.status == "ok" else None
+    if judge == "served" and at_one is not None:
+        return at_one.model_dump(mode="json"), "vLLM server, concurrency 1"
     return latency_of(run).get("batch_1") or {}, "transformers"
 
 

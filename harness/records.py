@@ -17,6 +17,8 @@ from harness.jobs import GenerateTask, MeasureTask
 from harness.measure.probe import Measurement, ProbeWorkload, probe_workload
 from harness.policy import Policy
 from harness.quantize.base import Recipe
+from harness.report.schema import Artifact as ArtifactEntry
+from harness.report.schema import Served as ServedEntry
 from harness.runtime.base import BatchTiming
 from harness.source import ModelSource
 
@@ -63,11 +65,11 @@ class FormatRun:
     name: str
     status: str = "ok"  # ok | failed | interrupted
     error: str | None = None
-    artifact: dict | None = None
+    artifact: ArtifactEntry | None = None  # the report's artifact block
     measurement: Measurement = field(default_factory=Measurement)
     generations: dict[str, EvalsetGeneration | None] = field(default_factory=dict)  # None: its result is missing
     stages_run: list[str] = field(default_factory=list)
-    served: dict | None = None  # a serving-engine backend: the format's `served` block (harness.served)
+    served: ServedEntry | None = None  # a serving-engine backend: the format's `served` block (harness.served)
     devices: str | None = None  # --devices: the CUDA devices this format's workers and server see ("0,1")
     fidelity: dict[str, dict] = field(default_factory=dict)  # evalset -> its comparison (harness.fidelity.teacher)
     fidelity_note: str | None = None  # why fidelity was not measured (for every evalset or some)
@@ -101,7 +103,7 @@ class Artifact:
 
     key: str | None
     path: Path | None
-    entry: dict | None  # the report's artifact block
+    entry: ArtifactEntry | None  # the report's artifact block
     stages_run: tuple[str, ...] = ()
     error: str | None = None
 
@@ -148,7 +150,7 @@ class Served:
     """Stage serve (a serving-engine backend): the format's `served` block and the server's generations (none if
     refused)."""
 
-    block: dict
+    block: ServedEntry
     generations: dict[str, ResultFile]
     stages_run: tuple[str, ...] = ()
     error: str | None = None

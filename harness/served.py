@@ -14,12 +14,15 @@ import os
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.flags import flag_pairs
 from harness.measure.rss import RssSampler
 from harness.formats import FormatSpec
 from harness.records import FormatRun, RunInputs
+from harness.report.schema import Served as ServedEntry
 from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
                                             serving_engine)
 from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, complete,
@@ -78,9 +81,9 @@ def served_key(inputs: RunInputs, served: ServedFormat, endpoint: str | None, pl
 
 def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None,
                generations: dict[str, dict], reusable, run: FormatRun | None = None, reference_reply: str | None = None,
-               fidelity: dict[str, str] | None = None) -> dict:
+               fidelity: dict[str, str] | None = None) -> ServedEntry:
     """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
-    cached). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
+    cached; a cached block the schema refuses is served again). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
     transformers' greedy reply to the first latency prompt, which the server must reproduce
     (baseline_reproduced) before anything it answers is scored. fidelity gets evalset -> the path of the format's
     served fidelity (the baseline's: its reference; harness.fidelity.served)."""
@@ -88,7 +91,7 @@ def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None
     try:
         plan = launch_plan_for(inputs, served, run)
     except PlanDoesNotFit as exc:
-        return served_block(inputs, endpoint_url, status="failed", reason=str(exc))
+        return served_entry(inputs, endpoint_url, status="failed", reason=str(exc))
     concurrencies = tuple(dict.fromkeys(spec.concurrency or [1, plan.max_num_seqs]))
     latency_workload = [[list(ids), n] for ids, n in latency_requests(inputs)]
     base = served_key(inputs, served, endpoint_url, plan, latency_workload, concurrencies)
@@ -107,16 +110,24 @@ def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None
     fidelity_pending = [] if fidelity is None else plan_served_fidelity(inputs, served, key, generations, reusable,
                                                                         fidelity)
     # A server the user runs may serve another build tomorrow under the same URL: it is asked anew every run.
-    cached_block = read_json(block_path) if endpoint_url is None else None
-    if not pending and not fidelity_pending and reusable(block_path) and isinstance(cached_block, dict) \
-            and "status" in cached_block:
+    cached_block = _cached_entry(block_path) if endpoint_url is None else None
+    if not pending and not fidelity_pending and reusable(block_path) and cached_block is not None:
         progress.say(f"{served.name}: reusing served results ({engine_of(inputs).title})")
         return cached_block
     block = serve_and_measure(inputs, served, endpoint_url, plan, concurrencies, pending, reference_reply,
                               fidelity_pending)
-    if block["status"] == "ok":
+    entry = ServedEntry.model_validate(block)
+    if entry.status == "ok":
         atomic_write_json(block_path, block)
-    return block
+    return entry
+
+
+def _cached_entry(path: Path) -> ServedEntry | None:
+    cached = read_json(path)
+    try:
+        return ServedEntry.model_validate(cached) if isinstance(cached, dict) else None
+    except ValidationError:
+        return None
 
 
 def served_reference_map(inputs: RunInputs) -> Path:
@@ -224,6 +235,11 @@ def diagnosed(log_path: Path, offset: int) -> str:
         return ""
     first = diagnosis.changes[0]
     return f"; diagnosis: {diagnosis.summary}; first change: {first.setting} ({first.effect})"
+
+
+def served_entry(inputs: RunInputs, endpoint_url: str | None, **values) -> ServedEntry:
+    """served_block as the schema's object."""
+    return ServedEntry.model_validate(served_block(inputs, endpoint_url, **values))
 
 
 def served_block(inputs: RunInputs, endpoint_url: str | None, **values) -> dict:

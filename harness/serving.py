@@ -32,13 +32,13 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
           devices: str | None) -> Served:
     """Score and time the format through the serving engine's server; one the engine cannot serve is scored in
     transformers (its report row says why the engine cannot serve it, and it cannot be GO)."""
-    from harness.served import run_served, served_block, served_format
+    from harness.served import run_served, served_entry, served_format
 
     engine = serving_engine(inputs.spec.backend)
     endpoint = inputs.spec.vllm_endpoints.get(fmt)
     if refused:
         progress.say(f"{fmt}: not served by {engine.title}: {refused}")
-        return Served(served_block(inputs, endpoint, status="unsupported", reason=refused), {},
+        return Served(served_entry(inputs, endpoint, status="unsupported", reason=refused), {},
                       fidelity=FidelityPlan((), {}, f"not measured: {engine.title} does not serve this format"))
     served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
     generations: dict[str, dict] = {}
@@ -52,7 +52,7 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     fidelity: dict[str, str] | None = None if refused_fidelity else {}
     block = run_served(inputs, served, endpoint, generations, lambda path: reusable(inputs.spec, path), planned,
                        reference_reply=reference, fidelity=fidelity)
-    error = None if block["status"] == "ok" else f"serving with {engine.title} failed: {block['reason']}"
+    error = None if block.status == "ok" else f"serving with {engine.title} failed: {block.reason}"
     missing = [e.name for e in inputs.evalsets if e.name not in (fidelity or {})]
     note = refused_fidelity or ((f"not measured through {engine.title} for {', '.join(missing)}: the served "
                                  "baseline left no reference there (it was not served, or failed)")

@@ -43,21 +43,30 @@ def run_record(run) -> dict:
     """A pipeline FormatRun as JSON (every field: it is what the evaluation reads)."""
     from dataclasses import asdict
 
-    return {"name": run.name, "status": run.status, "error": run.error, "artifact": run.artifact,
+    return {"name": run.name, "status": run.status, "error": run.error, "artifact": _block(run.artifact),
             "measurement": {"path": run.measurement.path, "key": run.measurement.key,
                             "result": run.measurement.result},
             "generations": {name: {"result": asdict(g) if g else None} for name, g in run.generations.items()},
-            "stages_run": list(run.stages_run), "served": run.served,
+            "stages_run": list(run.stages_run), "served": _block(run.served),
             "devices": run.devices, "fidelity": run.fidelity, "fidelity_note": run.fidelity_note}
+
+
+def _block(block):
+    from harness.report.schema import AS_READ
+
+    return block.model_dump(exclude_unset=True, context={AS_READ: True}) if block is not None else None
 
 
 def format_run(record: dict):
     from harness.measure.probe import Measurement
     from harness.records import EvalsetGeneration, FormatRun
+    from harness.report.schema import Artifact, Served
 
     generations = {name: EvalsetGeneration.from_result(g["result"]) if g["result"] else None
                    for name, g in record["generations"].items()}
-    return FormatRun(**{**record, "measurement": Measurement(**record["measurement"]), "generations": generations})
+    return FormatRun(**{**record, "measurement": Measurement(**record["measurement"]), "generations": generations,
+                        "artifact": Artifact.model_validate(record["artifact"]) if record["artifact"] else None,
+                        "served": Served.model_validate(record["served"]) if record["served"] else None})
 
 
 def build_outputs(inputs, runs: dict, out: Path, *, wall_s: float, fixed: dict | None = None) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from harness.config import RunSpec
 from harness.policy import Policy
 from harness.records import FormatRun, RunInputs
+from harness.report.schema import Served
 from harness.source import ModelSource
 
 NOWHERE = Path("/nonexistent")
@@ -23,6 +24,16 @@ def run_inputs(**overrides) -> RunInputs:
     defaults = {"spec": RunSpec(), "out_dir": NOWHERE, "source": SOURCE, "model_config": {}, "evalsets": [],
                 "policy": Policy(), "recipes": {}, "prompts": {}, "calibration": None}
     return RunInputs(**{**defaults, **overrides})
+
+
+def served_entry(**values) -> Served:
+    """A format's `served` block (harness.served.served_block's keys): served by vLLM, nothing measured unless
+    `values` say so."""
+    block = {"status": "ok", "reason": None, "engine": "vllm", "scored": True, "source": "a test", "version": "0.32.0",
+             "endpoint": None, "command": None, "flags": {}, "kernels": [], "cpu_kernel_library": None,
+             "startup_s": None, "log": None, "kv_cache": None, "latency": {}, "saturation": None,
+             "rss_peak_bytes": None, "baseline_probe": None}
+    return Served.model_validate({**block, **values})
 
 
 def format_run(name: str = "baseline", **values) -> FormatRun:

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
     ("harness", "harness.errors", "harness.units", "harness.cache", "harness.progress", "harness.quiet", "harness.flags",
      "harness.jsonl", "harness.sandbox"),
-    ("harness.metrics*", "harness.stats"),
+    # the report's schema: the typed blocks the stages build (it imports only harness.errors and pydantic)
+    ("harness.metrics*", "harness.stats", "harness.report.schema"),
     ("harness.evalsets*", "harness.formats", "harness.quant_config", "harness.calibration", "harness.source",
      "harness.jobs", "harness.plugins"),
     ("harness.runtime*", "harness.quantize*", "harness.measure*", "harness.capacity*", "harness.launcher", "harness.policy"),
@@ -95,3 +96,16 @@ def test_no_import_cycle():
         if module not in index:
             visit(module)
     assert not cycles, cycles
+
+
+def test_the_schema_imports_no_renderer():
+    """The stages build the report's blocks as schema objects: importing the schema (and so harness/report/__init__)
+    must not load the renderers, which sit above the stages."""
+    import subprocess
+    import sys
+
+    code = ("import sys, harness.report.schema; "
+            "print(sorted(m for m in sys.modules if m.startswith('harness.') and m not in "
+            "('harness.report', 'harness.report.schema', 'harness.errors')))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout

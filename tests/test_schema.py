@@ -292,6 +292,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
     from harness.measure.probe import Measurement
     from harness.evalsets import Prompt
     from harness.records import EvalsetGeneration, FormatRun
+    from harness.report.schema import Artifact
     from harness.policy import Policy
     from harness.quantize.base import Recipe
     from harness.report.build import build_report
@@ -335,7 +336,7 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
                                                    "batch_size": 2, "measure": measure, "generate": [task]}))
         measurement = json.loads(Path(measure["result_path"]).read_text(encoding="utf-8"))
         generation = json.loads(Path(task["result_path"]).read_text(encoding="utf-8"))
-        return FormatRun(name, artifact=artifact, stages_run=["measure", "generate:faq"],
+        return FormatRun(name, artifact=Artifact.model_validate(artifact), stages_run=["measure", "generate:faq"],
                          measurement=Measurement("m.json", "m", measurement),
                          generations={"faq": EvalsetGeneration.from_result(generation)})
     manifest = {"engine": "bitsandbytes", "versions": {"bitsandbytes": "0.50.2"}, "format": "int8",

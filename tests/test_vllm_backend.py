@@ -272,15 +272,17 @@ def test_latency_budgets_judge_the_figures_the_policy_names():
 
     from harness.evaluate import budget_latency_of
     from harness.measure.probe import Measurement
-    from records import format_run
+    from records import format_run, served_entry
 
     transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
-    served = {"ttft_ms": {"p95": 80.0}, "requests": 20}
+    stats = {"p50": 70.0, "p95": 80.0, "max": 81.0, "mean": 72.0, "stdev": 3.0, "count": 20, "p99": 81.0}
+    served = {"concurrency": 1, "requests": 20, "ttft_ms": stats, "itl_ms": stats, "tpot_ms": stats, "e2e_ms": stats,
+              "output_tokens_per_s": 12.5, "wall_s": 3.0}
     run = format_run("awq", measurement=Measurement(result={"latency": {"batch_1": transformers}}),
-                     served={"status": "ok", "latency": {"concurrency_1": served}})
+                     served=served_entry(latency={"concurrency_1": served}))
     assert budget_latency_of(run, "served") == (served, "vLLM server, concurrency 1")
     assert budget_latency_of(run, "transformers") == (transformers, "transformers")
-    refused = replace(run, served={"status": "unsupported", "latency": {}})
+    refused = replace(run, served=served_entry(status="unsupported", reason="no kernel"))
     assert budget_latency_of(refused, "served") == (transformers, "transformers")
 
 

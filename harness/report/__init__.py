@@ -13,7 +13,6 @@ from typing import Any
 
 from harness.report.schema import RunReport, parse_report
 from harness.report.schema import load_report
-from harness.report.view import load_samples, samples_path
 
 __all__ = ["OUTPUT_NAMES", "load_report", "write_reports"]
 
@@ -28,6 +27,7 @@ def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Pat
     from harness.report.markdown import render_markdown
     from harness.report.scores_csv import render_scores_csv
     from harness.report.summary import render_summary
+    from harness.report.view import load_samples, samples_path
 
     run_dir = Path(run_dir)
     parsed = report if isinstance(report, RunReport) else parse_report(report, str(run_dir / "report.json"))

@@ -14,9 +14,9 @@ from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_l
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
-from harness.report.schema import (SCHEMA_VERSION, Artifact, Calibration, Capacity, CapacityTarget, Device,
+from harness.report.schema import (SCHEMA_VERSION, Calibration, Capacity, CapacityTarget, Device,
                                    EvalsetInfo, EvalsetLatency, FormatResult, Generation, Latency, Memory, Model,
-                                   Recommendation, RunReport, Served, ServingPlan, Settings, Tool)
+                                   Recommendation, RunReport, ServingPlan, Settings, Tool)
 from harness.report.schema import Policy as SchemaPolicy
 
 
@@ -106,7 +106,7 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
     recipe = inputs.recipes.get(run.name)
     calibrated = inputs.calibration is not None and recipe is not None and recipe.calibration_samples
     entry = {"status": run.status, "error": run.error,
-             "artifact": Artifact.model_validate(run.artifact) if run.artifact is not None else None,
+             "artifact": run.artifact,
              "stages_run": list(run.stages_run), "compute_dtype": compute_dtype,
              "calibration": Calibration.model_validate(inputs.calibration.summary(recipe.calibration_samples))
              if calibrated else None}
@@ -135,7 +135,7 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
         entry["capacity"] = Capacity.model_validate(capacity_view(plans["vllm"]))  # the vLLM plan in version 1's shape
         entry["serving"] = {engine: ServingPlan.model_validate(plan.as_dict()) for engine, plan in plans.items()}
     if run.served is not None:
-        entry["served"] = Served.model_validate(run.served)
+        entry["served"] = run.served
     entry["generation"] = Generation(
         items=sum(len(g.outputs) for g in generated), new_tokens=sum(g.new_tokens for g in generated),
         wall_s=round(sum(g.wall_s for g in generated), 2),
