@@ -1,7 +1,8 @@
 """Faults mid-run on the real pipeline: kill -9, Ctrl-C, OOM, --resume, stale and corrupt cache entries.
 
-Runs baseline + int8 on the demo model over two tiny evalsets written here, so each run takes well under a
-minute once the session's cache holds the converted demo model.
+Runs baseline + int8 (bitsandbytes, for real) on a tiny random Llama with the demo model's tokenizer over two tiny
+evalsets written here, in a cache of this module's own: the faults are the pipeline's, so the demo model would add
+nothing but minutes, and the tests may delete cache entries without touching another test's.
 """
 
 import json
@@ -19,11 +20,25 @@ import pytest
 from conftest import ROOT, quantgate
 
 pytestmark = pytest.mark.slow
-FAST = ("--model", "demo", "--formats", "baseline,int8", "--batch-size", "2", "--max-new-tokens", "6",
-        "--latency-requests", "2")
+SIZES = ("--batch-size", "2", "--max-new-tokens", "6", "--latency-requests", "2")
 
 
-def write_sets(folder: Path) -> Path:
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("faults-cache")
+
+
+@pytest.fixture(scope="module")
+def fast(demo_checkpoint, tmp_path_factory) -> tuple[str, ...]:
+    """The run's flags: --model (a tiny random Llama), --formats, the sizes."""
+    from conftest import tiny_llama
+
+    model = tiny_llama(demo_checkpoint, tmp_path_factory.mktemp("tiny") / "model")
+    return ("--model", str(model), "--formats", "baseline,int8", *SIZES)
+
+
+def write_sets(folder: Path, summaries: int = 3) -> Path:
+    """A QA set and a summary set of `summaries` items (the summaries' ids s5, s7, s9, then on)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "qa.toml").write_text('name = "qa"\ntask = "qa"\nlanguage = "en"\ndata = "qa.jsonl"\n'
                                     'max_new_tokens = 6\nprompt_template = "{context}\\nQuestion: {question}"\n')
@@ -37,7 +52,8 @@ def write_sets(folder: Path) -> Path:
                                      'max_new_tokens = 6\nprompt_template = "{instruction}\\n{context}"\n')
     rows = [{"id": f"s{i}", "instruction": "Summarize in one sentence.",
              "context": f"The API gateway returned errors for {i} minutes after a bad deploy; we rolled back.",
-             "reference": f"A bad deploy caused {i} minutes of gateway errors and was rolled back."} for i in (5, 7, 9)]
+             "reference": f"A bad deploy caused {i} minutes of gateway errors and was rolled back."}
+            for i in range(5, 5 + 2 * summaries, 2)]
     (folder / "sum.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -47,12 +63,14 @@ def comparable(report: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(demo_cache, tmp_path_factory):
+def reference(fast, cache, tmp_path_factory):
     """An uninterrupted run: what every recovered run must reproduce."""
     sets = write_sets(tmp_path_factory.mktemp("sets"))
     out = tmp_path_factory.mktemp("reference")
-    quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(out), cache=demo_cache)
-    return sets, json.loads((out / "report.json").read_text())
+    quantgate("run", *fast, "--evalsets", str(sets), "--out", str(out), cache=cache)
+    report = json.loads((out / "report.json").read_text())
+    assert {f["status"] for f in report["formats"].values()} == {"ok"}, report["formats"]
+    return sets, report
 
 
 def start(args, cache: Path) -> subprocess.Popen:
@@ -75,12 +93,15 @@ def wait_for_worker(parent: subprocess.Popen, needle: str, timeout: float = 300)
     raise AssertionError(f"no worker matching {needle} started")
 
 
-def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_path):
-    sets, expected = reference
-    fresh = write_sets(tmp_path / "sets")  # same content: the cache holds it, so nuke the results cache
-    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+def test_kill_9_of_a_format_subprocess_then_resume(fast, cache, tmp_path):
+    """The kill lands between int8's measurement and the end of its evalsets: on the tiny model those take a
+    tenth of a second for the module's sets, so this test's summary set has 150 items (seconds of generation)."""
+    sets = write_sets(tmp_path / "sets", summaries=150)
+    quantgate("run", *fast, "--evalsets", str(sets), "--out", str(tmp_path / "reference"), cache=cache)
+    expected = json.loads((tmp_path / "reference" / "report.json").read_text())
+    shutil.rmtree(cache / "results", ignore_errors=True)
     out = tmp_path / "run"
-    run = start(("run", *FAST, "--evalsets", str(fresh), "--out", str(out)), demo_cache)
+    run = start(("run", *fast, "--evalsets", str(sets), "--out", str(out)), cache)
     worker = wait_for_worker(run, "stages/int8/device")
     job = json.loads((out / "stages" / "int8" / "device.job.json").read_text())
     wait_for_file(Path(job["measure"]["result_path"]), run)  # int8 has finished its measurement, not its evalsets
@@ -92,27 +113,27 @@ def test_kill_9_of_a_format_subprocess_then_resume(reference, demo_cache, tmp_pa
     assert int8["status"] == "failed" and int8["verdict"] == "NO-GO"
     assert "killed by SIGKILL" in int8["reasons"][0]
     assert report["formats"]["baseline"]["status"] == "ok"  # the other format finished
-    resumed = quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    resumed = quantgate("run", "--resume", "--out", str(out), cache=cache)
     again = json.loads((out / "report.json").read_text())
     assert again["formats"]["baseline"]["stages_run"] == []  # finished work is not redone
     assert "measure" not in again["formats"]["int8"]["stages_run"]  # int8's measurement had finished
-    assert again["formats"]["int8"]["stages_run"]  # its evaluation had not
+    assert "generate:sum" in again["formats"]["int8"]["stages_run"]  # its evaluation had not
     assert comparable(again) == comparable(expected)
     assert "Traceback" not in resumed.stderr
 
 
-def test_kill_9_during_quantization_then_resume(reference, demo_cache, tmp_path):
+def test_kill_9_during_quantization_then_resume(fast, reference, cache, tmp_path):
     sets, expected = reference
-    for artifact in (demo_cache / "artifacts").glob("int8-*"):
+    for artifact in (cache / "artifacts").glob("int8-*"):
         shutil.rmtree(artifact)
     out = tmp_path / "run"
-    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    run = start(("run", *fast, "--evalsets", str(sets), "--out", str(out)), cache)
     wait_for_worker(run, "stages/int8/quantize").send_signal(signal.SIGKILL)
     run.communicate(timeout=600)
     assert run.returncode == 1
     int8 = json.loads((out / "report.json").read_text())["formats"]["int8"]
     assert int8["verdict"] == "NO-GO" and "quantization subprocess was killed by SIGKILL" in int8["reasons"][0]
-    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    quantgate("run", "--resume", "--out", str(out), cache=cache)
     again = json.loads((out / "report.json").read_text())
     assert again["formats"]["baseline"]["stages_run"] == []
     assert "quantize" in again["formats"]["int8"]["stages_run"]  # no half-written artifact was taken as done
@@ -145,29 +166,29 @@ def wait_for_file(path: Path, parent: subprocess.Popen, timeout: float = 300) ->
 
 
 @pytest.mark.parametrize("cache_flags", [(), ("--no-cache",)], ids=["cache", "no-cache"])
-def test_kill_9_of_the_whole_run_then_resume(reference, demo_cache, tmp_path, cache_flags):
+def test_kill_9_of_the_whole_run_then_resume(fast, reference, cache, tmp_path, cache_flags):
     sets, expected = reference
-    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+    shutil.rmtree(cache / "results", ignore_errors=True)
     out = tmp_path / "run"
-    run = start(("run", *FAST, *cache_flags, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    run = start(("run", *fast, *cache_flags, "--evalsets", str(sets), "--out", str(out)), cache)
     wait_for_worker(run, "stages/int8/device")
     os.killpg(run.pid, signal.SIGKILL)
     run.communicate(timeout=60)
     assert not (out / "report.json").exists()
-    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    quantgate("run", "--resume", "--out", str(out), cache=cache)
     report = json.loads((out / "report.json").read_text())
     assert report["formats"]["baseline"]["stages_run"] == []  # baseline had finished before the kill
     assert comparable(report) == comparable(expected)
 
 
 @pytest.mark.parametrize("how, code", [("Ctrl-C", 130), ("SIGTERM", 143)])
-def test_an_interrupt_writes_a_partial_report(how, code, reference, demo_cache, tmp_path):
+def test_an_interrupt_writes_a_partial_report(fast, how, code, reference, cache, tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to quantgate alone (what a CI runner or
     Kubernetes sends on a timeout): the finished format kept, a partial report, the worker stopped, 130 / 143."""
     sets, expected = reference
-    shutil.rmtree(demo_cache / "results", ignore_errors=True)
+    shutil.rmtree(cache / "results", ignore_errors=True)
     out = tmp_path / "run"
-    run = start(("run", *FAST, "--evalsets", str(sets), "--out", str(out)), demo_cache)
+    run = start(("run", *fast, "--evalsets", str(sets), "--out", str(out)), cache)
     worker = wait_for_worker(run, "stages/int8/device")
     if how == "Ctrl-C":
         os.killpg(run.pid, signal.SIGINT)
@@ -180,17 +201,17 @@ def test_an_interrupt_writes_a_partial_report(how, code, reference, demo_cache, 
     assert partial["formats"]["baseline"]["status"] == "ok"
     assert partial["formats"]["int8"]["status"] == "interrupted"
     assert "--resume" in stderr and "Traceback" not in stderr
-    quantgate("run", "--resume", "--out", str(out), cache=demo_cache)
+    quantgate("run", "--resume", "--out", str(out), cache=cache)
     assert comparable(json.loads((out / "report.json").read_text())) == comparable(expected)
 
 
-def test_out_of_memory_format_is_no_go_and_others_finish(reference, demo_cache, tmp_path):
+def test_out_of_memory_format_is_no_go_and_others_finish(fast, reference, cache, tmp_path):
     sets, _ = reference
     config = tmp_path / "run.toml"
     config.write_text('[formats.baseline]\n[formats.int8]\nmemory_limit_gib = 0.25\n')
     out = tmp_path / "run"
-    result = quantgate("run", "--config", str(config), *FAST[:2], *FAST[4:], "--evalsets", str(sets),
-                       "--out", str(out), "--no-cache", cache=demo_cache)
+    result = quantgate("run", "--config", str(config), *fast[:2], *fast[4:], "--evalsets", str(sets),
+                       "--out", str(out), "--no-cache", cache=cache)
     assert result.returncode == 1
     report = json.loads((out / "report.json").read_text())
     assert report["formats"]["baseline"]["status"] == "ok"
@@ -199,9 +220,9 @@ def test_out_of_memory_format_is_no_go_and_others_finish(reference, demo_cache, 
     assert "--batch-size" in reason
 
 
-def test_changed_evalset_line_reruns_only_that_evaluation(reference, demo_cache, tmp_path):
+def test_changed_evalset_line_reruns_only_that_evaluation(fast, reference, cache, tmp_path):
     sets, _ = reference
-    quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(tmp_path / "warm"), cache=demo_cache)
+    quantgate("run", *fast, "--evalsets", str(sets), "--out", str(tmp_path / "warm"), cache=cache)
     edited = tmp_path / "edited"
     shutil.copytree(sets, edited)
     lines = (edited / "qa.jsonl").read_text().splitlines()
@@ -210,19 +231,19 @@ def test_changed_evalset_line_reruns_only_that_evaluation(reference, demo_cache,
     row["question"] = "Which plan?"  # shorter prompt: stays outside the memory probe (the longest prompts)
     lines[2] = json.dumps(row)
     (edited / "qa.jsonl").write_text("\n".join(lines) + "\n")
-    quantgate("run", *FAST, "--evalsets", str(edited), "--out", str(tmp_path / "run"), cache=demo_cache)
+    quantgate("run", *fast, "--evalsets", str(edited), "--out", str(tmp_path / "run"), cache=cache)
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     for name in ("baseline", "int8"):  # and that set's fidelity: the baseline's reference, int8's comparison
         assert report["formats"][name]["stages_run"] == ["generate:qa", "fidelity:qa"], name
 
 
-def test_truncated_cache_artifact_is_rebuilt(reference, demo_cache, tmp_path):
+def test_truncated_cache_artifact_is_rebuilt(fast, reference, cache, tmp_path):
     sets, expected = reference
-    artifacts = sorted((demo_cache / "artifacts").glob("int8-*"))
+    artifacts = sorted((cache / "artifacts").glob("int8-*"))
     assert artifacts
     weights = artifacts[0] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    result = quantgate("run", *FAST, "--evalsets", str(sets), "--out", str(tmp_path), cache=demo_cache)
+    result = quantgate("run", *fast, "--evalsets", str(sets), "--out", str(tmp_path), cache=cache)
     report = json.loads((tmp_path / "report.json").read_text())
     assert "quantize" in report["formats"]["int8"]["stages_run"]
     assert "missing or corrupt; rebuilding" in result.stderr
