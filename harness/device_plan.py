@@ -7,29 +7,31 @@ from pathlib import Path
 
 from harness.cache import cache_dir
 from harness.cachekeys import device_runtime, evaluation_settings, generate_key, measure_key, reusable, valid_result
-from harness.fidelity.plan import FidelityPlan
+from harness.evaluate import profile_budget
+from harness.fidelity.plan import FidelityPlan, plan_comparison, plan_reference
 from harness.jobs import DeviceJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, stage_dir
+from harness.measure.profile import profile_wanted
 from harness.records import DevicePlan, ResultFile, RunInputs
+from harness.runtime.registry import runtime_class
 from harness.runtime.serving_engine import is_serving_engine
 
 
-def evaluate_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
-                 generate: list[GenerateTask], devices: str | None = None,
-                 fidelity: tuple[FidelityTask, ...] = ()) -> DeviceJob:
+def device_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: MeasureTask | None,
+               generate: list[GenerateTask], devices: str | None = None,
+               fidelity: tuple[FidelityTask, ...] = ()) -> DeviceJob:
+    """The worker job of a format's device stage: one model load that measures, generates and runs the fidelity
+    tasks still to do."""
     spec = inputs.spec
     return DeviceJob(format=fmt, devices=devices, artifact_path=str(artifact_path), dtype=spec.dtype,
-                       trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
-                       runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
-                       fidelity=tuple(fidelity),
-                       failure_path=str(stage_dir(inputs.out_dir, fmt) / "evaluate.failed.json"))
+                     trust_remote_code=spec.trust_remote_code, threads=spec.threads, seed=spec.seed,
+                     runtime=device_runtime(spec), batch_size=spec.batch_size, measure=measure, generate=tuple(generate),
+                     fidelity=tuple(fidelity),
+                     failure_path=str(stage_dir(inputs.out_dir, fmt) / "evaluate.failed.json"))
 
 
 def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
     """(tokens, sequences) of the profile forward the measure stage runs (evaluate.profile_budget); None where it
     runs none (a CPU unless QUANTGATE_PROFILE_ON_CPU=1: harness.measure.profile)."""
-    from harness.evaluate import profile_budget
-    from harness.measure.profile import profile_wanted
-
     return profile_budget(inputs) if profile_wanted() else None
 
 
@@ -62,8 +64,6 @@ def pending_evaluation(inputs: RunInputs, fmt: str, artifact_key: str) -> Device
 def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict,
                   generations: dict[str, ResultFile]) -> FidelityPlan:
     """The format's fidelity tasks (harness.fidelity.plan), or a plan with the reason it measures none."""
-    from harness.fidelity.plan import plan_comparison, plan_reference
-
     if is_serving_engine(inputs.spec.backend):  # measured through the servers instead (harness.served)
         return FidelityPlan((), {})
     refused = fidelity_refusal(inputs, fmt)
@@ -82,8 +82,6 @@ def fidelity_plan(inputs: RunInputs, fmt: str, artifact_key: str, settings: dict
 
 def fidelity_refusal(inputs: RunInputs, fmt: str) -> str | None:
     """Why this run measures no fidelity for the format, in one line; None when it does."""
-    from harness.runtime.registry import runtime_class
-
     runtime = device_runtime(inputs.spec)
     if not hasattr(runtime_class(runtime), "next_token_logprobs"):
         return f"not measured: the {runtime} runtime gives no next-token log-probabilities (TeacherForcing)"

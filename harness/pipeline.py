@@ -21,7 +21,7 @@ from harness.cache import atomic_write_json, atomic_write_text
 from harness.calibration import load_calibration
 from harness.collect import collect_results, failure_reason
 from harness.config import RunSpec
-from harness.device_plan import evaluate_job, pending_evaluation
+from harness.device_plan import device_job, pending_evaluation
 from harness.errors import Terminated, UserError, interrupted_exit_code
 from harness.evalsets import load_evalsets
 from harness.evalsets.prompts import check_prompt_lengths, render_prompts
@@ -229,7 +229,7 @@ def run_on_device(inputs: RunInputs, fmt: str, artifact: Artifact, devices: str 
             (["measure memory and latency"] if plan.measure else []) +
             ([f"generate on {len(tasks)} evalset(s)"] if tasks else []) +
             ([f"measure fidelity on {len(fidelity)} evalset(s)"] if fidelity else [])))
-        job = evaluate_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices, fidelity)
+        job = device_job(inputs, fmt, artifact.path, plan.measure, list(tasks), devices, fidelity)
         failure_path = Path(job.failure_path)
         failure_path.unlink(missing_ok=True)
         exit_ = run_worker(job, stage_dir(inputs.out_dir, fmt) / "device.job.json", inputs.out_dir / "logs" / f"{fmt}.log",

@@ -18,16 +18,26 @@ from pydantic import ValidationError
 
 from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
+from harness.capacity import PLANNERS, Target
+from harness.capacity.gpus import this_gpu
+from harness.diagnose.advise import NotADiagnosableLog, diagnose_text
+from harness.evaluate import longest_request, serving_plans
+from harness.fidelity.served import (compare_served, served_comparison_path, served_reference_path,
+                                     write_served_reference)
 from harness.flags import flag_pairs
+from harness.launcher import worker_environment
+from harness.measure.kv import kv_bytes_per_token
 from harness.measure.rss import RssSampler
 from harness.formats import FormatSpec
-from harness.records import FormatRun, RunInputs
+from harness.records import FormatRun, ResultFile, RunInputs
 from harness.report.schema import Served as ServedEntry
+from harness.runtime.device import device_info, device_key
 from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFormat, ServerFailed, ServingEngine,
                                             serving_engine)
 from harness.runtime.vllm.client import (CompletionRequest, Endpoint, RequestFailed, Sampling, complete,
                                          complete_all)
 from harness.runtime.vllm.load import latency_at, saturation
+from harness.source import load_tokenizer
 
 
 def engine_of(inputs: RunInputs) -> ServingEngine:
@@ -39,8 +49,6 @@ def served_refusal(inputs: RunInputs, spec: FormatSpec, endpoint: str | None) ->
 
 
 def launch_plan_for(inputs: RunInputs, served: ServedFormat, run: FormatRun | None = None) -> LaunchPlan:
-    from harness.evaluate import longest_request
-
     max_model_len = inputs.spec.capacity.max_model_len or longest_request(inputs)
     capacity_plan = lambda: local_gpu_plan(inputs, run, max_model_len) if run is not None else None  # noqa: E731
     return engine_of(inputs).launch_plan(inputs.spec, served, inputs.serving_install, max_model_len, capacity_plan)
@@ -49,11 +57,6 @@ def launch_plan_for(inputs: RunInputs, served: ServedFormat, run: FormatRun | No
 def local_gpu_plan(inputs: RunInputs, run: FormatRun, max_model_len: int):
     """The capacity plan for the GPU(s) this server runs on: the report's plan for the serving engine (the planner
     registered under its name), on this device; None where no planner has its name."""
-    from harness.evaluate import serving_plans
-    from harness.capacity import PLANNERS, Target
-    from harness.capacity.gpus import this_gpu
-    from harness.runtime.device import device_info
-
     engine = engine_of(inputs).name
     if engine not in PLANNERS:
         return None
@@ -69,8 +72,6 @@ def local_gpu_plan(inputs: RunInputs, run: FormatRun, max_model_len: int):
 def served_key(inputs: RunInputs, served: ServedFormat, endpoint: str | None, plan: LaunchPlan, latency_workload: list,
                concurrencies: tuple[int, ...]) -> dict:
     """Everything a served figure depends on besides the prompts."""
-    from harness.runtime.device import device_key
-
     engine = engine_of(inputs)
     return {"artifact": served.artifact_key, "backend": engine.name, "endpoint": endpoint,
             engine.name: engine.cache_identity(inputs.serving_install),
@@ -80,9 +81,9 @@ def served_key(inputs: RunInputs, served: ServedFormat, endpoint: str | None, pl
 
 
 def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None,
-               generations: dict[str, dict], reusable, run: FormatRun | None = None, reference_reply: str | None = None,
+               generations: dict[str, ResultFile], reusable, run: FormatRun | None = None, reference_reply: str | None = None,
                fidelity: dict[str, str] | None = None) -> ServedEntry:
-    """Serve one format; fills generations[evalset] = {"path", "key"} and returns its `served` block (also
+    """Serve one format; fills generations[evalset] (its result file) and returns its `served` block (also
     cached; a cached block the schema refuses is served again). `reusable(path)` says whether a cache entry may be used (--no-cache). reference_reply (the baseline):
     transformers' greedy reply to the first latency prompt, which the server must reproduce
     (baseline_reproduced) before anything it answers is scored. fidelity gets evalset -> the path of the format's
@@ -103,7 +104,7 @@ def run_served(inputs: RunInputs, served: ServedFormat, endpoint_url: str | None
         gen_key = stable_hash({"served": key, "evalset": evalset.content_hash,
                                "prompts": [[p.item_id, list(p.ids), p.max_new_tokens] for p in prompts]})
         path = cache_dir("results") / f"generate-{gen_key}.json"
-        generations[evalset.name] = {"path": str(path), "key": gen_key}
+        generations[evalset.name] = ResultFile(str(path), gen_key)
         cached = read_json(path) if endpoint_url is None else None
         if not (reusable(path) and isinstance(cached, dict) and "outputs" in cached):
             pending.append((evalset, prompts, gen_key, path))
@@ -135,19 +136,17 @@ def served_reference_map(inputs: RunInputs) -> Path:
     return inputs.out_dir / "stages" / "baseline" / "served-fidelity.json"
 
 
-def plan_served_fidelity(inputs: RunInputs, served: ServedFormat, key: str, generations: dict[str, dict], reusable,
+def plan_served_fidelity(inputs: RunInputs, served: ServedFormat, key: str, generations: dict[str, ResultFile], reusable,
                          fidelity: dict[str, str]) -> list[tuple]:
     """The served fidelity work still to do: the baseline's references, or this format's comparisons against the
     references the served baseline wrote. Fills `fidelity` (evalset -> result path)."""
-    from harness.fidelity.served import served_comparison_path, served_reference_path
-
     pending: list[tuple] = []
     if served.name == "baseline":
         for evalset in inputs.evalsets:
-            reference = served_reference_path(generations[evalset.name]["key"])
+            reference = served_reference_path(generations[evalset.name].key)
             fidelity[evalset.name] = str(reference)
             if not (reusable(reference) and isinstance(read_json(reference), dict)):
-                pending.append(("reference", evalset, Path(generations[evalset.name]["path"]), reference))
+                pending.append(("reference", evalset, Path(generations[evalset.name].path), reference))
         atomic_write_json(served_reference_map(inputs), fidelity)
         return pending
     references = read_json(served_reference_map(inputs)) or {}
@@ -164,9 +163,6 @@ def plan_served_fidelity(inputs: RunInputs, served: ServedFormat, key: str, gene
 
 def measure_served_fidelity(inputs: RunInputs, served: ServedFormat, endpoint: Endpoint, pending: list[tuple],
                             max_model_len: int) -> None:
-    from harness.fidelity.served import compare_served, write_served_reference
-    from harness.source import load_tokenizer
-
     encode = None
     for kind, evalset, source, path in pending:
         label = f"{served.name}: fidelity {evalset.name} ({engine_of(inputs).title} prompt_logprobs)"
@@ -223,8 +219,6 @@ def serve_and_measure(inputs: RunInputs, served: ServedFormat, endpoint_url, pla
 
 def diagnosed(log_path: Path, offset: int) -> str:
     """What `quantgate diagnose` makes of this start's log, as a clause for the failure reason ('' when nothing)."""
-    from harness.diagnose.advise import NotADiagnosableLog, diagnose_text
-
     try:
         with open(log_path, "rb") as log:
             log.seek(offset)
@@ -316,8 +310,6 @@ def _flags(args: tuple[str, ...]) -> dict[str, str]:
 
 
 def _worker_env() -> dict[str, str]:
-    from harness.launcher import worker_environment
-
     return worker_environment(os.environ)
 
 
@@ -328,7 +320,6 @@ def served_format(inputs: RunInputs, fmt: str, artifact_key: str, artifact_path:
     stop tokens and repetition penalty, as LoadedModel decodes."""
     import json
 
-    from harness.measure.kv import kv_bytes_per_token
 
     config = json.loads((artifact_path / "config.json").read_text(encoding="utf-8"))
     dtype = engine_of(inputs).served_dtype(inputs.spec.dtype, config, inputs.serving_install)

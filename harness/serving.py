@@ -8,23 +8,21 @@ from harness import progress
 from harness.cachekeys import reusable
 from harness.device_plan import TOKENIZER_DIFFERS
 from harness.fidelity.plan import FidelityPlan
+from harness.formats import format_spec
 from harness.measure.probe import Measurement
 from harness.records import Artifact, DeviceRun, FormatRun, ResultFile, RunInputs, Served
 from harness.runtime.serving_engine import is_serving_engine, serving_engine
+from harness.served import run_served, served_entry, served_format, served_refusal
 
 
 def served_refusal_for(inputs: RunInputs, fmt: str) -> str | None:
     if not is_serving_engine(inputs.spec.backend):
         return None
-    from harness.served import served_refusal
-
     return served_refusal(inputs, format_spec_of(inputs, fmt), inputs.spec.vllm_endpoints.get(fmt))
 
 
 def format_spec_of(inputs: RunInputs, fmt: str):
     """The FormatSpec of a built-in format, or the one a candidate's quantization_config describes."""
-    from harness.formats import format_spec
-
     return inputs.candidates[fmt].format_spec() if fmt in inputs.candidates else format_spec(fmt)
 
 
@@ -32,8 +30,6 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
           devices: str | None) -> Served:
     """Score and time the format through the serving engine's server; one the engine cannot serve is scored in
     transformers (its report row says why the engine cannot serve it, and it cannot be GO)."""
-    from harness.served import run_served, served_entry, served_format
-
     engine = serving_engine(inputs.spec.backend)
     endpoint = inputs.spec.vllm_endpoints.get(fmt)
     if refused:
@@ -41,7 +37,7 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
         return Served(served_entry(inputs, endpoint, status="unsupported", reason=refused), {},
                       fidelity=FidelityPlan((), {}, f"not measured: {engine.title} does not serve this format"))
     served = served_format(inputs, fmt, artifact.key, artifact.path, format_spec_of(inputs, fmt), devices)
-    generations: dict[str, dict] = {}
+    generations: dict[str, ResultFile] = {}
     # The server is planned before the measurement is read back (the format as run_served has always seen it).
     planned = FormatRun(fmt, artifact=artifact.entry, measurement=Measurement(**device.measurement.as_dict()),
                         devices=devices)
@@ -57,5 +53,5 @@ def serve(inputs: RunInputs, fmt: str, artifact: Artifact, device: DeviceRun, re
     note = refused_fidelity or ((f"not measured through {engine.title} for {', '.join(missing)}: the served "
                                  "baseline left no reference there (it was not served, or failed)")
                                 if missing and fmt != "baseline" else None)
-    return Served(block, {name: ResultFile(**entry) for name, entry in generations.items()}, ("serve",), error,
+    return Served(block, generations, ("serve",), error,
                   FidelityPlan((), fidelity or {}, note))

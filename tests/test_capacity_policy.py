@@ -12,6 +12,7 @@ import pytest
 
 from harness.evaluate import max_model_len_of, report_capacity, serving_fit
 from harness.report.build import measured_fields
+from harness.report.schema import capacity_view
 from harness.commands import run as run_command
 from harness.config import CapacitySettings, RunSpec
 from harness.decide import FormatOutcome, ServingFit, decide_format, recommend
@@ -39,9 +40,12 @@ L4_POLICY = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=4096, mi
 
 
 def format_entry(inputs, run, max_model_len: int) -> dict:
-    """A format's measured fields as report.json holds them (the schema objects dumped as the report writes them)."""
-    return json.loads(json.dumps(measured_fields(inputs, run, max_model_len),
-                                 default=lambda block: block.model_dump(mode="json", exclude_unset=True)))
+    """A format's measured fields as report.json holds them (the schema objects dumped as the report writes them,
+    with `capacity`, the view of the vllm plan, FormatResult writes)."""
+    fields = measured_fields(inputs, run, max_model_len)
+    entry = json.loads(json.dumps(fields, default=lambda block: block.model_dump(mode="json", exclude_unset=True)))
+    entry["capacity"] = capacity_view(fields["serving"]["vllm"]) if fields["serving"] else None
+    return entry
 
 
 def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettings | None = None,

@@ -19,7 +19,7 @@ def test_the_quantize_job_round_trips(tmp_path):
     assert job.to_json()["kind"] == "quantize" and job.seed == 3
 
 
-def test_the_evaluate_job_round_trips(tmp_path):
+def test_the_device_job_round_trips(tmp_path):
     measure = MeasureTask("/m.json", (("Hello", 8), ("Hi", 4)), ("Hello there",), 8, warmup=1)
     tasks = (GenerateTask("faq", "k1", 12, (GenerateItem("q1", "What?"), GenerateItem("q2", "Why?")), "/g.json"),)
     job = DeviceJob(artifact_path="/a", batch_size=4, measure=measure, generate=tasks, format="int8",

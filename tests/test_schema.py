@@ -362,6 +362,12 @@ def test_the_producer_writes_a_report_that_validates(tmp_path, monkeypatch):
 
     parsed = RunReport.model_validate(data)
     assert schema.report_dict(parsed) == (schema.upgrade_v1(data) if data["schema_version"] == 1 else data)
+    # Each plan once: the report as built holds the vllm plan in `serving` only, and writes `capacity` from it.
+    built = report.formats["int8"]
+    assert built.capacity is None and built.serving["vllm"].fits
+    assert data["formats"]["int8"]["capacity"] == schema.capacity_view(built.serving["vllm"])
+    assert list(data["formats"]["int8"]).index("capacity") + 1 == list(data["formats"]["int8"]).index("serving")
+    assert built.vllm_capacity() == parsed.formats["int8"].capacity
     assert samples and parsed.formats["gptq"].verdict == "NO-GO"  # failed to quantize
     assert parsed.formats["awq"].verdict == "INCONCLUSIVE" and "--resume" in parsed.formats["awq"].reasons[0]
     assert parsed.formats["awq"].status == "interrupted" and parsed.formats["awq"].memory.peak_bytes is None

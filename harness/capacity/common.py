@@ -11,7 +11,7 @@ from harness.flags import flag_pairs
 from harness.formats import EngineServing
 from harness.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN_MIN_CC, Gpu, has_capability
 from harness.units import format_bytes
-from harness.capacity.memory import (GIB, TensorParallelError, WeightFormat, activation_peak_bytes,
+from harness.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
                                              planned_weights_bytes, shared_prefix_bytes, workload_non_torch)
 from harness.capacity.registry import engine_title
@@ -396,14 +396,3 @@ def device_errors(flags: dict[str, str], shape: ModelShape, gpu: Gpu, tp: int, *
         errors.append(f"--kv-cache-dtype {kv_dtype} needs compute capability {FP8_MIN_CC}")
     return errors
 
-
-def capacity_view(plan: EnginePlan) -> dict:
-    """A vLLM plan in the shape of the report's capacity entry (legacy CapacityPlan's keys)."""
-    memory = plan.memory
-    return {"gpu_memory_gib": memory.gpu_memory_bytes / GIB, "gpu_memory_utilization": plan.gpu_memory_utilization,
-            "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
-            "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
-            "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
-            "servable": plan.servable,
-            "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
-                                   f"of {plan.max_model_len:,} tokens."}

@@ -13,7 +13,7 @@ from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Tar
                                       Workload, engine_names, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
-from harness.capacity.common import capacity_view
+from harness.report.schema import capacity_view
 from harness.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import choose_group_size

@@ -37,10 +37,6 @@ def memory_in_use() -> int:
         import torch
 
         return torch.cuda.memory_allocated()
-    return current_rss_bytes()
-
-
-def current_rss_bytes() -> int:
     return own_rss_bytes()
 
 
@@ -116,7 +112,7 @@ class track_peak:
         self._sampler = None if _reset_rss_peak() else RssSampler()  # where VmHWM cannot be reset: every 10 ms
         if self._sampler:
             self._sampler.start()
-        self.result.start_bytes = current_rss_bytes()
+        self.result.start_bytes = own_rss_bytes()
         self._nvml = None
         if is_cuda():
             import torch

@@ -8,13 +8,12 @@ import time
 from harness import __version__
 from harness.decide import baseline_scores, exit_code, recommend
 from harness.environment import environment
-from harness.capacity.common import capacity_view
 from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity,
                                report_capacity)
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
-from harness.report.schema import (SCHEMA_VERSION, Calibration, Capacity, CapacityTarget, Device,
+from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, Device,
                                    EvalsetInfo, EvalsetLatency, FormatResult, Generation, Latency, Memory, Model,
                                    Recommendation, RunReport, ServingPlan, Settings, Tool)
 from harness.report.schema import Policy as SchemaPolicy
@@ -129,11 +128,10 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
             latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
         latency.update(device=memory.get("device"), threads=inputs.spec.threads)
     entry["latency"] = Latency.model_validate(latency) if latency else None
-    entry["capacity"] = entry["serving"] = None
+    # Each plan once: the report writes `capacity`, version 1's shape of the vllm plan, from it (FormatResult).
     plans = plan_capacity(inputs, run, max_model_len)
-    if plans is not None:
-        entry["capacity"] = Capacity.model_validate(capacity_view(plans["vllm"]))  # the vLLM plan in version 1's shape
-        entry["serving"] = {engine: ServingPlan.model_validate(plan.as_dict()) for engine, plan in plans.items()}
+    entry["serving"] = None if plans is None else {engine: ServingPlan.model_validate(plan.as_dict())
+                                                   for engine, plan in plans.items()}
     if run.served is not None:
         entry["served"] = run.served
     entry["generation"] = Generation(

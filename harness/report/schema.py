@@ -96,6 +96,10 @@ class _ReadForm(BaseModel):
             for key in self._read_ints:
                 if isinstance(dumped.get(key), float) and dumped[key].is_integer():
                     dumped[key] = int(dumped[key])
+        return self._with_views(dumped, info)
+
+    def _with_views(self, dumped: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
+        """The dump with the views a block derives from what it holds (FormatResult's capacity)."""
         return dumped
 
 
@@ -436,6 +440,19 @@ class Served(_Strict):
         return self
 
 
+def capacity_view(plan: Any) -> dict[str, Any]:
+    """A vLLM plan (harness.capacity.EnginePlan, or a report's ServingPlan) in the shape of the report's capacity
+    entry (legacy CapacityPlan's keys)."""
+    memory = plan.memory
+    return {"gpu_memory_gib": memory.gpu_memory_bytes / 2**30, "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "max_model_len": plan.max_model_len, "kv_room_bytes": memory.kv_cache_bytes, "kv_tokens": plan.kv_tokens,
+            "max_num_seqs": plan.max_num_seqs, "max_num_batched_tokens": plan.token_budget,
+            "vllm_flags": plan.command.removeprefix("vllm serve MODEL").strip(), "fits": plan.fits,
+            "servable": plan.servable,
+            "note": plan.reason or f"KV cache holds {plan.kv_tokens:,} tokens: {plan.max_concurrency:,} sequences "
+                                   f"of {plan.max_model_len:,} tokens."}
+
+
 class Capacity(_Strict):
     """What fits on the target GPU under vLLM with this format's weights and activation peak (16-bit KV cache): the
     vLLM entry of `serving` in the shape of the version-1 capacity block (older reports: the legacy plan)."""
@@ -732,8 +749,10 @@ class FormatResult(_Strict):
                                             "not calibrate (absent in early version-1 reports)")
     memory: Memory | None = Field(description="memory figures")
     latency: Latency | None = Field(description="latency figures")
-    capacity: Capacity | None = Field(description="vLLM capacity plan; null when weights were not measured or the "
-                                                  "planners cannot read the model's config")
+    capacity: Capacity | None = Field(default=None, description="vLLM capacity plan; null when weights were not "
+                                      "measured or the planners cannot read the model's config. A report quantgate "
+                                      "builds keeps the plan once, in `serving`, and writes this view of its vllm "
+                                      "entry")
     serving: dict[str, ServingPlan] | None = Field(default=None, description="engine (vllm, sglang, trtllm) -> "
                                                    "its plan on the run's target GPU; null when capacity is null "
                                                    "(absent in reports before it was kept)")
@@ -747,6 +766,34 @@ class FormatResult(_Strict):
                                                       "baseline")
     spot_checks: SpotCheckEntry | None = Field(default=None, description="people's judgments of a blind sample; "
                                                "absent until `quantgate report --reviews` folds them in")
+
+    def vllm_capacity(self) -> Capacity | None:
+        """The vLLM plan in the capacity entry's shape: as read, or the view of serving's vllm plan."""
+        if self.capacity is not None:
+            return self.capacity
+        view = self._capacity_view()
+        return Capacity.model_validate(view) if view is not None else None
+
+    def _capacity_view(self) -> dict[str, Any] | None:
+        plan = (self.serving or {}).get("vllm")
+        return capacity_view(plan) if plan is not None and plan.memory is not None else None
+
+    def _with_views(self, dumped: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
+        """A block built with its plans in `serving` only is written with `capacity` (the view of the vllm plan)
+        just before `serving`, where version 2's readers find it; dumped as the rest of the block is."""
+        if self.capacity is not None or "serving" not in dumped:
+            return dumped
+        view = self._capacity_view()
+        if view is not None:
+            view = Capacity.model_validate(view).model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
+                                                            context=info.context)
+        out: dict[str, Any] = {}
+        for key, value in dumped.items():
+            if key == "serving":
+                out["capacity"] = view
+            if key != "capacity":
+                out[key] = value
+        return out
 
 
 # --- run-level blocks -------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ def _verdict_row(report: RunReport, index: int, name: str, fmt: FormatResult) ->
              for gs in gated_scores(report, fmt)]
     error = (fmt.error or "no error recorded") if fmt.status == "failed" else None
     weights = memory.weights_bytes if memory is not None else None
-    flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
+    capacity = fmt.vllm_capacity()
+    flags = capacity.vllm_flags if capacity is not None else ""
     fidelity, fidelity_status = fidelity_cell(fmt)
     return VerdictRow(index, name, baseline, fmt.verdict, peak, format_bytes(weights), format_ms(_tpot_p50(fmt)), error,
                       gated, flags, fidelity, fidelity_status, verdict_text(fmt))
@@ -524,7 +525,7 @@ def latency_origin(report: RunReport, fmt: FormatResult) -> str:
 
 def capacity_text(report: RunReport, fmt: FormatResult) -> str:
     """One sentence: target GPU, KV room, concurrent sequences, whether it fits; '' when not computed."""
-    cap = fmt.capacity
+    cap = fmt.vllm_capacity()
     if cap is None:
         return ""
     gib, util = cap.gpu_memory_gib, cap.gpu_memory_utilization
@@ -621,7 +622,8 @@ def plugin_requirement(engine: str, command: str) -> str:
 
 
 def vllm_command(fmt: FormatResult) -> str:
-    flags = fmt.capacity.vllm_flags if fmt.capacity is not None else ""
+    capacity = fmt.vllm_capacity()
+    flags = capacity.vllm_flags if capacity is not None else ""
     return f"vllm serve MODEL {' '.join(flags.split())}" if flags else ""
 
 
