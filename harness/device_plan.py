@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.cache import cache_dir
 from harness.cachekeys import device_runtime, evaluation_settings, generate_key, measure_key, reusable, valid_result
-from harness.evaluate import profile_budget
+from harness.format_plans import profile_budget
 from harness.fidelity.plan import FidelityPlan, plan_comparison, plan_reference
 from harness.jobs import DeviceJob, FidelityTask, GenerateItem, GenerateTask, MeasureTask, stage_dir
 from harness.measure.profile import profile_wanted
@@ -30,7 +30,7 @@ def device_job(inputs: RunInputs, fmt: str, artifact_path: Path, measure: Measur
 
 
 def profile_request(inputs: RunInputs) -> tuple[int, int] | None:
-    """(tokens, sequences) of the profile forward the measure stage runs (evaluate.profile_budget); None where it
+    """(tokens, sequences) of the profile forward the measure stage runs (format_plans.profile_budget); None where it
     runs none (a CPU unless QUANTGATE_PROFILE_ON_CPU=1: harness.measure.profile)."""
     return profile_budget(inputs) if profile_wanted() else None
 

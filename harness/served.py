@@ -21,7 +21,7 @@ from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.capacity import PLANNERS, Target
 from harness.capacity.gpus import this_gpu
 from harness.diagnose.advise import NotADiagnosableLog, diagnose_text
-from harness.evaluate import longest_request, serving_plans
+from harness.format_plans import longest_request, serving_plans
 from harness.fidelity.served import (compare_served, served_comparison_path, served_reference_path,
                                      write_served_reference)
 from harness.flags import flag_pairs

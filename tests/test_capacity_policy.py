@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluate import max_model_len_of, report_capacity, serving_fit
+from harness.format_plans import max_model_len_of, report_capacity, serving_fit
 from harness.report.build import measured_fields
 from harness.report.schema import capacity_view
 from harness.commands import run as run_command

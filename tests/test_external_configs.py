@@ -103,13 +103,13 @@ def test_every_config_group_is_read(tmp_path):
 
 
 def test_bitsandbytes_4bit_is_sized_at_4_bits(tmp_path):
-    from harness.evaluate import _weight_format
+    from harness.format_plans import weight_format_of
     from harness.quantize.base import Recipe
 
     def sized(candidate):
         recipe = Recipe(candidate.name, bits=candidate.bits, group_size=candidate.group_size, calibration_samples=0,
                         extra=candidate.recipe_extra())
-        return _weight_format(run_inputs(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
+        return weight_format_of(run_inputs(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
                               candidate.name)
 
     nf4 = sized(_candidate(tmp_path, "bitsandbytes_nf4"))

@@ -210,7 +210,7 @@ def _run(profile: dict | None, compute_dtype: str = "bfloat16") -> FormatRun:
 
 
 def _vllm_memory(run: FormatRun, max_model_len: int = 600):
-    from harness.evaluate import serving_plans
+    from harness.format_plans import serving_plans
     from harness.capacity.vllm import NEWEST_VERSION
     from harness.measure.kv import DEMO_CONFIG
 

@@ -8,8 +8,8 @@ import time
 from harness import __version__
 from harness.decide import baseline_scores, exit_code, recommend
 from harness.environment import environment
-from harness.evaluate import (ELEMENT_BYTES, Evaluation, latency_of, max_model_len_of, memory_of, plan_capacity,
-                               report_capacity)
+from harness.evaluate import Evaluation
+from harness.format_plans import ELEMENT_BYTES, max_model_len_of, plan_capacity, report_capacity
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
@@ -95,8 +95,8 @@ def comparison_notes(inputs: RunInputs, name: str) -> list[str]:
 
 def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict:
     """A format block's fields from its stages, in report order, each block a schema object."""
-    memory = dict(memory_of(run))
-    latency = dict(latency_of(run))
+    memory = dict(run.measurement.memory)
+    latency = dict(run.measurement.latency)
     compute_dtype = run.measurement.compute_dtype
     # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
     # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
@@ -143,4 +143,4 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
 
 
 def _num_parameters(runs: dict[str, FormatRun]) -> int | None:
-    return memory_of(runs["baseline"]).get("parameters") if "baseline" in runs else None
+    return runs["baseline"].measurement.memory.get("parameters") if "baseline" in runs else None
