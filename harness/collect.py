@@ -28,10 +28,21 @@ def collect_results(fmt: str, artifact: Artifact, device: DeviceRun, served: Ser
     if run.status == "ok" and (missing or run.measurement.result is None):
         return replace(run, status="failed",
                        error="evaluation finished without results for " + ", ".join(missing or ["measurement"]))
+    unreadable = unreadable_measurement(run.measurement)
+    if unreadable:
+        return replace(run, status="failed" if run.status == "ok" else run.status, error=run.error or unreadable,
+                       measurement=Measurement(run.measurement.path, run.measurement.key, None))
     degenerate = degenerate_outputs(run.generations, served=served is not None and bool(served.generations))
     if run.status == "ok" and degenerate:
         return replace(run, status="failed", error=degenerate)
     return run
+
+
+def unreadable_measurement(measurement: Measurement) -> str | None:
+    """Why a measurement file's figures cannot be read as the report's blocks (None: they can)."""
+    problem = measurement.unreadable()
+    return (f"the measurement in {measurement.path} is not one quantgate wrote ({problem}); delete it or run with "
+            "--no-cache") if problem else None
 
 
 def read_generation(file: ResultFile) -> EvalsetGeneration | None:

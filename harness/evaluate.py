@@ -12,6 +12,7 @@ from harness.fidelity.summary import FidelityItem
 from harness.format_plans import serving_fit
 from harness.metrics import score_item
 from harness.records import FormatRun, RunInputs
+from harness.report.schema import LatencyRun, ServedLatency
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,10 @@ def score(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> FormatOutco
         name=name, status=run.status if run.status in ("ok", "interrupted") else "failed", error=run.error,
         items=items,
         gates={e.name: list(e.gate) for e in inputs.evalsets},
-        peak_bytes=run.measurement.memory.get("peak_bytes"),
-        ttft_p95_ms=budget_latency.get("ttft_ms", {}).get("p95"),
-        tpot_p95_ms=budget_latency.get("tpot_ms", {}).get("p95"),
-        latency_requests=budget_latency.get("requests"), latency_source=latency_source,
+        peak_bytes=run.measurement.memory.peak_bytes,
+        ttft_p95_ms=budget_latency.ttft_ms.p95 if budget_latency else None,
+        tpot_p95_ms=budget_latency.tpot_ms.p95 if budget_latency else None,
+        latency_requests=budget_latency.requests if budget_latency else None, latency_source=latency_source,
         served_refusal=served.reason if served and served.status == "unsupported" else None,
         saturation=served.saturation if served else None,
         clusters={e.name: e.clusters() for e in inputs.evalsets},
@@ -72,13 +73,13 @@ def decide(inputs: RunInputs, outcomes: dict[str, FormatOutcome]) -> dict[str, F
             for name, outcome in outcomes.items() if name != "baseline"}
 
 
-def budget_latency_of(run: FormatRun, judge: str = "served") -> tuple[dict, str]:
+def budget_latency_of(run: FormatRun, judge: str = "served") -> tuple[LatencyRun | ServedLatency | None, str]:
     """The latency the policy's budgets judge: with judge "served", the vLLM server's at concurrency 1 where the
-    format was served; else (and for formats not served) transformers' batch-1 figures."""
+    format was served; else (and for formats not served) transformers' batch-1 figures (None: not timed)."""
     at_one = run.served.latency.get("concurrency_1") if run.served and run.served.status == "ok" else None
     if judge == "served" and at_one is not None:
-        return at_one.model_dump(mode="json"), "vLLM server, concurrency 1"
-    return run.measurement.latency.get("batch_1") or {}, "transformers"
+        return at_one, "vLLM server, concurrency 1"
+    return run.measurement.latency.batch_1, "transformers"
 
 
 def score_format(inputs: RunInputs, run: FormatRun, samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:

@@ -17,7 +17,7 @@ from harness.records import FormatRun, RunInputs
 def plan_capacity(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict[str, EnginePlan] | None:
     """Each engine's plan at the report's capacity target (report_capacity); None when the format measured no
     weights or the planners cannot read the config."""
-    if not run.measurement.memory.get("weights_bytes"):
+    if not run.measurement.memory.weights_bytes:
         return None
     spec = inputs.spec
     capacity = report_capacity(inputs).settings
@@ -66,9 +66,8 @@ def serving_sizes(run: FormatRun) -> tuple[int | None, int | None]:
     largest batch, a few thousand tokens, and RSS on a CPU): that one stays in the report's memory breakdown only.
 
     A host that computed a 16-bit checkpoint in float32 measured twice the bytes; both figures are halved then."""
-    memory = run.measurement.memory
     upcast = ELEMENT_BYTES.get(run.measurement.compute_dtype, 2) / 2
-    weights, activation = memory.get("weights_bytes"), run.measurement.profile.get("activation_profile_bytes")
+    weights, activation = run.measurement.memory.weights_bytes, run.measurement.profile.activation_bytes
     return (int(weights / upcast) if weights else None, int(activation / upcast) if activation else None)
 
 
@@ -103,8 +102,8 @@ def serving_plans(inputs: RunInputs, run: FormatRun, target: Target, max_model_l
     overhead = inputs.spec.capacity.overhead_gib
     shared, shared_source = shared_prefix_of(inputs)
     workload = Workload(max_model_len=max_model_len, activation_bytes=activation, weights_bytes=weights,
-                        activation_tokens=profile.get("profile_tokens") if activation is not None else None,
-                        activation_sequences=profile.get("profile_sequences") if activation is not None else None,
+                        activation_tokens=profile.tokens if activation is not None else None,
+                        activation_sequences=profile.sequences if activation is not None else None,
                         non_torch_bytes=None if overhead is None else int(overhead * 2**30),
                         shared_prefix_tokens=shared, shared_prefix_source=shared_source)
     version = vllm_rules_of(inputs)

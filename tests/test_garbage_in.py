@@ -329,14 +329,37 @@ def test_empty_or_constant_outputs_fail_the_format_with_the_reason(predictions, 
         atomic_write_json(path, {"evalset": name, "outputs": [{"id": f"i{k}", "prediction": p, "new_tokens": 3}
                                                               for k, p in enumerate(chunk)]})
         generations[name] = ResultFile(str(path), name)
-    run = collect_results("int8", Artifact("k", tmp_path, {}), DeviceRun(ResultFile(str(measurement), "m"),
-                                                                          generations), None, None)
+    run = collect_results("int8", Artifact("k", tmp_path, None), DeviceRun(ResultFile(str(measurement), "m"),
+                                                                            generations), None, None)
     assert run.error == reason or (reason and run.error.startswith(reason)), run.error
     assert run.status == ("ok" if reason is None else "failed")
     if reason:
         decision = decide_format(FormatOutcome(name="baseline", items={}), FormatOutcome(
             name="int8", status="failed", error=run.error, items={}), Policy())
         assert decision.verdict == "NO-GO" and decision.reasons[0].startswith(reason)
+
+
+@pytest.mark.parametrize("memory, field", [({"peak_bytes": "1.2 GiB"}, "memory.peak_bytes"),
+                                           ({"largest_batch": {"batch_size": 2}}, "memory.largest_batch.prompt_tokens"),
+                                           ({"peak_bytes": 1, "rss_peak_bytes": 2, "extra_figure": 3},
+                                            "memory.extra_figure")])
+def test_a_measurement_that_is_not_one_fails_the_format_naming_the_field(memory, field, tmp_path):
+    """A measurement file in the cache that holds something else than the worker writes (edited, or from another
+    tool): the format fails with the file and field named, before anything is scored or planned from it."""
+    from harness.cache import atomic_write_json
+    from harness.collect import collect_results
+    from harness.records import Artifact, DeviceRun, ResultFile
+
+    measurement = tmp_path / "measure.json"
+    atomic_write_json(measurement, {"memory": memory, "latency": {}})
+    answers = tmp_path / "generate-qa.json"
+    atomic_write_json(answers, {"evalset": "qa", "outputs": [{"id": f"i{k}", "prediction": f"answer {k}",
+                                                              "new_tokens": 2} for k in range(4)]})
+    run = collect_results("int8", Artifact("k", tmp_path, None), DeviceRun(
+        ResultFile(str(measurement), "m"), {"qa": ResultFile(str(answers), "qa")}), None, None)
+    assert run.status == "failed" and str(measurement) in run.error and field in run.error, run.error
+    assert "--no-cache" in run.error and run.measurement.result is None
+    assert not run.measurement.measured and run.measurement.memory.peak_bytes is None  # nothing of it is read on
 
 
 @pytest.mark.parametrize("value", [0.5 * 300, -1.0, float("nan"), "80", None, True])

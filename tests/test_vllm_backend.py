@@ -274,16 +274,25 @@ def test_latency_budgets_judge_the_figures_the_policy_names():
     from harness.measure.probe import Measurement
     from records import format_run, served_entry
 
-    transformers = {"ttft_ms": {"p95": 50.0}, "requests": 20}
-    stats = {"p50": 70.0, "p95": 80.0, "max": 81.0, "mean": 72.0, "stdev": 3.0, "count": 20, "p99": 81.0}
-    served = {"concurrency": 1, "requests": 20, "ttft_ms": stats, "itl_ms": stats, "tpot_ms": stats, "e2e_ms": stats,
-              "output_tokens_per_s": 12.5, "wall_s": 3.0}
+    def stats(p95: float) -> dict:
+        return {"p50": p95 - 10, "p95": p95, "max": p95 + 1, "mean": p95 - 8, "stdev": 3.0, "count": 20, "p99": p95 + 1}
+
+    transformers = {"batch_size": 1, "ttft_ms": stats(50.0), "tpot_ms": stats(5.0), "e2e_ms": stats(90.0),
+                    "throughput_tok_s": 40.0, "requests": 20}
+    served = {"concurrency": 1, "requests": 20, "ttft_ms": stats(80.0), "itl_ms": stats(6.0), "tpot_ms": stats(6.0),
+              "e2e_ms": stats(120.0), "output_tokens_per_s": 12.5, "wall_s": 3.0}
+    for block in transformers, served:
+        for kind in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            block[kind] = {k: v for k, v in block[kind].items() if k != "p99" or block is served}
     run = format_run("awq", measurement=Measurement(result={"latency": {"batch_1": transformers}}),
                      served=served_entry(latency={"concurrency_1": served}))
-    assert budget_latency_of(run, "served") == (served, "vLLM server, concurrency 1")
-    assert budget_latency_of(run, "transformers") == (transformers, "transformers")
+    judged, source = budget_latency_of(run, "served")
+    assert (judged.ttft_ms.p95, judged.requests, source) == (80.0, 20, "vLLM server, concurrency 1")
+    judged, source = budget_latency_of(run, "transformers")
+    assert (judged.ttft_ms.p95, judged.tpot_ms.p95, source) == (50.0, 5.0, "transformers")
     refused = replace(run, served=served_entry(status="unsupported", reason="no kernel"))
-    assert budget_latency_of(refused, "served") == (transformers, "transformers")
+    assert budget_latency_of(refused, "served")[0].ttft_ms.p95 == 50.0
+    assert budget_latency_of(format_run("awq"), "served") == (None, "transformers")  # never timed
 
 
 def test_devices_split_into_lanes_of_the_parallel_size():

@@ -5,12 +5,16 @@ and activation bytes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+from pydantic import ValidationError
 
 from harness import progress
 from harness.measure.latency import latency_block
 from harness.measure.memory import track_peak
 from harness.jobs import MeasureTask
+from harness.report.schema import Latency, Memory, MemoryTimeline
 from harness.runtime.base import Runtime
 
 if TYPE_CHECKING:
@@ -24,37 +28,74 @@ class ProbeWorkload(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ProfileResult:
+    """The profile forward at the serving plan's token budget (harness.measure.profile): its size, and the
+    activation peak it measured (None where it failed, with the error)."""
+
+    tokens: int | None = None
+    sequences: int | None = None
+    activation_bytes: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Measurement:
     """A format's probe as the run read it back: its result file (path, cache key) and what the worker wrote there
-    (measure_format's dict; None when nothing was read)."""
+    (measure_format's dict; None when nothing was read), read as the report's typed blocks. A result whose blocks
+    are not what the schema declares raises pydantic's ValidationError on first reading (harness.collect turns it
+    into the format's failure)."""
 
     path: str = ""
     key: str = ""
     result: dict | None = None
 
-    @property
-    def memory(self) -> dict:
-        return self._part("memory") or {}
+    @cached_property
+    def memory(self) -> Memory:
+        """The probe's memory figures (Memory() when nothing was measured)."""
+        return Memory.model_validate(self._part("memory") or {})
+
+    @cached_property
+    def latency(self) -> Latency:
+        return Latency.model_validate(self._part("latency") or {})
 
     @property
-    def latency(self) -> dict:
-        return self._part("latency") or {}
+    def measured(self) -> bool:
+        """Whether the probe left memory figures (a format that failed before it leaves none)."""
+        return bool(self._part("memory"))
+
+    @property
+    def timed(self) -> bool:
+        """Whether the probe left latency figures."""
+        return bool(self._part("latency"))
 
     @property
     def compute_dtype(self) -> str | None:
         return self._part("compute_dtype")
 
-    @property
-    def profile(self) -> dict:
-        """The profile forward at the serving plan's token budget (harness.measure.profile): profile_tokens,
-        profile_sequences, activation_profile_bytes (None where it failed, with profile_error); {} when none ran
-        (a CPU by default, and measurements cached before it was kept)."""
-        return self._part("profile") or {}
+    @cached_property
+    def profile(self) -> ProfileResult:
+        """ProfileResult() when none ran (a CPU by default, and measurements cached before it was kept)."""
+        found = self._part("profile") or {}
+        return ProfileResult(found.get("profile_tokens"), found.get("profile_sequences"),
+                             found.get("activation_profile_bytes"), found.get("profile_error"))
 
-    @property
-    def timeline(self) -> dict | None:
+    @cached_property
+    def timeline(self) -> MemoryTimeline | None:
         """The memory timeline of the job that measured (none in measurements cached before it was kept)."""
-        return self._part("memory_timeline")
+        found = self._part("memory_timeline")
+        return MemoryTimeline.model_validate(found) if found else None
+
+    def unreadable(self) -> str | None:
+        """Why the result's blocks are not the report's (its first problem: 'memory.peak_bytes: Input should be a
+        valid integer'); None when they all read."""
+        for block in ("memory", "latency", "timeline"):
+            try:
+                getattr(self, block)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in (block, *first["loc"]))
+                return f"{where}: {first['msg']}"
+        return None
 
     def _part(self, name: str) -> Any:
         return self.result.get(name) if self.result else None

@@ -14,7 +14,7 @@ from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
 from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, Device,
-                                   EvalsetInfo, EvalsetLatency, FormatResult, Generation, Latency, Memory, Model,
+                                   EvalsetInfo, EvalsetLatency, FormatResult, Generation, LatencyRun, Memory, Model,
                                    Recommendation, RunReport, ServingPlan, Settings, Tool)
 from harness.report.schema import Policy as SchemaPolicy
 
@@ -95,9 +95,8 @@ def comparison_notes(inputs: RunInputs, name: str) -> list[str]:
 
 def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict:
     """A format block's fields from its stages, in report order, each block a schema object."""
-    memory = dict(run.measurement.memory)
-    latency = dict(run.measurement.latency)
-    compute_dtype = run.measurement.compute_dtype
+    measurement = run.measurement
+    compute_dtype = measurement.compute_dtype
     # Predicted in the dtype the run computed in, so it is comparable with the measured figure; the capacity plan
     # assumes vLLM's 16-bit KV cache and 16-bit weights whatever this host computed in.
     upcast = ELEMENT_BYTES.get(compute_dtype, 2) / 2
@@ -109,25 +108,29 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
              "stages_run": list(run.stages_run), "compute_dtype": compute_dtype,
              "calibration": Calibration.model_validate(inputs.calibration.summary(recipe.calibration_samples))
              if calibrated else None}
-    if memory:
-        memory.update(device="cuda" if memory.get("cuda_max_allocated_bytes") is not None else "cpu",
-                      kv_bytes_per_token=kv_predicted,
-                      figures=("NVML device used memory (what nvidia-smi shows); allocator peaks alongside"
-                               if memory.get("nvml_peak_used_bytes") is not None else
-                               "CUDA allocator reserved peak" if memory.get("cuda_max_reserved_bytes") is not None
-                               else "peak RSS of the format's subprocess (CPU)"))
-        if run.measurement.timeline:
-            memory["timeline"] = run.measurement.timeline
+    if measurement.measured:
+        measured = measurement.memory
+        memory = measured.model_copy(update=dict(
+            device="cuda" if measured.cuda_max_allocated_bytes is not None else "cpu",
+            kv_bytes_per_token=kv_predicted,
+            figures=("NVML device used memory (what nvidia-smi shows); allocator peaks alongside"
+                     if measured.nvml_peak_used_bytes is not None else
+                     "CUDA allocator reserved peak" if measured.cuda_max_reserved_bytes is not None
+                     else "peak RSS of the format's subprocess (CPU)"),
+            **({"timeline": measurement.timeline} if measurement.timeline else {})))
     else:
-        memory = {"device": None, "peak_bytes": None, "weights_bytes": None, "kv_bytes_per_token": kv_predicted}
-    entry["memory"] = Memory.model_validate(memory)
+        memory = Memory(device=None, peak_bytes=None, weights_bytes=None, kv_bytes_per_token=kv_predicted)
+    entry["memory"] = memory
     generated = [g for g in run.generations.values() if g]
-    if latency:
+    entry["latency"] = None
+    if measurement.timed:
+        update: dict = {}
         batches = [b for g in generated for b in g.batches]
         if batches:  # the evaluation's own batches: every request of every evalset at the evaluation batch size
-            latency["batched"] = dict(latency_block(batches), workload="evaluation batches, all evalsets")
-        latency.update(device=memory.get("device"), threads=inputs.spec.threads)
-    entry["latency"] = Latency.model_validate(latency) if latency else None
+            update["batched"] = LatencyRun.model_validate(dict(latency_block(batches),
+                                                               workload="evaluation batches, all evalsets"))
+        entry["latency"] = measurement.latency.model_copy(update=dict(update, device=memory.device,
+                                                                      threads=inputs.spec.threads))
     # Each plan once: the report writes `capacity`, version 1's shape of the vllm plan, from it (FormatResult).
     plans = plan_capacity(inputs, run, max_model_len)
     entry["serving"] = None if plans is None else {engine: ServingPlan.model_validate(plan.as_dict())
@@ -143,4 +146,4 @@ def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> di
 
 
 def _num_parameters(runs: dict[str, FormatRun]) -> int | None:
-    return runs["baseline"].measurement.memory.get("parameters") if "baseline" in runs else None
+    return runs["baseline"].measurement.memory.parameters if "baseline" in runs else None
