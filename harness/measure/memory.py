@@ -143,7 +143,7 @@ class track_peak:
                 result.peak_bytes = result.nvml_peak_used_bytes
 
 
-def weights_bytes(model) -> int:
+def loaded_weights_bytes(model) -> int:
     """Bytes of parameters and buffers as loaded (quantized packs, scales and zeros included)."""
     seen: set[int] = set()
     total = 0

@@ -67,9 +67,9 @@ class LoadedModel:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def weights_bytes(self) -> int:
-        from harness.measure.memory import weights_bytes
+        from harness.measure.memory import loaded_weights_bytes
 
-        return weights_bytes(self.model)
+        return loaded_weights_bytes(self.model)
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
