@@ -68,8 +68,7 @@ class CalibrationSet:
                 "tokens_mean": round(sum(tokens) / len(tokens), 1) if tokens else None,
                 "tokens_min": min(tokens) if tokens else None,
                 "hash": "sha256:" + stable_hash(list(self.texts[:count])),
-                "overlap": {**asdict(self.overlap), "overlapping": list(self.overlap.overlapping)} if self.overlap
-                else None}
+                "overlap": asdict(self.overlap) if self.overlap else None}
 
 
 TEXT_OBJECT = "a JSON object with a 'text' field"

@@ -30,7 +30,8 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
     outcomes, decisions = evaluation.outcomes, evaluation.decisions
     baseline = outcomes["baseline"]
     planned = report_capacity(inputs)
-    formats = {name: format_result(inputs, run, evaluation) for name, run in runs.items()}
+    max_model_len = max_model_len_of(inputs)
+    formats = {name: format_result(inputs, run, evaluation, max_model_len) for name, run in runs.items()}
     return RunReport(
         schema_version=SCHEMA_VERSION,
         tool=Tool(name="quantgate", version=__version__),
@@ -65,9 +66,9 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
     )
 
 
-def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation) -> FormatResult:
+def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max_model_len: int) -> FormatResult:
     """One format's block: what its stages measured (measured_fields), then its verdict and why."""
-    measured = measured_fields(inputs, run, max_model_len_of(inputs))
+    measured = measured_fields(inputs, run, max_model_len)
     if run.name == "baseline":
         judged = dict(role="baseline", verdict="BASELINE" if run.status == "ok" else "NO-GO",
                       reasons=[] if run.status == "ok" else [f"baseline failed: {run.error}"],

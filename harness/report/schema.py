@@ -23,6 +23,7 @@ worker.py, the `served` block of served.py) and what version-1 reports written e
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -58,6 +59,9 @@ def _not_bool(value: Any) -> Any:
 AS_READ = "as_read"  # the serialization context key of report_json: dump each block as it was read
 
 
+_LISTED: ContextVar[bool] = ContextVar("quantgate_report_block_listed", default=False)
+
+
 def _lists(value: Any) -> Any:
     """A block built from frozen records holds tuples where report.json holds lists (the strict fields take lists
     only): tuples become lists, as json.dumps would write them."""
@@ -79,7 +83,14 @@ class _ReadForm(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _remember_read_form(cls, data: Any, handler: Any) -> Any:
-        model = handler(_lists(data) if isinstance(data, dict) else data)
+        if isinstance(data, dict) and not _LISTED.get():  # the outermost block: its whole tree, once
+            listed = _LISTED.set(True)
+            try:
+                model = handler(_lists(data))
+            finally:
+                _LISTED.reset(listed)
+        else:
+            model = handler(data)
         if isinstance(data, dict):
             model._read_order = list(data)
             model._read_ints = frozenset(key for key, value in data.items() if type(value) is int)
@@ -771,22 +782,17 @@ class FormatResult(_Strict):
         """The vLLM plan in the capacity entry's shape: as read, or the view of serving's vllm plan."""
         if self.capacity is not None:
             return self.capacity
-        view = self._capacity_view()
-        return Capacity.model_validate(view) if view is not None else None
-
-    def _capacity_view(self) -> dict[str, Any] | None:
         plan = (self.serving or {}).get("vllm")
-        return capacity_view(plan) if plan is not None and plan.memory is not None else None
+        return Capacity.model_validate(capacity_view(plan)) if plan is not None and plan.memory is not None else None
 
     def _with_views(self, dumped: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
         """A block built with its plans in `serving` only is written with `capacity` (the view of the vllm plan)
         just before `serving`, where version 2's readers find it; dumped as the rest of the block is."""
         if self.capacity is not None or "serving" not in dumped:
             return dumped
-        view = self._capacity_view()
-        if view is not None:
-            view = Capacity.model_validate(view).model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
-                                                            context=info.context)
+        derived = self.vllm_capacity()
+        view = None if derived is None else derived.model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
+                                                               context=info.context)
         out: dict[str, Any] = {}
         for key, value in dumped.items():
             if key == "serving":
