@@ -23,7 +23,7 @@ that holds fewer, fails. The recommendation, the smallest GO format, is therefor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Literal
 
 from harness import units
@@ -103,6 +103,9 @@ class FormatDecision:
     # INCONCLUSIVE, or a failed run)
     rule: str = ""
     fidelity: dict[str, dict[str, Any]] = field(default_factory=dict)  # evalset -> FidelityJudgment.as_dict()
+    # [spot_checks] required and none folded in yet: the report's spot_checks entry (SpotCheckEntry's fields),
+    # holding the verdict without them so that `quantgate report --reviews` can fold judgments in later
+    spot_checks: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reasons": self.reasons, "checks": self.checks, "scores": self.scores,
@@ -155,8 +158,35 @@ def decide_format(baseline: FormatOutcome, candidate: FormatOutcome, policy: Pol
     checks.extend(_budget_checks(candidate, policy))
     if candidate.calibration_overlap:
         checks.append(_calibration_check(candidate.calibration_overlap))
-    return _decision(candidate.name, checks, scores, policy.fidelity.basis,
-                     {j.evalset: j.as_dict() for j in judgments})
+    decision = _decision(candidate.name, checks, scores, policy.fidelity.basis,
+                         {j.evalset: j.as_dict() for j in judgments})
+    return _spot_checks_pending(decision, checks, policy) if policy.spot_checks.required else decision
+
+
+SPOT_CHECKS_PENDING = ("spot checks are required by the policy and none of its random sample was judged: run "
+                       "`quantgate review RUN_DIR`, judge the items, then `quantgate report RUN_DIR --reviews "
+                       "review-*.jsonl`")
+
+
+def _spot_checks_pending(decision: FormatDecision, checks: list[Check], policy: Policy) -> FormatDecision:
+    """[spot_checks] required and no judgments yet (every command that decides: run, decide, report, compare): the
+    check is open, so no GO; the verdict without it is kept for the fold of the judgments (harness.review.fold)."""
+    pending = Check("spot_checks", "spot_check", "inconclusive", SPOT_CHECKS_PENDING,
+                    f"spot_checks: {SPOT_CHECKS_PENDING}")
+    folded = _decision(decision.name, [*checks, pending], decision.scores, policy.fidelity.basis, decision.fidelity)
+    entry = {**empty_spot_checks(), "status": "inconclusive", "detail": SPOT_CHECKS_PENDING,
+             "verdict_without": decision.verdict, "rule_without": decision.rule or None,
+             "reasons_without": list(decision.reasons)}
+    return replace(folded, spot_checks=entry)
+
+
+def empty_spot_checks() -> dict[str, Any]:
+    """A report spot_checks entry's figures before any judgment (SpotCheckEntry; no plan yet)."""
+    empty = {"count": 0, "of": 0, "value": 0.0, "ci_low": 0.0, "ci_high": 100.0}
+    return {"plan": "", "reviewers": [], "judged": 0, "judgments": 0, "worse": dict(empty),
+            "candidate_unacceptable": dict(empty), "baseline_unacceptable": dict(empty), "increase": 0.0,
+            "increase_low": -100.0, "increase_high": 100.0, "agreement": None, "multiply_judged": 0,
+            "worst_judged": 0, "worst_unacceptable": 0, "unacceptable_items": []}
 
 
 def _fidelity_judgments(baseline: FormatOutcome, candidate: FormatOutcome, policy: Policy,
@@ -165,7 +195,14 @@ def _fidelity_judgments(baseline: FormatOutcome, candidate: FormatOutcome, polic
     return [judge_fidelity(evalset, candidate.fidelity.get(evalset), policy,
                            clusters=baseline.clusters.get(evalset) or candidate.clusters.get(evalset),
                            language=candidate.languages.get(evalset) or baseline.languages.get(evalset),
-                           note=candidate.fidelity_note) for evalset in decided]
+                           note=candidate.fidelity_note, scored=_scored_ids(baseline, candidate, evalset))
+            for evalset in decided]
+
+
+def _scored_ids(baseline: FormatOutcome, candidate: FormatOutcome, evalset: str) -> list[str]:
+    """The items both formats scored in `evalset`: what the fidelity rule must cover to speak for the set."""
+    cand_items = candidate.items.get(evalset, {})
+    return [i for i in baseline.items.get(evalset, {}) if i in cand_items]
 
 
 def _calibration_check(overlapping: tuple[str, ...]) -> Check:
@@ -252,15 +289,21 @@ def _pairing_check(evalset: str, name: str, base_items: dict, cand_items: dict) 
 
 
 def _unscored_check(name: str, metric: str, base_items: dict, cand_items: dict, paired: int) -> Check | None:
-    """Items both sides scored, but one side without this metric (`quantgate decide --allow-missing` dropped a
-    value that was not a number): the comparison rests on the others, a subset the data chose, so not a pass."""
-    sides = [(label, [i for i in mine if i in theirs and metric in theirs[i] and metric not in mine[i]])
-             for label, mine, theirs in (("baseline", base_items, cand_items), ("candidate", cand_items, base_items))]
+    """Items of the set without this metric on one side or both (`quantgate decide --allow-missing` dropped a
+    value that was not a number): the comparison rests on the others, a subset the data chose, so not a pass.
+    Every dropped item is counted, those dropped on both sides included."""
+    items = [i for i in base_items if i in cand_items]
+    if not any(metric in base_items[i] or metric in cand_items[i] for i in items):
+        return None  # a metric this set never scored: the metric check says so
+    sides = [(label, [i for i in items if metric not in mine[i]])
+             for label, mine in (("baseline", base_items), ("candidate", cand_items))]
     found = [f"{len(ids)} item(s) without a numeric {metric} for the {label} ({_preview(ids)})"
              for label, ids in sides if ids]
     if not found:
         return None
-    detail = "; ".join(found) + f" were dropped (--allow-missing); compared on the {paired} scored on both sides"
+    dropped = len(items) - paired
+    detail = (f"{dropped} of {len(items)} item(s) dropped: " + "; ".join(found)
+              + f" (--allow-missing); compared on the {paired} scored on both sides, so it cannot be GO")
     return Check(f"{name}/missing", "run", "inconclusive", detail, f"{name}: {detail}")
 
 

@@ -139,7 +139,8 @@ def prepare_inputs(spec: RunSpec) -> RunInputs:
     out_dir = prepare_output_dir(Path(spec.out))
     full_evalsets = load_evalsets(spec.evalsets, allow_outside_paths=spec.allow_outside_paths)
     evalsets = [replace(e, items=e.items[: spec.max_items]) for e in full_evalsets] if spec.max_items else full_evalsets
-    policy = load_policy(spec.policy, known_metrics=metric_names(), known_evalsets=[e.name for e in evalsets])
+    policy = load_policy(spec.policy, known_metrics=metric_names(), known_evalsets=[e.name for e in evalsets],
+                         known_languages=sorted({e.language for e in evalsets} - {"auto"}))
     source = resolve_source(spec.model)
     check_remote_code(source.path, spec.trust_remote_code)
     config_path = source.path / "config.json"

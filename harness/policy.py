@@ -12,7 +12,6 @@ detected a drop of the margin: its minimum detectable effect at `power` is at mo
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
@@ -104,6 +103,17 @@ class FidelityRule(BaseModel):
         for key, limit in value.items():
             if not (math.isfinite(limit) and 0 < limit <= high):
                 raise ValueError(f"key 'fidelity.{info.field_name}.{key}' = {limit}: must be {what}")
+            if high == 100 and limit <= 1.0:
+                raise ValueError(f"key 'fidelity.{info.field_name}.{key}' = {limit:g} looks like a fraction, but "
+                                 f"agreement is a percentage: write {limit * 100:g} for {limit:.0%}")
+        return value
+
+    @field_validator("min_top1_agreement")
+    @classmethod
+    def _agreement_is_a_percentage(cls, value: float) -> float:
+        if value <= 1.0:
+            raise ValueError(f"{value:g} looks like a fraction, but agreement is a percentage: write "
+                             f"{value * 100:g} for {value:.0%}")
         return value
 
     def kl_limit(self, evalset: str, language: str | None) -> float:
@@ -197,6 +207,14 @@ class Policy(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _fidelity_needs_the_items_tasks_need(self) -> Policy:
+        if self.fidelity.min_items is not None and self.fidelity.min_items < self.min_items:
+            raise ValueError(f"fidelity.min_items = {self.fidelity.min_items} is below min_items = {self.min_items}: "
+                             "the fidelity rule would carry a GO on fewer items than any task metric may; remove it "
+                             f"or set it to at least {self.min_items}")
+        return self
+
+    @model_validator(mode="after")
     def _one_memory_budget(self) -> Policy:
         if self.max_memory_bytes is not None and self.max_memory_gib is not None:
             raise ValueError("set max_memory_bytes or max_memory_gib, not both")
@@ -237,19 +255,21 @@ class Policy(BaseModel):
 
 
 def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = None,
-                known_evalsets: Sequence[str] | None = None) -> Policy:
+                known_evalsets: Sequence[str] | None = None,
+                known_languages: Sequence[str] | None = None) -> Policy:
     """The policy in `path`, or the built-in defaults when `path` is None.
 
     known_metrics: when given, a [margins]/[floors]/[min_items_for] key naming any other metric is an error, not a
     silently ignored typo. A run passes the metrics it scores; `quantgate decide` those plus the ones its score
     files carry. known_evalsets likewise for the evalset of an "evalset/metric" key: a margin for a set that is
-    not there would be ignored, and the verdict judged by the default margin instead.
+    not there would be ignored, and the verdict judged by the default margin instead. known_languages: the
+    languages of those evalsets; a [fidelity] *_for key must name one of them or an evalset.
     """
     if path is None:
         return Policy()
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM some editors write is not part of the TOML
     except OSError as exc:
         raise UserError(f"{path}: cannot read the policy file ({exc.strerror or exc}); check the --policy path") from exc
     except UnicodeDecodeError as exc:
@@ -264,7 +284,7 @@ def load_policy(path: str | Path | None, known_metrics: Sequence[str] | None = N
     if known_metrics is not None:
         _check_metric_keys(data, known_metrics, str(path))
     if known_evalsets is not None:
-        _check_evalset_keys(data, known_evalsets, str(path))
+        _check_evalset_keys(data, known_evalsets, str(path), known_languages or ())
     return policy
 
 
@@ -283,7 +303,7 @@ def _check_metric_keys(data: dict[str, Any], known: Sequence[str], source: str) 
                             f"(known: {', '.join(known)}; keys are 'metric' or 'evalset/metric')")
 
 
-def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str) -> None:
+def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str, languages: Sequence[str]) -> None:
     for table, key in _keyed_entries(data):
         evalset, slash, _ = key.rpartition("/")
         if slash and evalset not in known:
@@ -293,10 +313,12 @@ def _check_evalset_keys(data: dict[str, Any], known: Sequence[str], source: str)
     fidelity = data.get("fidelity") or {}
     for table in ("max_kl_for", "min_top1_agreement_for"):
         for key in fidelity.get(table) or {} if isinstance(fidelity, dict) else {}:
-            if key not in known and not re.fullmatch(r"[a-z]{2,3}", key):
+            if key not in known and key not in languages:
+                present = ", ".join(sorted(set(languages))) or "none given"
                 raise UserError(f"{source}: key 'fidelity.{table}.{key}': neither an evalset of this run"
-                                f"{did_you_mean(key, known)} (evalsets: {', '.join(known)}) nor a language code "
-                                "(en, zh, ...); a key for a set that is not there would be ignored")
+                                f"{did_you_mean(key, [*known, *languages])} (evalsets: {', '.join(known)}) nor the "
+                                f"language of one (languages: {present}); a limit for a set or language that is "
+                                "not there would be ignored")
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str = "policy") -> Policy:

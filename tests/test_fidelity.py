@@ -165,8 +165,12 @@ def test_per_language_and_per_evalset_limits_apply(tmp_path):
 
     path = tmp_path / "policy.toml"
     path.write_text('[fidelity.max_kl_for]\nzh = 0.02\nen_faq = 0.2\n', encoding="utf-8")
-    policy = load_policy(path, known_evalsets=["en_faq", "zh_faq"])
+    policy = load_policy(path, known_evalsets=["en_faq", "zh_faq"], known_languages=["en", "zh"])
     assert policy.fidelity.kl_limit("zh_faq", "zh") == 0.02 and policy.fidelity.kl_limit("en_faq", "en") == 0.2
+    for key in ("fr", "cn"):  # a language no evalset of the run has would be ignored: refused
+        path.write_text(f'[fidelity.max_kl_for]\n{key} = 0.02\n', encoding="utf-8")
+        with pytest.raises(UserError, match=f"fidelity.max_kl_for.{key}.*languages: en, zh"):
+            load_policy(path, known_evalsets=["en_faq", "zh_faq"], known_languages=["en", "zh"])
     path.write_text('[fidelity.max_kl_for]\nen_fqa = 0.2\n', encoding="utf-8")
     with pytest.raises(UserError, match="fidelity.max_kl_for.en_fqa.*did you mean 'en_faq'"):
         load_policy(path, known_evalsets=["en_faq", "zh_faq"])
@@ -184,7 +188,8 @@ def test_decide_takes_per_item_fidelity_and_names_the_rule(tmp_path, capsys):
     from harness.cli import main
 
     base = _write(tmp_path / "b.jsonl", [{"id": f"q{i}", "f1": 50.0 + i} for i in range(30)])
-    rows = [{"id": f"q{i}", "f1": 50.0 + i, "fidelity": {"kl": 0.004, "top1_agreement": 99.0, "tokens": 30}}
+    rows = [{"id": f"q{i}", "f1": 50.0 + i,
+             "fidelity": {"kl": 0.002 + 0.0001 * i, "top1_agreement": 99.0 - 0.1 * (i % 5), "tokens": 30}}
             for i in range(30)]
     cand = _write(tmp_path / "c.jsonl", rows)
     assert main(["decide", "--baseline", str(base), "--candidate", str(cand)]) == 0

@@ -4,7 +4,10 @@ Each JSONL line is one item: {"id": ..., "<metric>": <number>, ...}, optionally 
 group items (default group "scores") and "group" (a string or integer): items of one evalset with one
 group share a context and are resampled as one cluster (items without a group are their own cluster).
 Numeric fields are metrics, except the bookkeeping fields in NOT_METRICS; other fields (prompt,
-prediction, references, ...) are ignored, so samples.jsonl lines of a single format work as input.
+prediction, references, ...) are ignored. A run's samples.jsonl works as either file: its lines carry "format",
+and each file is read for one format (--baseline-format, default "baseline"; --candidate-format, needed when the
+file holds several candidates). An optional "language" per line ("en", "zh") lets the policy's per-language
+fidelity limits apply, as in a run.
 
 The policy is checked as `run` checks it: a [margins]/[floors]/[min_items_for] key naming a metric that
 is neither a quantgate metric nor in the score files is an error (exit 2), not a silently ignored typo.
@@ -29,7 +32,7 @@ from harness.metrics import metric_names
 from harness.policy import load_policy
 
 DEFAULT_GROUP = "scores"
-NOT_METRICS = {"id", "evalset", "group", "format", "new_tokens", "prompt_tokens", "index", "fidelity"}
+NOT_METRICS = {"id", "evalset", "group", "format", "new_tokens", "prompt_tokens", "index", "fidelity", "language"}
 MAX_LISTED = 10
 
 
@@ -41,6 +44,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--baseline", required=True, type=Path, help="baseline scores, one JSON object per line")
     p.add_argument("--candidate", required=True, type=Path, help="candidate scores, same ids")
+    p.add_argument("--baseline-format", default=None, metavar="NAME",
+                   help='the format to read from a --baseline file whose lines carry "format" (a run\'s '
+                        'samples.jsonl); default: baseline')
+    p.add_argument("--candidate-format", default=None, metavar="NAME",
+                   help='the format to read from a --candidate file whose lines carry "format"; needed when it '
+                        'holds more than one candidate')
     p.add_argument("--policy", type=Path, default=None, help="policy TOML (default: built-in margins)")
     p.add_argument("--json", type=Path, default=None, dest="json_out", help="write the decision as JSON here")
     p.add_argument("--scale", type=float, choices=(1.0, 100.0), default=100.0,
@@ -61,13 +70,17 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    base_records = read_records(args.baseline, args.baseline_format, "baseline")
+    cand_records = read_records(args.candidate, args.candidate_format, "candidate")
     base_rows, base_order, base_groups = read_scores(args.baseline, scale=args.scale,
-                                                     allow_missing=args.allow_missing)
+                                                     allow_missing=args.allow_missing, records=base_records)
     cand_rows, cand_order, cand_groups = read_scores(args.candidate, scale=args.scale,
-                                                     allow_missing=args.allow_missing)
+                                                     allow_missing=args.allow_missing, records=cand_records)
+    languages = read_languages(args.baseline, base_records, args.candidate, cand_records)
     known = list(metric_names()) + sorted({m for rows in (base_rows, cand_rows) for items in rows.values()
                                            for m in _metrics_in(items)} - set(metric_names()))
-    policy = load_policy(args.policy, known_metrics=known, known_evalsets=sorted({*base_rows, *cand_rows}))
+    policy = load_policy(args.policy, known_metrics=known, known_evalsets=sorted({*base_rows, *cand_rows}),
+                         known_languages=sorted(set(languages.values())))
     _require_same_ids(args.baseline, base_rows, args.candidate, cand_rows)
     clusters = _merge_groups(args.baseline, base_groups, args.candidate, cand_groups)
 
@@ -95,11 +108,11 @@ def run(args: argparse.Namespace) -> int:
     cluster_by = {group: "group" for group in clusters}
     baseline = FormatOutcome(
         name="baseline", items=_only(base_rows, shared, base_order), gates=gates, clusters=clusters,
-        cluster_by=cluster_by,
+        cluster_by=cluster_by, languages=languages,
     )
     candidate = FormatOutcome(
         name="candidate", items=_only(cand_rows, shared, base_order), gates=gates, clusters=clusters,
-        cluster_by=cluster_by, fidelity=read_fidelity(args.candidate),
+        cluster_by=cluster_by, fidelity=read_fidelity(args.candidate, cand_records), languages=languages,
         fidelity_note="not in the candidate file (add a `fidelity` object per line: kl, top1_agreement, tokens)",
     )
     decision = decide_format(baseline, candidate, policy)
@@ -137,13 +150,60 @@ def run(args: argparse.Namespace) -> int:
 SCORE_LINE = f'{ONE_OBJECT_PER_LINE}, like {{"id": "q1", "f1": 80.0}}'
 
 
+def read_records(path: Path, wanted: str | None, role: str) -> list[tuple[int, dict]]:
+    """The numbered lines of a score file; lines that carry "format" (a run's samples.jsonl) are kept for one
+    format: `wanted`, else "baseline" for the baseline file, else the file's only candidate."""
+    records = list(read_jsonl_numbered(path, fix=SCORE_LINE))
+    formats = list(dict.fromkeys(str(r["format"]) for _, r in records if "format" in r))
+    if not formats:
+        if wanted is not None:
+            raise UserError(f"{path}: --{role}-format {wanted}: its lines carry no \"format\" field; leave the "
+                            "flag out for a file of one format")
+        return records
+    if wanted is None:
+        others = [f for f in formats if f != "baseline"]
+        if role == "baseline" and "baseline" in formats:
+            wanted = "baseline"
+        elif role == "candidate" and len(others) == 1:
+            wanted = others[0]
+        else:
+            raise UserError(f"{path}: holds the formats {', '.join(formats)}; name the one to read with "
+                            f"--{role}-format NAME")
+    if wanted not in formats:
+        raise UserError(f"{path}: no lines of format {wanted!r} (formats: {', '.join(formats)}); check "
+                        f"--{role}-format")
+    return [(number, r) for number, r in records if str(r.get("format")) == wanted]
+
+
+def read_languages(base_path: Path, base: list[tuple[int, dict]], cand_path: Path,
+                   cand: list[tuple[int, dict]]) -> dict[str, str]:
+    """evalset -> language from the lines' optional "language" field: one language per evalset, in both files."""
+    languages: dict[str, tuple[str, str]] = {}
+    for path, records in ((base_path, base), (cand_path, cand)):
+        for number, record in records:
+            language = record.get("language")
+            if language is None:
+                continue
+            where = f"{path}:{number}: field 'language'"
+            if not isinstance(language, str) or not language:
+                raise UserError(f"{where}: expected a language code like \"en\" or \"zh\", got {language!r}")
+            group = record.get("evalset", DEFAULT_GROUP)
+            first = languages.setdefault(str(group), (language, where))
+            if first[0] != language:
+                raise UserError(f"{where}: {language!r}, but {first[1]} gives {first[0]!r} for evalset {group!r}; "
+                                "give each evalset one language")
+    return {group: language for group, (language, _) in languages.items()}
+
+
 def read_scores(path: Path, *, scale: float = 100.0, allow_missing: bool = False,
+                records: list[tuple[int, dict]] | None = None,
                 ) -> tuple[dict[str, dict[str, dict[str, float]]], list[tuple[str, str]], dict]:
     """group -> id -> metric -> score (points, 0-100), the (group, id) order of the file, and group -> id -> cluster
     ("group"). A metric is a field that holds a number on some line, or is named like a quantgate metric; on every
     line it must be a finite number on the file's scale (`scale`: 100, or 1 for fractions). A value that is missing,
     null, a string or a boolean is an error naming the line, unless allow_missing drops it from that item."""
-    records = list(read_jsonl_numbered(path, fix=SCORE_LINE))
+    if records is None:
+        records = list(read_jsonl_numbered(path, fix=SCORE_LINE))
     metric_fields = _metric_fields(record for _, record in records)
     rows: dict[str, dict[str, dict[str, float]]] = {}
     clusters: dict[str, dict[str, str]] = {}
@@ -201,24 +261,28 @@ FIDELITY_LINE = ('"fidelity": {"kl": 0.012, "top1_agreement": 97.5, "tokens": 48
                  'samples.jsonl)')
 
 
-def read_fidelity(path: Path) -> dict[str, dict[str, FidelityItem]]:
+def read_fidelity(path: Path, records: list[tuple[int, dict]] | None = None) -> dict[str, dict[str, FidelityItem]]:
     """group -> id -> the item's fidelity, from the lines that carry a `fidelity` object (samples.jsonl's shape).
-    Every figure is checked: KL a finite number >= 0, agreement a percentage, tokens a positive integer."""
+    Every figure is checked: KL a finite number >= 0, agreement a percentage, tokens a positive integer (required:
+    the figures are token-weighted)."""
     found: dict[str, dict[str, FidelityItem]] = {}
-    for number, record in read_jsonl_numbered(path, fix=SCORE_LINE):
+    for number, record in (records if records is not None else read_jsonl_numbered(path, fix=SCORE_LINE)):
         value = record.get("fidelity")
         if value is None:
             continue
         where = f"{path}:{number}: field 'fidelity"
         if not isinstance(value, dict):
             raise UserError(f"{where}': expected an object, got {value!r}; write {FIDELITY_LINE}")
-        kl, agreement, tokens = value.get("kl"), value.get("top1_agreement"), value.get("tokens", 1)
+        kl, agreement, tokens = value.get("kl"), value.get("top1_agreement"), value.get("tokens")
         if not (_is_number(kl) and math.isfinite(kl) and kl >= 0):
             raise UserError(f"{where}.kl': {kl!r} is not a KL (a finite number of nats per token, >= 0); "
                             f"write {FIDELITY_LINE}")
         if not (_is_number(agreement) and 0 <= agreement <= 100):
             raise UserError(f"{where}.top1_agreement': {agreement!r} is not a percentage from 0 to 100; "
                             f"write {FIDELITY_LINE}")
+        if tokens is None:
+            raise UserError(f"{where}.tokens': missing: the output tokens compared weigh each item's KL and "
+                            f"agreement; write {FIDELITY_LINE}")
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise UserError(f"{where}.tokens': {tokens!r} is not a positive whole number of tokens; "
                             f"write {FIDELITY_LINE}")

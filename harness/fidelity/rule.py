@@ -10,7 +10,7 @@ How a pass combines with the task metrics (basis) is harness.decide's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Collection, Literal, Mapping
 
 from harness import units
 from harness.fidelity.summary import FidelityItem, FidelitySummary, summarize_fidelity
@@ -35,7 +35,9 @@ class FidelityJudgment:
 
 def judge_fidelity(evalset: str, items: Mapping[str, FidelityItem] | None, policy: Policy, *,
                    clusters: Mapping[str, str] | None = None, language: str | None = None,
-                   note: str | None = None) -> FidelityJudgment:
+                   note: str | None = None, scored: Collection[str] | None = None) -> FidelityJudgment:
+    """The rule on one evalset. `scored`: the items the task metrics scored on both sides; fidelity speaks for
+    the set only when it covers every one of them (a pass on part of them is inconclusive, naming the rest)."""
     rule = policy.fidelity
     max_kl, min_agree = rule.kl_limit(evalset, language), rule.agreement_limit(evalset, language)
 
@@ -51,17 +53,47 @@ def judge_fidelity(evalset: str, items: Mapping[str, FidelityItem] | None, polic
                 f"{pct(agree.value)} [{pct(agree.ci_low)}, {pct(agree.ci_high)}] over {summary.items} items "
                 f"({summary.positions:,} tokens)")
     limits = f"max KL {kl_text(max_kl)}, min agreement {pct(min_agree)}"
+    uncovered = [i for i in scored if i not in items] if scored is not None else []
+    coverage = (f"; fidelity covers {len(scored) - len(uncovered)} of the {len(scored)} scored items, not "
+                f"{len(uncovered)} ({_preview(uncovered)})" if uncovered else "")
     if kl.ci_low is None or agree.ci_low is None or kl.ci_high is None or agree.ci_high is None:
-        return judged("inconclusive", f"{measured}: no interval on fewer than 2 items; add items", summary)
+        return judged("inconclusive", f"{measured}: no interval on fewer than 2 items; add items{coverage}", summary)
     if kl.ci_low > max_kl or agree.ci_high < min_agree:
-        return judged("fail", f"{measured} is further from the baseline than the policy allows ({limits})", summary)
+        return judged("fail", f"{measured} is further from the baseline than the policy allows ({limits})"
+                      + coverage, summary)
     needed = rule.min_items or policy.min_items
     if kl.ci_high <= max_kl and agree.ci_low >= min_agree:
+        flat = _zero_width(kl, agree, summary.items)
+        if flat:
+            return judged("inconclusive", f"{measured}: {flat}{coverage}", summary)
         if summary.items < needed:
             return judged("inconclusive", f"{measured} is within {limits}, but on only {summary.items} items; "
-                                          f"the fidelity rule needs at least {needed}", summary)
+                                          f"the fidelity rule needs at least {needed}{coverage}", summary)
+        if uncovered:
+            return judged("inconclusive", f"{measured} is within {limits}, but it cannot speak for the set"
+                                          f"{coverage}: measure fidelity on every scored item (rerun without "
+                                          "--resume, or add the items' fidelity objects)", summary)
         return judged("pass", f"{measured} is within {limits}", summary)
-    return judged("inconclusive", f"{measured} straddles {limits}; add items to narrow it", summary)
+    return judged("inconclusive", f"{measured} straddles {limits}; add items to narrow it{coverage}", summary)
+
+
+def _zero_width(kl, agree, items: int) -> str | None:
+    """Why intervals without spread are not evidence (as a constant difference is not for the task rule), or None.
+    Agreement of 100% on every item beside a KL that varies is what a close format shows, and stands; so does
+    KL 0 with 100% agreement on every item, a format that reproduces the baseline exactly. A constant KL above 0
+    is what no real pair of models produces: figures copied or made up."""
+    if kl.ci_low == kl.ci_high and not (kl.value == 0.0 and agree.value == 100.0):
+        return (f"every one of the {items} items has the same KL, so its interval has zero width and is not "
+                "evidence (real outputs vary item to item; check that the fidelity figures were measured)")
+    if agree.ci_low == agree.ci_high and agree.value is not None and agree.value < 100.0:
+        return (f"every one of the {items} items has the same top-1 agreement below 100%, so its interval has zero "
+                "width and is not evidence (check that the fidelity figures were measured)")
+    return None
+
+
+def _preview(ids: list[str], limit: int = 5) -> str:
+    shown = ", ".join(ids[:limit])
+    return shown + (f", … {len(ids) - limit} more" if len(ids) > limit else "")
 
 
 def kl_text(value: float | None) -> str:

@@ -15,7 +15,7 @@ from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
 from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, Device,
                                    EvalsetInfo, EvalsetLatency, FormatResult, Generation, LatencyRun, Memory, Model,
-                                   Recommendation, RunReport, ServingPlan, Settings, Tool)
+                                   Recommendation, RunReport, ServingPlan, Settings, SpotCheckEntry, Tool)
 from harness.report.schema import Policy as SchemaPolicy
 
 
@@ -79,6 +79,8 @@ def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max
                       reasons=[*decision.reasons, *comparison_notes(inputs, run.name)],
                       checks=decision.checks, scores=decision.scores, rule=decision.rule or None,
                       fidelity=decision.fidelity or None)
+        if decision.spot_checks is not None:  # required and none judged yet (otherwise absent from report.json)
+            judged["spot_checks"] = SpotCheckEntry.model_validate(decision.spot_checks)
     return FormatResult(**measured, **judged)
 
 

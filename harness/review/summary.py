@@ -141,8 +141,11 @@ def _reference(row: dict[str, Any]) -> str:
 
 
 def judge(summary: SpotCheckSummary | None, *, required: bool, min_reviewed: int, max_increase: float,
-          confidence: float) -> SpotCheckJudgment | None:
-    """The [spot_checks] rule for one format; None when there is nothing to say (no judgments, not required)."""
+          confidence: float, planned: int | None = None) -> SpotCheckJudgment | None:
+    """The [spot_checks] rule for one format; None when there is nothing to say (no judgments, not required).
+    An observed increase past the limit counts whether or not the policy requires spot checks: people saw the
+    format do worse, so it cannot be GO until more judgments clear it (or the exact bound fails it). `planned`:
+    the random-sample items the plan holds for this format; more than that is never asked for."""
     if summary is None or summary.judged == 0:
         if not required:
             return None
@@ -157,13 +160,25 @@ def judge(summary: SpotCheckSummary | None, *, required: bool, min_reviewed: int
     if summary.increase_low > max_increase:
         return SpotCheckJudgment("fail", f"{figures}: even the lower bound {summary.increase_low:.1f} is past it",
                                  True)
+    observed_past = summary.increase > max_increase
+    counts = required or observed_past
+    seen = (f"; the reviewers saw {summary.newly_unacceptable} item(s) become unacceptable, an increase past the "
+            "limit, so it cannot be GO") if observed_past else ""
     if n < min_reviewed:
-        return SpotCheckJudgment("inconclusive", f"{figures}; the policy needs {min_reviewed} judged items: judge "
-                                 f"{min_reviewed - n} more", required)
+        return SpotCheckJudgment("inconclusive", f"{figures}; the policy needs {min_reviewed} judged items: "
+                                 f"{_more(min_reviewed, n, planned)}{seen}", counts)
     if summary.increase_high <= max_increase:
         return SpotCheckJudgment("pass", figures, required)
     rate = summary.newly_unacceptable / n
     needed = items_for_upper_bound(rate, max_increase / 100.0, 1.0 - confidence, n)
-    more = (f"about {needed - n} more judged items at this rate would decide it" if needed
+    more = (_more(needed, n, planned, "judged items at this rate would decide it") if needed
             else "at this rate more items cannot make it pass: the sample's own rate reaches the limit")
-    return SpotCheckJudgment("inconclusive", f"{figures}: {more}", required)
+    return SpotCheckJudgment("inconclusive", f"{figures}: {more}{seen}", counts)
+
+
+def _more(needed: int, judged: int, planned: int | None, what: str = "") -> str:
+    """'judge 2 more', or, past what the plan holds, 'make a larger plan'."""
+    if planned is not None and needed > planned:
+        return (f"{needed} judged items are needed and the plan holds {planned} for this format: make a larger "
+                f"plan (`quantgate review RUN_DIR --items {needed}`) and judge its items")
+    return f"about {needed - judged} more {what}" if what else f"judge {needed - judged} more"
