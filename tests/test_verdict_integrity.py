@@ -177,3 +177,35 @@ def test_decide_reads_a_runs_samples_jsonl(tmp_path, capsys):
     assert main(["decide", "--baseline", str(samples), "--candidate", str(samples),
                  "--candidate-format", "awq"]) == 2
     assert "no lines of format 'awq'" in capsys.readouterr().err
+
+
+# --- quantgate report never rewrites with less ------------------------------------------------------------------
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "reports" / "example"
+
+
+@pytest.mark.parametrize("keep", ["none", "half", "baseline only"])
+def test_report_refuses_a_samples_file_shorter_than_the_report(tmp_path, capsys, keep):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(EXAMPLE, run)
+    lines = (run / "samples.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = {"none": [], "half": lines[: len(lines) // 2],
+            "baseline only": [line for line in lines if json.loads(line)["format"] == "baseline"]}[keep]
+    (run / "samples.jsonl").write_text("".join(kept), encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "samples.jsonl: lacks items report.json lists" in err and "nothing was rewritten" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_report_rerenders_a_whole_run(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(EXAMPLE, run)
+    assert main(["report", str(run)]) in (0, 1)
+    assert (run / "scores.csv").stat().st_size > 10_000

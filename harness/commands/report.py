@@ -32,21 +32,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.report import load_report, write_reports
-    from harness.report.view import samples_path
 
     run_dir = Path(args.run_dir)
     if args.policy and not args.reviews:
         raise UserError("--policy: only with --reviews (report re-renders the run's own verdicts otherwise)")
-    if args.reviews:
-        report, run_dir = _fold(run_dir, args.reviews, args.policy)
-    else:
-        report = load_report(run_dir)
+    report = load_report(run_dir)
     if run_dir.name == "report.json" and run_dir.is_file():
         run_dir = run_dir.parent
-    samples = samples_path(run_dir, report)
-    if not samples.is_file():  # `run` always writes it: without it the renderings would lose every item
-        raise UserError(f"{samples}: missing; report.json names it and scores.csv and the regressions are rendered "
-                        "from it: restore it (or rerun the run); nothing was rewritten")
+    _require_every_sample(run_dir, report)  # before anything is rewritten, the fold's report.json included
+    if args.reviews:
+        report, run_dir = _fold(run_dir, args.reviews, args.policy)
     try:
         paths = write_reports(run_dir, report)
     except OSError as exc:
@@ -54,6 +49,22 @@ def run(args: argparse.Namespace) -> int:
     for path in paths:
         print(path)
     return report.exit_code
+
+
+def _require_every_sample(run_dir: Path, report) -> None:
+    """samples.jsonl must hold every item of every format and evalset report.json lists: scores.csv and the
+    regressions are rendered from it, so a shorter file would rewrite the reports with less."""
+    from harness.report.view import load_samples, missing_samples, samples_path
+
+    samples = samples_path(run_dir, report)
+    if not samples.is_file():  # `run` always writes it: without it the renderings would lose every item
+        raise UserError(f"{samples}: missing; report.json names it and scores.csv and the regressions are rendered "
+                        "from it: restore it (or rerun the run); nothing was rewritten")
+    missing = missing_samples(report, load_samples(samples))
+    if missing:
+        shown = "; ".join(missing[:6]) + (f"; and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise UserError(f"{samples}: lacks items report.json lists ({shown}); the reports rendered from it would "
+                        "lose them: restore the file (or rerun the run); nothing was rewritten")
 
 
 def _fold(run_dir: Path, reviews: list[Path], policy_path: Path | None):

@@ -153,6 +153,23 @@ def samples_path(run_dir: Path, report: RunReport) -> Path:
     return run_dir / report.samples
 
 
+def missing_samples(report: RunReport, samples: list[dict[str, Any]]) -> list[str]:
+    """'format/evalset: k of n items' for every format that ran and evalset whose items samples.jsonl lacks:
+    renderings made from fewer rows would quietly drop scores and regressions."""
+    counts: dict[tuple[str, str], set[str]] = {}
+    for row in samples:
+        counts.setdefault((str(row.get("format")), str(row.get("evalset"))), set()).add(str(row.get("id")))
+    missing = []
+    for name in ordered_format_names(report):
+        if report.formats[name].status != "ok":
+            continue
+        for evalset, info in report.evalsets.items():
+            found = len(counts.get((name, evalset), ()))
+            if found < info.n:
+                missing.append(f"{name}/{evalset}: {found} of {info.n} items")
+    return missing
+
+
 def ordered_format_names(report: RunReport) -> list[str]:
     """Baseline first, then the order the run was asked for, then anything else."""
     requested = [f for f in report.settings.formats if f in report.formats]
