@@ -209,3 +209,18 @@ def test_report_rerenders_a_whole_run(tmp_path, capsys):
     shutil.copytree(EXAMPLE, run)
     assert main(["report", str(run)]) in (0, 1)
     assert (run / "scores.csv").stat().st_size > 10_000
+
+
+def test_summary_shows_the_spot_checks_of_every_format_that_has_them():
+    from harness.decide import empty_spot_checks
+    from harness.report.schema import SpotCheckEntry, load_report
+    from harness.report.summary import render_summary
+
+    report = load_report(EXAMPLE)
+    assert "Spot checks" not in render_summary(report)
+    pending = SpotCheckEntry.model_validate({**empty_spot_checks(), "status": "inconclusive", "detail": "required",
+                                             "verdict_without": "GO", "rule_without": "fidelity",
+                                             "reasons_without": []})
+    formats = {**report.formats, "int8": report.formats["int8"].model_copy(update={"spot_checks": pending})}
+    summary = render_summary(report.model_copy(update={"formats": formats}))
+    assert "| Spot checks by people |" in summary and "| none judged (inconclusive) |" in summary

@@ -17,8 +17,21 @@ def spot_check_caption(fmt: FormatResult) -> str:
     agreement = (f"; agreement between reviewers (Fleiss' kappa on acceptability) {s.agreement:.2f} over "
                  f"{s.multiply_judged} item(s) judged twice or more" if s.agreement is not None else "")
     status = s.status or "not required by the policy"
-    return (f"Blind A/B judgments of a random sample (plan {s.plan}) by {reviewers}: {s.judged} item(s) judged"
+    plan = f"plan {s.plan}" if s.plan else "no review plan made yet"
+    return (f"Blind A/B judgments of a random sample ({plan}) by {reviewers}: {s.judged} item(s) judged"
             f"{agreement}. Rule: {status}: {s.detail}.")
+
+
+def spot_check_cell(fmt: FormatResult) -> str:
+    """One short cell for summary.md: what people found and the rule's status."""
+    s = fmt.spot_checks
+    if s is None:
+        return ""
+    status = s.status or "advisory"
+    if not s.judged:
+        return f"none judged ({status})"
+    return (f"{s.candidate_unacceptable.count} of {s.judged} unacceptable, baseline "
+            f"{s.baseline_unacceptable.count} ({status})")
 
 
 def spot_check_rows(fmt: FormatResult) -> list[list[str]]:

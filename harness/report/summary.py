@@ -7,6 +7,7 @@ from __future__ import annotations
 from harness.report.fidelity import verdict_text
 from harness.report.markdown import md_cell, md_inline
 from harness.report.schema import RunReport
+from harness.report.spot_checks import spot_check_cell
 from harness.units import clip
 from harness.report.view import formats_in_order, recommendation_sentence, verdict_rows
 
@@ -27,11 +28,15 @@ def render_summary(report: RunReport) -> str:
 
 def _render(report: RunReport, chars: int, per_format: int) -> str:
     model = clip(report.model.source or report.model.path or "model", 80)
-    lines = [f"### quantgate: {md_inline(model)}", "", "| Format | Verdict | Peak memory |", "|---|---|---|"]
+    spot = any(fmt.spot_checks is not None for fmt in report.formats.values())
+    lines = [f"### quantgate: {md_inline(model)}", "",
+             "| Format | Verdict | Peak memory |" + (" Spot checks by people |" if spot else ""),
+             "|---|---|---|" + ("---|" if spot else "")]
     rows = {row.name: row for row in verdict_rows(report)}
     for name, fmt in formats_in_order(report):
         verdict = fmt.verdict if fmt.role == "baseline" else f"**{verdict_text(fmt)}**"
-        lines.append(f"| {md_cell(clip(name, 40))} | {verdict} | {rows[name].peak} |")
+        cell = f" {md_cell(spot_check_cell(fmt))} |" if spot else ""
+        lines.append(f"| {md_cell(clip(name, 40))} | {verdict} | {rows[name].peak} |{cell}")
     lines += ["", "".join(f"**{p.text}**" if p.strong else (md_inline(p.text) if p.data else p.text)
                           for p in recommendation_sentence(report))]
     why = []
