@@ -10,8 +10,9 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -55,25 +56,36 @@ def stable_hash(value: Any) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and rename: a reader never sees half a file."""
+    """Write via a temp file in the same directory and rename: a reader never sees half a file. The file keeps
+    the permissions it had (a new one gets the umask's), and an error names `path`, never the temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 less the umask, as open() gives
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if (mode := _mode_of(path)) is not None:
+                os.fchmod(handle.fileno(), mode)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         if exc.errno != errno.ENOSPC:
-            raise
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         full = OSError(errno.ENOSPC, exc.strerror or "No space left on device", str(path))
         full.bytes_needed = len(text.encode("utf-8"))  # what this write needed; the old file, if any, is intact
         raise full from exc
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _mode_of(path: Path) -> int | None:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
 
 
 def atomic_write_json(path: Path, value: Any) -> None:

@@ -28,7 +28,8 @@ EXAMPLES = """examples:
   quantgate decide --baseline base.jsonl --candidate int8.jsonl
   quantgate compare runs/ --html trend.html
   quantgate report runs/today
-  quantgate review runs/today            then: quantgate report runs/today --reviews review-alice.jsonl
+  quantgate review runs/today --serve
+  quantgate report runs/today --reviews runs/today/review-*.jsonl
   quantgate diagnose vllm.log --target-gpu L4
   quantgate evalsets check ./evalsets
   quantgate cache ls

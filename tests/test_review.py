@@ -91,11 +91,23 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def _plan(run: Path) -> dict:
-    return json.loads((run / "review-plan.json").read_text())
+    """The plan with its A/B key (review-plan.json holds no key: read through read_plan)."""
+    from dataclasses import asdict
+
+    from harness.review.plan import read_plan
+
+    plan = read_plan(run)
+    return {"plan": plan.plan, "run": plan.run, "items": [asdict(item) for item in plan.items]}
 
 
 def _write_judgments(run: Path, name: str, verdict_for_candidate: str, items: list[dict] | None = None) -> Path:
     """A reviewer who finds the candidate 'bad' (unacceptable, baseline better) or 'fine' (both acceptable, same)."""
+    path = run / f"review-{name}.jsonl"
+    path.write_text("".join(line + "\n" for line in _judgment_lines(run, name, verdict_for_candidate, items)))
+    return path
+
+
+def _judgment_lines(run: Path, name: str, verdict_for_candidate: str, items: list[dict] | None = None) -> list[str]:
     plan = _plan(run)
     lines = []
     for item in items or plan["items"]:
@@ -107,9 +119,7 @@ def _write_judgments(run: Path, name: str, verdict_for_candidate: str, items: li
             "acceptable_a": a_base or not bad, "acceptable_b": not a_base or not bad, "comment": "",
             "hash_a": item["baseline_hash"] if a_base else item["candidate_hash"],
             "hash_b": item["candidate_hash"] if a_base else item["baseline_hash"]}))
-    path = run / f"review-{name}.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return lines
 
 
 def test_plan_is_seeded_spread_over_the_evalsets_and_keeps_the_worst_apart(run_dir: Path, capsys):
@@ -120,7 +130,7 @@ def test_plan_is_seeded_spread_over_the_evalsets_and_keeps_the_worst_apart(run_d
     for name in ("int8", "gptq"):
         per_set = [i["evalset"] for i in random_items if i["format"] == name]
         assert sorted(per_set.count(e) for e in set(per_set)) == [2, 2, 2]
-    assert {i["a"] for i in plan["items"]} == {"baseline", "candidate"}
+    assert {i["a"] for i in plan["items"]} <= {"baseline", "candidate"}
     assert all(i["why"] for i in plan["items"] if i["stratum"] == "worst")
     first = (run_dir / "review-plan.json").read_text()
     assert cli.main(["review", str(run_dir), "--items", "6", "--worst", "1"]) == 0  # the same plan again
@@ -132,30 +142,12 @@ def test_plan_is_seeded_spread_over_the_evalsets_and_keeps_the_worst_apart(run_d
     assert "pass --new-plan" in capsys.readouterr().err
 
 
-def test_judgments_fold_into_the_verdict_and_refold_from_scratch(run_dir: Path, tmp_path: Path, capsys):
+def test_judgments_fold_into_the_verdict_and_accumulate(run_dir: Path, tmp_path: Path, capsys):
     assert cli.main(["review", str(run_dir), "--items", "8"]) == 0
     before = json.loads((run_dir / "report.json").read_text())
     assert before["formats"]["int8"]["verdict"] == "GO"
-    bad = _write_judgments(run_dir, "alice", "bad")
-    assert cli.main(["report", str(run_dir), "--reviews", str(bad)]) == 1
-    after = json.loads((run_dir / "report.json").read_text())
-    int8 = after["formats"]["int8"]
-    assert int8["verdict"] == "NO-GO" and int8["spot_checks"]["status"] == "fail"
-    assert int8["spot_checks"]["candidate_unacceptable"]["count"] == 8 and int8["spot_checks"]["verdict_without"] == "GO"
-    assert any(c["kind"] == "spot_check" and c["status"] == "fail" for c in int8["checks"])
-    assert after["recommendation"]["format"] is None and after["exit_code"] == 1
-    md = (run_dir / "report.md").read_text()
-    assert "**Spot checks by people**" in md and "Judged unacceptable" in md
-    assert "img src=x" in md  # quoted as text
-    html = (run_dir / "report.html").read_text()
-    assert "Spot checks by people" in html and "<img src=x" not in html
-    # a second reviewer who finds it fine, folded with the first: the fold starts from the verdict before
+    # bob: nothing unacceptable on 8 items, not required: int8 stays GO, the spot check shown, not counted
     fine = _write_judgments(run_dir, "bob", "fine")
-    assert cli.main(["report", str(run_dir), "--reviews", str(bad), str(fine)]) == 1
-    both = json.loads((run_dir / "report.json").read_text())["formats"]["int8"]
-    assert both["spot_checks"]["reviewers"] == ["alice", "bob"] and both["spot_checks"]["multiply_judged"] == 8
-    assert [c["kind"] for c in both["checks"]].count("spot_check") == 1
-    # only bob: nothing unacceptable on 8 items, not required: int8 is GO again, the spot check shown, not counted
     assert cli.main(["report", str(run_dir), "--reviews", str(fine)]) == 1  # gptq stays INCONCLUSIVE
     only_bob = json.loads((run_dir / "report.json").read_text())["formats"]["int8"]
     assert only_bob["verdict"] == "GO" and only_bob["spot_checks"]["status"] is None
@@ -169,6 +161,27 @@ def test_judgments_fold_into_the_verdict_and_refold_from_scratch(run_dir: Path, 
     other.write_text(SPOT_POLICY.format(required="true", min_reviewed=20).replace("50.0", "60.0"))
     assert cli.main(["report", str(run_dir), "--reviews", str(fine), "--policy", str(other)]) == 2
     assert "differs from the run's policy in floors" in capsys.readouterr().err
+    # alice finds every candidate output unacceptable: folded alone, bob's kept judgments count with hers (a tie
+    # counts against the candidate) and the fold starts from the verdict before the spot checks
+    bad = _write_judgments(run_dir, "alice", "bad")
+    assert cli.main(["report", str(run_dir), "--reviews", str(bad)]) == 1
+    after = json.loads((run_dir / "report.json").read_text())
+    int8 = after["formats"]["int8"]
+    assert int8["verdict"] == "NO-GO" and int8["spot_checks"]["status"] == "fail"
+    assert int8["spot_checks"]["reviewers"] == ["alice", "bob"] and int8["spot_checks"]["multiply_judged"] == 8
+    assert int8["spot_checks"]["candidate_unacceptable"]["count"] == 8 and int8["spot_checks"]["verdict_without"] == "GO"
+    assert [c["kind"] for c in int8["checks"]].count("spot_check") == 1
+    assert any(c["kind"] == "spot_check" and c["status"] == "fail" for c in int8["checks"])
+    assert after["recommendation"]["format"] is None and after["exit_code"] == 1
+    md = (run_dir / "report.md").read_text()
+    assert "**Spot checks by people**" in md and "Judged unacceptable" in md
+    assert "img src=x" in md  # quoted as text
+    html = (run_dir / "report.html").read_text()
+    assert "Spot checks by people" in html and "<img src=x" not in html
+    # bob's file folded again: alice's judgments are kept, the verdict stays NO-GO
+    assert cli.main(["report", str(run_dir), "--reviews", str(fine)]) == 1
+    again = json.loads((run_dir / "report.json").read_text())["formats"]["int8"]
+    assert again["verdict"] == "NO-GO" and again["spot_checks"]["reviewers"] == ["alice", "bob"]
 
 
 @pytest.mark.parametrize("edit, field, message", [
@@ -206,24 +219,24 @@ def test_an_output_that_changed_since_it_was_judged_is_refused(run_dir: Path, ca
 
 
 def test_serve_writes_checked_judgments_into_the_run(run_dir: Path):
-    from harness.review.judgments import read_judgments
     from harness.review.server import make_server, serve_in_thread
     from harness.review.session import open_review
 
     review = open_review(run_dir, items=4, worst=0, seed=0, formats=None, new_plan=False)
-    server = make_server(run_dir, review.page(serve=True), lambda p: read_judgments([p], review.plan, review.run.rows))
+    server = make_server(review.page(serve=True), review.save)
     serve_in_thread(server)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         page = urllib.request.urlopen(base + "/").read().decode()
         assert '"serve": true' in page
-        good = _write_judgments(run_dir, "tmp", "fine").read_bytes()
+        good = "".join(line + "\n" for line in _judgment_lines(run_dir, "carol", "fine")).encode()
         reply = urllib.request.urlopen(urllib.request.Request(base + "/judgments?reviewer=carol", data=good))
         assert reply.status == 200 and (run_dir / "review-carol.jsonl").read_bytes() == good
+        dave = good.replace(b'"carol"', b'"dave"')
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(base + "/judgments?reviewer=dave",
-                                                          data=good.replace(b'"same"', b'"maybe"')))
-        assert refused.value.code == 422 and b"field 'preference'" in refused.value.read()
+                                                          data=dave.replace(b'"same"', b'"maybe"')))
+        assert refused.value.code == 422 and b"dave's save, line 1: field 'preference'" in refused.value.read()
         assert not (run_dir / "review-dave.jsonl").exists() and not list(run_dir.glob(".review-*"))
     finally:
         server.shutdown()

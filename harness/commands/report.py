@@ -71,7 +71,7 @@ def _fold(run_dir: Path, reviews: list[Path], policy_path: Path | None):
     """The run's report with the judgments folded in, written to report.json (the renderings follow)."""
     from harness.review.session import fold_and_write
 
-    report, run_dir = fold_and_write(run_dir, reviews, policy_path)
+    report, run_dir = fold_and_write(run_dir, reviews, policy_path, say=lambda note: print(f"note: {note}"))
     for name, fmt in report.formats.items():
         if fmt.spot_checks is not None:
             print(f"{name}: {fmt.verdict} (spot checks: {fmt.spot_checks.judged} judged, {fmt.spot_checks.detail})")

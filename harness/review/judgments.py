@@ -4,7 +4,8 @@ A line: {"schema": "quantgate.review/1", "run": RUN, "plan": PLAN, "item": "form
 "preference": "A" | "same" | "B", "acceptable_a": bool, "acceptable_b": bool, "comment": str, "hash_a": H,
 "hash_b": H}. A and B are the plan's blind labels; here they are turned back into baseline and candidate. A line
 from another run or plan, an item the plan does not hold, or an output whose hash no longer matches the run's is
-refused, with its file and line: judgments of other text must not count.
+refused, with its file and line: judgments of other text must not count. A comment longer than MAX_COMMENT
+characters is cut there, with a marker, before it is kept or copied into a report.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from harness.review.plan import ReviewPlan, outputs_by_item, text_hash
 JUDGMENT_SCHEMA = "quantgate.review/1"
 PREFERENCES = ("A", "same", "B")
 SAVED_BY_THE_PAGE = "pass the review-NAME.jsonl files the review page saved (one judgment per line)"
+MAX_COMMENT = 4000  # characters of a reviewer's comment kept (a report quotes it whole)
 
 
 @dataclass(frozen=True)
@@ -39,16 +41,32 @@ class Judgment:
 
 def read_judgments(paths: list[Path], plan: ReviewPlan, rows: list[dict[str, Any]]) -> list[Judgment]:
     """Every judgment in the files, the last one per reviewer and item winning; UserError on the first bad line."""
-    outputs = outputs_by_item(rows)
     chosen: dict[tuple[str, str], Judgment] = {}
+    for judgment, _ in read_judgment_lines(paths, plan, rows):
+        chosen[(judgment.reviewer, judgment.item)] = judgment
+    return list(chosen.values())
+
+
+def read_judgment_lines(paths: list[Path], plan: ReviewPlan, rows: list[dict[str, Any]]
+                        ) -> list[tuple[Judgment, dict[str, Any]]]:
+    """Every line of the files in order, checked, with the line as it is to be kept (its comment cut to
+    MAX_COMMENT); UserError on the first bad line or an empty file."""
+    outputs = outputs_by_item(rows)
+    lines = []
     for path in paths:
         records = read_jsonl_numbered(Path(path), fix=SAVED_BY_THE_PAGE)
         if not records:
             raise UserError(f"{path}: no judgments in it; save the review page after judging some items")
         for number, data in records:
             judgment = _judgment(data, f"{path}:{number}", plan, outputs)
-            chosen[(judgment.reviewer, judgment.item)] = judgment
-    return list(chosen.values())
+            lines.append((judgment, {**data, "reviewer": judgment.reviewer, "comment": judgment.comment}))
+    return lines
+
+
+def cut_comment(comment: str) -> str:
+    if len(comment) <= MAX_COMMENT:
+        return comment
+    return f"{comment[:MAX_COMMENT]} [... cut: the comment had {len(comment):,} characters, the first {MAX_COMMENT:,} kept]"
 
 
 def _judgment(data: dict[str, Any], where: str, plan: ReviewPlan, outputs) -> Judgment:
@@ -61,7 +79,7 @@ def _judgment(data: dict[str, Any], where: str, plan: ReviewPlan, outputs) -> Ju
         raise refuse("run", "judged on another run (another model or other evalsets); its judgments cannot count "
                      "here: review this run with `quantgate review RUN_DIR`")
     if data.get("plan") != plan.plan:
-        raise refuse("plan", f"judged against another review plan ({data.get('plan')!r}, this run's is "
+        raise refuse("plan", f"judged against another review plan ({data.get('plan')!r}; this run's plan is "
                      f"{plan.plan!r}): fold it into the run it was planned for, or judge this plan's page")
     item = plan.item(str(data.get("item")))
     if item is None:
@@ -93,5 +111,5 @@ def _judgment(data: dict[str, Any], where: str, plan: ReviewPlan, outputs) -> Ju
     acceptable = {item.a: data["acceptable_a"], b_side: data["acceptable_b"]}
     preferred = "same" if data["preference"] == "same" else (item.a if data["preference"] == "A" else b_side)
     return Judgment(reviewer.strip(), item.key, item.format, item.evalset, item.id, item.stratum, preferred,
-                    acceptable["baseline"], acceptable["candidate"], comment, where)
+                    acceptable["baseline"], acceptable["candidate"], cut_comment(comment), where)
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import secrets
 import signal
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.errors import UserError
-from harness.review.plan import PLAN_FILE, ReviewPlan, build_plan, read_plan, write_plan
+from harness.review.plan import (PLAN_FILE, ReviewPlan, archive_plan, archived_plan_path, build_plan, read_plan,
+                                 write_plan)
+from harness.review.store import KEPT_DIR, Merged, kept_files
 
 PAGE_FILE = "review.html"
 
@@ -39,6 +46,7 @@ def load_run(run_dir: Path) -> RunData:
 class Review:
     run: RunData
     plan: ReviewPlan
+    replaced: str | None = None  # the plan this one replaced (kept as review-plan-ID.json)
 
     @property
     def plan_path(self) -> Path:
@@ -60,13 +68,11 @@ class Review:
         return path
 
     def serve(self, port: int) -> int:
-        from harness.review.judgments import read_judgments
         from harness.review.server import make_server, serve_in_thread
 
-        server = make_server(self.run.run_dir, self.page(serve=True),
-                             lambda path: read_judgments([path], self.plan, self.run.rows), port)
+        server = make_server(self.page(serve=True), self.save, port)
         host, bound = server.server_address[:2]
-        print(f"serving the review page at http://{host}:{bound}/ ; judgments are written to {self.run.run_dir} "
+        print(f"serving the review page at http://{host}:{bound}/ ; judgments are added to {self.run.run_dir} "
               "when saved; Ctrl-C stops", flush=True)
         stop = {"now": False}
 
@@ -88,50 +94,142 @@ class Review:
         print(f"stopped; judgments in {self.run.run_dir}: {', '.join(saved) or 'none yet'}")
         return 0
 
+    def save(self, reviewer: str, body: str) -> str:
+        """One save from the served page, in `reviewer`'s session: every line checked as `report --reviews`
+        checks it and naming that reviewer, then appended to review-REVIEWER.jsonl; UserError, nothing written,
+        for a bad line."""
+        from harness.review.judgments import read_judgment_lines
+        from harness.review.store import append_save
+
+        run_dir = self.run.run_dir
+        target = run_dir / f"review-{reviewer}.jsonl"
+        staged = run_dir / f".review-{reviewer}.{os.getpid()}.{secrets.token_hex(4)}.part"
+        try:
+            staged.write_text(body, encoding="utf-8")
+            lines = read_judgment_lines([staged], self.plan, self.run.rows)
+        except UserError as exc:
+            named = re.sub(re.escape(str(staged)) + r":(\d+)", rf"{reviewer}'s save, line \1", str(exc))
+            raise UserError(named.replace(str(staged), f"{reviewer}'s save")) from None
+        finally:
+            staged.unlink(missing_ok=True)
+        for judgment, _ in lines:
+            if judgment.reviewer != reviewer:
+                line = judgment.where.rsplit(":", 1)[-1]
+                raise UserError(f"{reviewer}'s save, line {line}: field 'reviewer': {judgment.reviewer!r} in "
+                                f"{reviewer}'s session: a save holds its own reviewer's judgments only; nothing "
+                                "was saved")
+        appended, items = append_save(target, lines)
+        return f"{target}: {appended} new or changed judgment(s) added, {items} item(s) judged in all"
+
 
 def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: list[str] | None,
                 new_plan: bool) -> Review:
+    """The run's review under these options. The plan already written is kept when it holds the same sample;
+    a different one replaces it only when no judgment quantgate knows of (the run directory's review-*.jsonl,
+    the judgments folded into it, its report.json) refers to it, or with new_plan; the plan replaced, and the
+    judgments folded on it, are kept aside (review-plan-ID.json, reviews-ID/)."""
     run = load_run(run_dir)
-    plan = build_plan(run.report, run.rows, items=items, worst=worst, seed=seed, formats=formats)
-    existing = run.run_dir / PLAN_FILE
-    if existing.is_file() and not new_plan:
-        try:
-            old = read_plan(run.run_dir)
-        except UserError:
-            old = None
-        judged = sorted(p.name for p in run.run_dir.glob("review-*.jsonl"))
-        if old is not None and old.plan != plan.plan and judged:
-            raise UserError(f"{existing}: judgments already refer to its plan {old.plan} ({', '.join(judged)}); a "
-                            f"new plan (these --items/--worst/--seed/--formats, or changed outputs) would leave them "
-                            "uncounted: repeat the original options, or pass --new-plan to replace it")
+    try:
+        previous = read_plan(run.run_dir) if (run.run_dir / PLAN_FILE).is_file() else None
+    except UserError:
+        previous = None
+    plan = build_plan(run.report, run.rows, items=items, worst=worst, seed=seed, formats=formats, previous=previous)
+    replaced = None
+    if plan is previous:
+        if not plan.salt:  # a plan of quantgate.review-plan/1: its key moves out of the plan, salted
+            plan = replace(plan, salt=secrets.token_hex(16))
+    else:
+        pending = {plan_id: where for plan_id, where in known_judgments(run).items()
+                   if plan_id != plan.plan and not archived_plan_path(run.run_dir, plan_id).is_file()}
+        if pending and not new_plan:
+            plan_id, where = next(iter(pending.items()))
+            raise UserError(f"judgments already refer to review plan {plan_id} ({', '.join(where)}); a new plan "
+                            "(these --items/--worst/--seed/--formats, or outputs that changed since) would leave "
+                            f"them uncounted: repeat the options that made plan {plan_id}, or pass --new-plan to "
+                            f"replace it (kept as {archived_plan_path(run.run_dir, plan_id).name})")
+        replaced = archive_plan(run.run_dir)
+        kept = run.run_dir / KEPT_DIR
+        if kept.is_dir() and any(kept.iterdir()):
+            kept.replace(run.run_dir / f"{KEPT_DIR}-{replaced or 'unplanned'}")
     write_plan(run.run_dir, plan)
-    return Review(run, plan)
+    return Review(run, plan, replaced)
 
 
-def fold_into_run(run_dir: Path, review_files: list[Path], policy_file: Path | None = None):
-    """The run's report with these judgment files folded in (harness.review.fold), under the run's policy or, with
-    policy_file, the run's policy with that file's [spot_checks]; the plan is the run's own review-plan.json, or
-    the one beside the first judgment file."""
+def known_judgments(run: RunData) -> dict[str, list[str]]:
+    """plan id -> where judgments on it are: the run directory's review-*.jsonl, the folded ones (reviews/), and
+    report.json's spot checks."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in [*sorted(run.run_dir.glob("review-*.jsonl")), *kept_files(run.run_dir)]:
+        for plan_id in sorted(_plans_named(path)):
+            found[plan_id].append(str(path.relative_to(run.run_dir)))
+    for name, fmt in run.report.formats.items():
+        if fmt.spot_checks is not None:
+            found[fmt.spot_checks.plan].append(f"report.json: {name}'s spot checks")
+    return dict(found)
+
+
+def _plans_named(path: Path) -> set[str]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    plans = set()
+    for line in text.split("\n"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("plan"), str):
+            plans.add(record["plan"])
+    return plans
+
+
+@dataclass(frozen=True)
+class Folded:
+    run: RunData
+    report: Any  # RunReport
+    plan: ReviewPlan
+    plan_dir: Path  # where the plan was read: the run directory, or beside the first judgment file
+    merged: Merged
+
+
+def fold_into_run(run_dir: Path, review_files: list[Path], policy_file: Path | None = None) -> Folded:
+    """The run's report with every judgment folded in (harness.review.fold): those folded before (reviews/) and
+    these files', merged per reviewer (harness.review.store); under the run's policy or, with policy_file, the
+    run's policy with that file's [spot_checks]. The plan is the run's own review-plan.json, or the one beside the
+    first judgment file."""
     from harness.review.fold import fold_reviews
-    from harness.review.judgments import read_judgments
+    from harness.review.judgments import read_judgment_lines
+    from harness.review.store import merge
 
     run = load_run(run_dir)
     policy = spot_check_policy(run, policy_file) if policy_file else run_policy(run)
     plan_dir = run.run_dir if (run.run_dir / PLAN_FILE).is_file() else Path(review_files[0]).parent
     plan = read_plan(plan_dir)
-    judgments = read_judgments([Path(p) for p in review_files], plan, run.rows)
-    return run, fold_reviews(run.report, run.rows, plan, judgments, policy)
+    kept = read_judgment_lines(kept_files(run.run_dir), plan, run.rows)
+    merged = merge(kept, read_judgment_lines([Path(p) for p in review_files], plan, run.rows))
+    judgments = [judgment for items in merged.lines.values() for judgment, _ in items.values()]
+    return Folded(run, fold_reviews(run.report, run.rows, plan, judgments, policy), plan, plan_dir, merged)
 
 
-def fold_and_write(run_dir: Path, review_files: list[Path], policy_file: Path | None = None):
-    """Fold the judgments into the run and write report.json; (the new report, the run directory). The
-    renderings are the caller's (write_reports)."""
+def fold_and_write(run_dir: Path, review_files: list[Path], policy_file: Path | None = None,
+                   say: Callable[[str], Any] = print):
+    """Fold the judgments into the run, keep them (reviews/NAME.jsonl, and the plan when it came from beside the
+    files) and write report.json; (the new report, the run directory). `say` gets the notes on what a file
+    replaced or left. The renderings are the caller's (write_reports)."""
     from harness.cache import atomic_write_text
     from harness.report.schema import report_json
+    from harness.review.store import write_kept
 
-    run, report = fold_into_run(run_dir, review_files, policy_file)
-    atomic_write_text(run.run_dir / "report.json", report_json(report))
-    return report, run.run_dir
+    folded = fold_into_run(run_dir, review_files, policy_file)
+    run_dir = folded.run.run_dir
+    if folded.plan_dir.resolve() != run_dir.resolve():
+        write_plan(run_dir, folded.plan)
+    write_kept(run_dir, folded.merged)
+    atomic_write_text(run_dir / "report.json", report_json(folded.report))
+    for note in folded.merged.notes:
+        say(note)
+    return folded.report, run_dir
 
 
 def check_review_files(paths: list[Path]) -> None:
