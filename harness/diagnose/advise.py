@@ -9,11 +9,18 @@ cache, no batch size helps, and the answer says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
                                       read_torch_oom, read_vllm, size_gib)
+from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
+from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm
+from harness.diagnose.failures import ENGINE_MARKERS, engine_of, last_error, memory_failures
+from harness.diagnose.levers import with_levers
+from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
+from harness.diagnose.settings import Setting, fp8_kv, is_on, merged, number, settings_given, settings_in
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
 MAX_UTILIZATION = 0.95  # above this the CUDA context and other processes are left too little
@@ -34,60 +41,178 @@ class Context:
     gpu_name: str = ""
     engine: str | None = None  # --engine: read the text as this kind only
     version: str | None = None  # --version: the vLLM version, where the log does not print it
-    flags: tuple[tuple[str, object], ...] = ()  # --flags: the server's flags, where the log does not show them
+    flags: tuple[tuple[str, object], ...] = ()  # (key, value) pairs given by a caller
+    flags_text: str = ""  # --flags as given: any engine's flags, KEY=VALUE environment variables
 
 
 READERS = ("vllm", "sglang", "tgi", "trtllm", "pytorch-oom", "nvidia-smi")
-V1_DEFAULT_FROM = (0, 8)  # vLLM 0.8.0 made the V1 engine the default (V0 was removed in 0.11)
+V1_DEFAULT_FROM = (0, 8)  # vLLM 0.8.0 made the V1 engine the default; V0 could still be chosen (VLLM_USE_V1=0)
+V0_REMOVED_IN = (0, 11)  # from 0.11.0 there is only V1
 
 
 class NotADiagnosableLog(ValueError):
-    """The text holds none of the messages diagnose reads."""
+    """The text holds none of the messages diagnose reads, and no error line either."""
+
+
+def diagnose_all(text: str, source: str, context: Context = Context()) -> list[Diagnosis]:
+    """One diagnosis per distinct memory failure in the log (two engines' logs pasted together, an OOM after a
+    server log), the first for the whole log."""
+    main = diagnose_text(text, source, context)
+    answered = {main.failing_line} | {f.source for f in main.figures}
+    cited = {int(n) for f in main.figures for n in re.findall(r"log lines? (\d+)", f.source)}
+    lines = text.splitlines()
+    found = [main]
+    for group in memory_failures(text):
+        first = group[0]
+        if any(abs(f.line - n) <= NEAR_LINES for f in group for n in cited) or first.text[:300] in answered \
+                or any(first.text[:120] in d.failing_line or d.failing_line[:120] in first.text for d in found
+                       if d.failing_line):
+            continue
+        start = max(0, first.line - NEAR_LINES)
+        part = "\n".join(lines[start:group[-1].line + 5])
+        try:
+            extra = diagnose_text(part, source, context)
+        except NotADiagnosableLog:
+            continue
+        found.append(replace(extra, lines=f"{start + 1}-{min(len(lines), group[-1].line + 5)}"))
+        cited |= {f.line for f in group}
+    return found
+
+
+NEAR_LINES = 60  # a failure's own lines (traceback, the same error logged by each process) lie this close
 
 
 def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagnosis:
-    wanted = context.engine
-    if wanted in (None, "vllm") and (facts := read_vllm(text)) is not None and (_vllm_has_story(facts) or wanted):
-        return _vllm(_with_given_flags(facts, context), source, context)
-    if wanted in (None, "sglang", "tgi", "trtllm") and (engine := read_other_engines(text)) is not None \
-            and wanted in (None, engine.engine):
-        return _other_engine(engine, source, context)
-    if wanted in (None, "pytorch-oom") and (oom := read_torch_oom(text)) is not None:
-        return _torch(oom[0], oom[1], source, context)
-    if wanted in (None, "nvidia-smi") and (trace := read_nvidia_smi(text)) is not None:
+    given = settings_given(context.flags_text) if context.flags_text else {}
+    given.update({key: Setting(value, 0) for key, value in context.flags if key not in given})
+    settings = merged(settings_in(text), given)
+    engine = engine_of(text, context.engine if context.engine in ENGINE_MARKERS else None)
+    diagnosis = _read(text, source, context, settings, engine)
+    failure = last_error(text)
+    if diagnosis is None or (diagnosis.kind in ("fits", "within_watermark") and failure is not None):
+        if failure is None:
+            raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, an "
+                                     "engine's start-up or failure lines, nvidia-smi --query-gpu=timestamp,memory.used,"
+                                     "memory.total --format=csv output); pass the server's whole log or the full error "
+                                     "text")
+        diagnosis = _not_recognised(failure, source, engine, diagnosis)
+    notes = []
+    if context.engine and context.engine != diagnosis.reader and diagnosis.reader != "none":
+        notes.append(f"--engine {context.engine}: no {context.engine} line in it; read as {diagnosis.reader}")
+    if context.flags_text and not given:
+        notes.append(f"--flags {context.flags_text!r}: no setting diagnose uses in it")
+    changes = _sane_utilization(with_levers(diagnosis.changes, settings), diagnosis, settings)
+    return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
+                   failing_line=diagnosis.failing_line or (failure.text[:300] if failure else ""))
+
+
+def _read(text, source, context, settings, engine) -> Diagnosis | None:
+    """The engine's own reader first, then the others (a log may hold only PyTorch's error line)."""
+    total = context.gpu_total_gib
+    if engine == "vllm" or (engine is None and context.engine is None):
+        facts = read_vllm(text)
+        if facts is not None and (engine == "vllm" or _vllm_has_story(facts, without_oom=True)):
+            return _vllm(_with_settings(facts, settings, context), source, context)
+    if engine == "sglang" and (d := diagnose_sglang(text, source, settings, total)) is not None:
+        return d
+    if engine == "tgi" and (d := diagnose_tgi(text, source, settings, total)) is not None:
+        return d
+    if engine == "trtllm" and (d := diagnose_trtllm(text, source, settings, total)) is not None:
+        return d
+    if engine is None and (other := read_other_engines(text)) is not None:
+        reader = {"sglang": diagnose_sglang, "tgi": diagnose_tgi, "trtllm": diagnose_trtllm}[other.engine]
+        if (d := reader(text, source, settings, total)) is not None:
+            return d
+    if engine == "vllm":
+        facts = read_vllm(text) or VllmFacts()
+        return _vllm(_with_settings(facts, settings, context), source, context)
+    if (oom := read_torch_oom(text)) is not None:
+        return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source))
+    if (trace := read_nvidia_smi(text)) is not None:
         return _smi(trace, source, context)
-    if wanted is None and facts is not None:
-        return _vllm(_with_given_flags(facts, context), source, context)
-    if wanted is not None:
-        raise NotADiagnosableLog(f"{source}: no {wanted} message in it (read with --engine {wanted}); leave "
-                                 "--engine out to try every kind, or pass the whole log")
-    raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, vLLM start-up "
-                             "or failure lines, nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv "
-                             "output); pass the server's whole log or the full error text")
+    facts = read_vllm(text)
+    if facts is not None:
+        return _vllm(_with_settings(facts, settings, context), source, context)
+    return None
 
 
-def _vllm_has_story(facts: VllmFacts) -> bool:
-    return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below, facts.oom, facts.kv_tokens,
-                facts.load))
+def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | None) -> Diagnosis:
+    what = "an out-of-memory line" if failure.memory else "an error"
+    return Diagnosis(source, seen.reader if seen else (_READER.get(engine, "none")), "not_recognised",
+                     f"not recognised: the log has {what} no reader knows (log line {failure.line}: "
+                     f"{failure.text[:200]!r}), so it is not 'fits'",
+                     seen.figures if seen else (), (),
+                     ("the error's whole traceback and the server's start-up lines (its command line, the engine's "
+                      "version, the memory lines before the error) would let diagnose decide",
+                      "which engine wrote it: --engine vllm|sglang|tgi|trtllm"),
+                     failing_line=failure.text[:300])
 
 
-def _with_given_flags(facts: VllmFacts, context: Context) -> VllmFacts:
-    """--flags and --version fill what the log does not show; the log wins (line 0 marks a given value)."""
-    for key, value in context.flags:
-        facts.flags.setdefault(key, Quoted(value, 0))
+_READER = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "trtllm": "trtllm"}
+
+
+def _vllm_has_story(facts: VllmFacts, without_oom: bool = False) -> bool:
+    """Lines only vLLM prints (without_oom: a PyTorch OOM alone is not vLLM's)."""
+    return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below,
+                None if without_oom else facts.oom, facts.kv_tokens,
+                facts.load, facts.oom_text, facts.profiling_disturbed, facts.mamba_blocks,
+                facts.kv_memory_gib is not None and facts.kv_memory_gib.value <= 0))
+
+
+def _with_settings(facts: VllmFacts, settings: dict, context: Context) -> VllmFacts:
+    """The settings found anywhere (log lines in any syntax, then --flags) fill what vLLM's own lines do not show."""
+    for key, setting in settings.items():
+        if key in _VLLM_KEYS:
+            facts.flags.setdefault(key, Quoted(setting.value, setting.line))
     if facts.version is None and context.version:
         facts.version = Quoted(context.version, 0)
+    facts.settings = settings
     return facts
 
 
+_VLLM_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
+              "enforce_eager", "tensor_parallel_size", "quantization", "dtype", "block_size", "enable_chunked_prefill",
+              "max_logprobs", "max_loras", "max_lora_rank", "limit_mm_per_prompt", "cuda_graph_sizes",
+              "vllm_use_v1", "pytorch_cuda_alloc_conf")
+
+
 def _engine_generation(facts: VllmFacts) -> str | None:
-    """V0 or V1, from the version (the log's or --version), else from lines only one of them prints."""
+    """V0 or V1: from 0.11 V1 only; from 0.8 V1 unless VLLM_USE_V1=0 or V0-only lines show; before 0.8 V0 unless
+    VLLM_USE_V1=1 or V1-only lines show; without a version, from the lines only one of them prints."""
+    use_v1 = str(facts.flags["vllm_use_v1"].value) if "vllm_use_v1" in facts.flags else ""
     if facts.version is not None:
-        parts = tuple(int(p) for p in str(facts.version.value).split(".")[:2] if p.isdigit())
-        return "V1" if parts >= V1_DEFAULT_FROM else "V0"
-    if facts.kv_blocks is not None:
+        parts = tuple(int(p) for p in re.findall(r"\d+", str(facts.version.value))[:2])
+        if parts >= V0_REMOVED_IN:
+            return "V1"
+        if parts >= V1_DEFAULT_FROM:
+            return "V0" if use_v1 == "0" or (facts.v0_lines and not facts.v1_lines) else "V1"
+        return "V1" if use_v1 == "1" or (facts.v1_lines and not facts.v0_lines) else "V0"
+    if use_v1 in ("0", "1"):
+        return f"V{use_v1}"
+    if facts.kv_blocks is not None or (facts.v0_lines and not facts.v1_lines):
         return "V0"
-    return "V1" if facts.kv_tokens is not None else None
+    return "V1" if facts.kv_tokens is not None or facts.v1_lines else None
+
+
+def _sane_utilization(changes: tuple[Change, ...], diagnosis: Diagnosis, settings: dict) -> tuple[Change, ...]:
+    """A lower --gpu-memory-utilization must still hold the weights (the log's figure) and a margin for activations."""
+    weights = next((_gib_of(f.value) for f in diagnosis.figures if f.label == "weights loaded"), None)
+    total = next((_gib_of(f.value) for f in diagnosis.figures if f.label == "GPU total"), None)
+    kept = []
+    for change in changes:
+        value = re.match(r"--gpu-memory-utilization (\d?\.\d+)", change.setting)
+        if value and weights and total and float(value.group(1)) * total < weights + ACTIVATION_MARGIN_GIB:
+            continue
+        kept.append(change)
+    return tuple(kept)
+
+
+ACTIVATION_MARGIN_GIB = 1.0  # the least a share must hold beyond the weights: a profile run's activations
+
+
+def _gib_of(text: str) -> float | None:
+    match = re.match(r"([\d.]+) ?(GiB|GB)", text)
+    return float(match.group(1)) if match else None
 
 
 def _where(line: int | None) -> str:
@@ -136,18 +261,57 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
         return Diagnosis(source, "vllm", "memory_held_elsewhere",
                          f"another process holds {held:.2f} GiB of the GPU: vLLM wants {wanted_u} x {total:.2f} = "
                          f"{requested:.2f} GiB but only {free:.2f} GiB is free", tuple(figures), (
+                             free_other_process(held),
                              Change(f"--gpu-memory-utilization {most:.2f}",
-                                    f"asks for {most * total:.2f} GiB, within the {free:.2f} GiB free (less KV cache "
-                                    "than planned: the log of the next start says how many tokens)"),
-                             Change("stop the other process (nvidia-smi --query-compute-apps=pid,used_memory "
-                                    "--format=csv names it)", f"frees {held:.2f} GiB for this server")),
-                         ("which process holds the memory: nvidia-smi --query-compute-apps=pid,used_memory --format=csv",))
+                                    f"asks for {most * total:.2f} GiB, within the {free:.2f} GiB free, if the other "
+                                    "process must stay (less KV cache than planned: the next start's log says how "
+                                    "many tokens)")),
+                         (f"which process holds the memory: {LIST_PROCESSES}",))
+    if facts.profiling_disturbed:
+        before, after = str(facts.profiling_disturbed.value).split(":")
+        quote("free memory before / after profiling", f"{before} / {after}", facts.profiling_disturbed.line)
+        return Diagnosis(source, "vllm", "profiling_disturbed",
+                         "another process on the GPU changed its memory while vLLM profiled (free memory went from "
+                         f"{before} to {after}): several instances starting on one GPU, or one still exiting",
+                         tuple(figures), (
+                             free_other_process(),
+                             Change("start the instances one after another, each with its own "
+                                    "--gpu-memory-utilization share", "each profiles a GPU that holds still")),
+                         (f"which processes hold the GPU: {LIST_PROCESSES}",))
+    if facts.initial_usage_gib and facts.initial_usage_gib.value > 1.0 and (
+            facts.no_kv_memory or (facts.kv_memory_gib and facts.kv_memory_gib.value <= 0)):
+        held = facts.initial_usage_gib.value
+        quote("in use before this instance loaded", f"{held:.2f} GiB", facts.initial_usage_gib.line)
+        return Diagnosis(source, "vllm", "memory_held_elsewhere",
+                         f"{held:.2f} GiB was in use on the GPU before this instance loaded anything (another instance "
+                         "or process): it counts against this one's --gpu-memory-utilization share",
+                         tuple(figures), (
+                             free_other_process(held),
+                             Change(f"--gpu-memory-utilization {min(MAX_UTILIZATION, (utilization or DEFAULT_UTILIZATION) + held / total_gib):.2f}"
+                                    if total_gib else "--gpu-memory-utilization higher",
+                                    "the share must cover what the other process holds as well as this one's weights "
+                                    "and KV cache")))
+    if facts.mamba_blocks:
+        seqs, blocks = str(facts.mamba_blocks.value).split(":")
+        quote("Mamba cache blocks", blocks, facts.mamba_blocks.line)
+        return Diagnosis(source, "vllm", "state_cache",
+                         f"the Mamba (recurrent) state cache holds {blocks} sequences, fewer than --max-num-seqs"
+                         + (f" {seqs}" if seqs else "") + ": each running sequence needs its own state block",
+                         tuple(figures), (
+                             Change(f"--max-num-seqs {int(blocks) // 8 * 8 or int(blocks)}",
+                                    f"no more sequences than the {blocks} state blocks"),
+                             Change(f"--max-model-len {int(number(facts.settings, 'max_model_len') // 2):,}"
+                                    if number(facts.settings, "max_model_len") else "--max-model-len lower",
+                                    "the attention layers' KV cache takes less, leaving more for state blocks"),
+                             Change(f"--gpu-memory-utilization {min(MAX_UTILIZATION, (utilization or DEFAULT_UTILIZATION) + 0.03):.2f}",
+                                    "more memory for the state blocks")))
     if facts.kv_needed or facts.v0_too_long:
         return _kv_too_small(facts, source, figures, per_token, utilization, total_gib, context)
-    if facts.no_kv_memory:
+    if facts.no_kv_memory or (facts.kv_memory_gib is not None and facts.kv_memory_gib.value <= 0) or (
+            facts.kv_blocks is not None and facts.kv_blocks.value == 0):
         return _no_kv_memory(facts, source, figures, utilization, total_gib, context)
-    if facts.oom is not None:
-        if facts.serving_line and facts.oom_line > facts.serving_line:
+    if facts.oom is not None or facts.oom_text is not None:
+        if facts.oom is not None and facts.serving_line and facts.oom_line > facts.serving_line:
             return _oom_under_load(facts, source, figures, utilization, total_gib)
         return _vllm_oom(facts, source, figures, generation)
     if facts.load is not None and _kv_exhausted(facts.load):
@@ -228,20 +392,42 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
     weights = facts.weights_gib.value if facts.weights_gib else (
         context.weights_16bit_bytes / GIB if context.weights_16bit_bytes else None)
     current = utilization or DEFAULT_UTILIZATION
-    summary = ("nothing is left for the KV cache: the weights, the profile run's activation peak and CUDA graphs "
-               f"fill the {current} share of the GPU" + (f" (weights alone {weights:.2f} GiB)" if weights else ""))
+    summary = ("nothing is left for the KV cache (0 blocks, or a negative KV budget): the weights, the profile run's "
+               f"activation peak and CUDA graphs fill the {current} share of the GPU"
+               + (f" (weights alone {weights:.2f} GiB)" if weights else ""))
+    settings = facts.settings
+    seqs = number(settings, "max_num_seqs")
+    multimodal = "limit_mm_per_prompt" in settings or facts.oom_during == "encoder"
+    raise_to = min(MAX_UTILIZATION, round(current + max(0.05, min(0.3, current)), 2))
+    utilization_up = Change(f"--gpu-memory-utilization {raise_to:.2f}",
+                            f"{'%.2f GiB' % ((raise_to - current) * total_gib) if total_gib else 'more of the GPU'} "
+                            "for vLLM, if nothing else needs it (V1 counts everything in use on the GPU against this "
+                            "share)")
+    fewer_seqs = Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                        "the profile run warms up this many dummy sequences (and their encoder inputs): fewer "
+                        "lower its peak")
     changes = []
-    if context.weights_16bit_bytes and context.weights_4bit_bytes:
+    if multimodal:
+        changes.append(fewer_seqs)
+    if context.weights_16bit_bytes and context.weights_4bit_bytes and weights and total_gib \
+            and weights > 0.6 * current * total_gib:
         changes.append(Change("quantize the weights (awq or gptq 4-bit)",
                               f"weights {context.weights_4bit_bytes / GIB:.2f} GiB instead of "
                               f"{context.weights_16bit_bytes / GIB:.2f}: the difference goes to the KV cache"))
-    changes += [Change("--tensor-parallel-size 2", "halves the weights per GPU"),
-                Change(f"--gpu-memory-utilization {min(MAX_UTILIZATION, current + 0.05):.2f}",
-                       f"{'%.2f GiB' % (0.05 * total_gib) if total_gib else '5% of the GPU'} more for vLLM, if the "
-                       "GPU is not shared"),
+    if current < MAX_UTILIZATION:
+        changes.append(utilization_up)
+    changes += [fewer_seqs,
                 Change("--max-num-batched-tokens 2048", "lowers the profile run's activation peak (it scales with "
                        "the tokens of one forward step)"),
-                Change("--enforce-eager", "drops the CUDA-graph pool")]
+                Change("--enforce-eager", "drops the CUDA-graph pool"),
+                Change("--max-model-len 8192", "a shorter max length lowers the profile's peak"),
+                Change(f"--tensor-parallel-size {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
+                       "splits the weights over more GPUs")]
+    if context.weights_16bit_bytes and context.weights_4bit_bytes and not any(
+            c.setting.startswith("quantize") for c in changes):
+        changes.append(Change("quantize the weights (awq or gptq 4-bit)",
+                              f"weights {context.weights_4bit_bytes / GIB:.2f} GiB instead of "
+                              f"{context.weights_16bit_bytes / GIB:.2f}"))
     return Diagnosis(source, "vllm", "weights_do_not_fit" if weights and total_gib and weights > current * total_gib
                      else "no_kv_cache_memory", summary, tuple(figures), tuple(changes),
                      () if weights else ("the weights' size: the log's 'Model loading took' line, or --model DIR",))
@@ -249,29 +435,75 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
 
 def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: str | None) -> Diagnosis:
     oom = facts.oom
-    figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
+    settings = facts.settings
+    if oom is not None:
+        figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
+        if (verdict := allocator_verdict(oom)) is not None:
+            return Diagnosis(source, "vllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    tried = oom.tried if oom is not None else "?"
+    seqs = number(settings, "max_num_seqs")
+    current = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
+    lower = f"{math.floor((current - 0.05) * 100) / 100:.2f}"
+    if facts.oom_during == "sampler warm-up":
+        warmed = facts.oom_text.value if facts.oom_text else (int(seqs) if seqs else 256)
+        return Diagnosis(source, "vllm", "sampler_warm_up",
+                         f"the sampler warm-up ran out of memory: it allocates logits for {warmed} dummy sequences "
+                         "(--max-num-seqs) over the vocabulary", tuple(figures), (
+                             Change(f"--max-num-seqs {max(1, int(warmed) // 4)}", "a quarter of the warm-up's logits "
+                                    "(here the batch size is the lever, as the log says)"),
+                             Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share for the "
+                                    "warm-up")))
+    if facts.oom_during == "mamba":
+        return Diagnosis(source, "vllm", "state_cache",
+                         f"the Mamba (recurrent) state cache ran out of memory (tried {tried}): it holds a state per "
+                         "sequence, for --max-num-seqs sequences", tuple(figures), (
+                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                                    "fewer state blocks"),
+                             Change("--max-model-len lower", "less KV cache beside the states")))
     if facts.oom_during == "cuda graph capture":
         return Diagnosis(source, "vllm", "cuda_graph_capture",
-                         f"CUDA-graph capture ran out of memory (tried {oom.tried})", tuple(figures), (
+                         f"CUDA-graph capture ran out of memory (tried {tried})", tuple(figures), (
                              Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode "
                                     "at small batches)"),
-                             Change("--max-num-seqs 64", "fewer graph sizes to capture, each smaller"),
-                             Change("--gpu-memory-utilization 0.85", "leaves the graphs room outside vLLM's share")))
-    if facts.oom_during == "sampler warm-up":
+                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                                    "fewer and smaller graph sizes to capture (they go up to --max-num-seqs)"),
+                             Change("--cuda-graph-sizes 1 2 4 8 16 32 (older: --compilation-config "
+                                    "'{\"cudagraph_capture_sizes\": [1, 2, 4, 8, 16, 32]}')", "captures fewer sizes"),
+                             Change(f"--gpu-memory-utilization {lower}", "leaves the graphs room outside vLLM's "
+                                    "share")))
+    if facts.oom_during == "lora":
+        loras = number(settings, "max_loras")
+        rank = number(settings, "max_lora_rank")
         return Diagnosis(source, "vllm", "activation_peak",
-                         "the sampler warm-up ran out of memory: it allocates logits for --max-num-seqs sequences "
-                         "over the vocabulary", tuple(figures), (
-                             Change("--max-num-seqs 128", "halves the warm-up's logits (here the batch size is the "
-                                    "lever)"),))
-    changes = [Change("--max-num-batched-tokens 4096", "the profile peak scales with the tokens of one step"),
-               Change("--gpu-memory-utilization 0.85", "leaves more outside vLLM's share")]
+                         f"LoRA buffers ran out of memory (tried {tried}): vLLM preallocates --max-loras adapters of "
+                         "--max-lora-rank for every layer", tuple(figures), (
+                             Change(f"--max-loras {max(1, int(loras // 2)) if loras else 1}", "fewer adapter slots"),
+                             Change(f"--max-lora-rank {max(8, int(rank // 2)) if rank else 16}", "smaller slots"),
+                             Change(f"--max-num-seqs {int(seqs // 2) if seqs else 64}", "fewer sequences")))
+    if facts.oom_during == "encoder":
+        return Diagnosis(source, "vllm", "activation_peak",
+                         f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "
+                         f"{tried}): it profiles --max-num-seqs inputs of the largest size", tuple(figures), (
+                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 16}",
+                                    "fewer dummy inputs in the profile run"),
+                             Change("--limit-mm-per-prompt image=1", "fewer items per prompt in the profile"),
+                             Change("--max-model-len 8192", "shorter dummy sequences")))
+    if facts.oom_during == "loading weights":
+        tp = int(number(settings, "tensor_parallel_size") or 1)
+        return Diagnosis(source, "vllm", "weights_do_not_fit",
+                         f"the weights ran out of memory while loading (tried {tried})", tuple(figures), (
+                             Change(f"--tensor-parallel-size {2 * tp}", "splits the weights over more GPUs"),
+                             Change("quantize the weights (awq, gptq or fp8)", "smaller weights")))
+    changes = [Change(f"--max-num-batched-tokens {int(number(settings, 'max_num_batched_tokens') // 2) if number(settings, 'max_num_batched_tokens') else 4096}",
+                      "the profile peak scales with the tokens of one step"),
+               Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share")]
     chunked = facts.flags.get("enable_chunked_prefill")
     if generation == "V0" and not (chunked and chunked.value not in (False, "False", "false")):
         changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",
                                  "V0 without chunked prefill profiles a whole --max-model-len prompt in one forward; "
                                  "chunked, the peak follows 2,048 tokens (V1 always chunks)"))
     return Diagnosis(source, "vllm", "activation_peak",
-                     f"a forward ran out of memory (tried {oom.tried}): the profile run at --max-num-batched-tokens",
+                     f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))
 
 

@@ -39,7 +39,14 @@ class VllmFacts:
     free_below: Quoted | None = None  # "free:total:utilization:requested"
     oom: OomFigures | None = None
     oom_line: int | None = None
-    oom_during: str | None = None  # "cuda graph capture", "sampler warm-up", "profile run"
+    oom_during: str | None = None  # "cuda graph capture", "sampler warm-up", "profile run", "mamba", "encoder", ...
+    oom_text: Quoted | None = None  # an out-of-memory line without PyTorch's figures ("warming up sampler with N")
+    initial_usage_gib: Quoted | None = None  # memory in use before this instance loaded anything (another process)
+    profiling_disturbed: Quoted | None = None  # "Error in memory profiling. Initial free memory X, current Y"
+    mamba_blocks: Quoted | None = None  # "max_num_seqs:blocks" from "exceeds available Mamba cache blocks"
+    v0_lines: bool = False  # lines only V0 prints
+    v1_lines: bool = False  # lines only V1 prints
+    settings: dict = field(default_factory=dict)  # every setting the log and --flags show (harness.diagnose.settings)
     version: Quoted | None = None  # "0.6.3", from the server's version line
     total_gib: Quoted | None = None  # the GPU's total memory, from a memory-profiling line
     load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
@@ -61,8 +68,8 @@ class LoadFacts:
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _SERVE = re.compile(r"vllm serve (\S+)((?: +--?[\w-]+(?:[ =](?!--)\S+)?)*)")
 _WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
-_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB|the rest of the memory reserved for KV Cache is "
-                        r"([\d.]+) ?GiB|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_KV_MEMORY = re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB|the rest of the memory reserved for KV Cache is "
+                        r"(-?[\d.]+) ?GiB|Explicitly set \((-?[\d.]+)/[\d.]+\) GiB for KV cache|kv_cache_size=(-?[\d.]+) ?GiB")
 _KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _GRAPH = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB")
@@ -88,6 +95,17 @@ _STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*
                     r"TPU|HPU) KV cache usage: ([\d.]+)%")
 _V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space.*?"
                            r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
+_SAMPLER = re.compile(r"out of memory occurred when warming up sampler with (\d+) dummy requests", re.I)
+_INITIAL_USAGE = re.compile(r"initial_memory_usage=([\d.]+) ?GiB")
+_PROFILING = re.compile(r"Error in memory profiling\. Initial free memory ([\d.]+)(?: ?GiB)?, current free memory "
+                        r"([\d.]+)")
+_MAMBA = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)|exceeds available Mamba "
+                    r"cache blocks \((\d+)\)")
+_V0_ONLY = re.compile(r"# (?:GPU|cuda) blocks: \d+|Initializing an? (?:V0 )?LLM engine \(v[\d.]+\)|\[worker\.py|"
+                      r"llm_engine\.py|model_runner\.py:\d+\] Capturing|Using V0|V0 LLM engine|VLLM_USE_V1=0")
+_V1_ONLY = re.compile(r"EngineCore|Initializing a V1 LLM engine|GPU KV cache size: [\d,]+ tokens|\[gpu_model_runner\.py|"
+                      r"VLLM_USE_V1=1|\(VllmWorker|v1/engine|v1/worker")
+_CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph", re.I)
 _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
 
 
@@ -148,17 +166,52 @@ def read_vllm(text: str) -> VllmFacts | None:
         if (match := _STATS.search(line)) or (preempted := _V0_PREEMPTED.search(line)):
             seen = True
             _read_load(facts, match, None if match else preempted, number)
+        if (match := _SAMPLER.search(line)):
+            seen = True
+            facts.oom_text = facts.oom_text or Quoted(int(match.group(1)), number)
+            facts.oom_during = "sampler warm-up"
+        if (match := _INITIAL_USAGE.search(line)):
+            facts.initial_usage_gib = Quoted(float(match.group(1)), number)
+        if (match := _PROFILING.search(line)):
+            seen = True
+            facts.profiling_disturbed = Quoted(f"{match.group(1)}:{match.group(2)}", number)
+        if (match := _MAMBA.search(line)):
+            seen = True
+            seqs, blocks = (match.group(1), match.group(2)) if match.group(1) else ("", match.group(3))
+            facts.mamba_blocks = Quoted(f"{seqs}:{blocks}", number)
+        facts.v0_lines = facts.v0_lines or bool(_V0_ONLY.search(line))
+        facts.v1_lines = facts.v1_lines or bool(_V1_ONLY.search(line))
         if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
+            seen = True
             facts.oom, facts.oom_line = oom, number
-            before = "\n".join(lines[max(0, number - 40):number]).lower()
-            facts.oom_during = ("cuda graph capture" if "captur" in before or "cudagraph" in before.replace(" ", "")
-                                else "sampler warm-up" if "sampler" in before
-                                else "profile run" if "profile" in before or "dummy" in before else None)
+            if facts.oom_during is None:
+                facts.oom_during = oom_phase(lines, number)
     if facts.kv_tokens is None and facts.kv_blocks is not None:
         block = facts.flags.get("block_size")
         facts.kv_tokens = Quoted(facts.kv_blocks.value * int(block.value if block else V0_BLOCK_TOKENS),
                                  facts.kv_blocks.line)
     return facts if seen else None
+
+
+def oom_phase(lines: list[str], number: int) -> str | None:
+    """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
+    around = "\n".join(lines[max(0, number - 40):min(len(lines), number + 15)])
+    lowered = around.lower()
+    if "sampler" in lowered:
+        return "sampler warm-up"
+    if "mamba" in lowered:
+        return "mamba"
+    if "lora" in lowered:
+        return "lora"
+    if _CAPTURE.search(around):
+        return "cuda graph capture"
+    if re.search(r"encoder|dummy_mm|multi_?modal|mm_data|vision|image", lowered):
+        return "encoder"
+    if re.search(r"load_model|load_weights|weight_loader|model_loader|\.to\(|initialize_model", lowered):
+        return "loading weights"
+    if "profile" in lowered or "dummy" in lowered:
+        return "profile run"
+    return None
 
 
 def _read_load(facts: VllmFacts, stats: re.Match | None, preempted: re.Match | None, number: int) -> None:
@@ -204,7 +257,8 @@ def read_nvidia_smi(text: str) -> SmiTrace | None:
     used, times, total = [], [], 0.0
     for line in lines:
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 3 or not cells[1].split()[0].replace(".", "").isdigit():
+        if len(cells) < 3 or not cells[1].split() or not cells[2].split() or not _is_float(cells[1].split()[0]) \
+                or not _is_float(cells[2].split()[0]):
             continue
         used.append(float(cells[1].split()[0]))
         total = float(cells[2].split()[0])

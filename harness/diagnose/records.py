@@ -7,7 +7,9 @@ from typing import Literal
 
 Kind = Literal["kv_cache_too_small", "no_kv_cache_memory", "memory_held_elsewhere", "weights_do_not_fit",
                "activation_peak", "cuda_graph_capture", "fragmentation", "out_of_memory", "over_watermark",
-               "within_watermark", "kv_exhausted_under_load", "oom_under_load", "fits"]
+               "within_watermark", "kv_exhausted_under_load", "oom_under_load", "sampler_warm_up", "state_cache",
+               "training_step", "optimizer_state", "generate", "attention_mask", "weights_loading",
+               "profiling_disturbed", "not_recognised", "fits"]
 
 
 @dataclass(frozen=True)
@@ -21,17 +23,20 @@ class Figure:
 class Change:
     setting: str  # a flag, an environment variable, or an action ("quantize to awq")
     effect: str  # its predicted effect, with the arithmetic
+    lever: str = ""  # the normalized lever id (harness.diagnose.levers): "max_model_len_down", "free_other_process"
 
 
 @dataclass(frozen=True)
 class Diagnosis:
     source: str  # the file read, or "stdin"
-    reader: Literal["pytorch-oom", "vllm", "sglang", "tgi", "trtllm", "nvidia-smi"]
+    reader: Literal["pytorch-oom", "vllm", "sglang", "tgi", "trtllm", "nvidia-smi", "none"]
     kind: Kind
     summary: str  # which memory ran out, in one sentence
     figures: tuple[Figure, ...] = ()
     changes: tuple[Change, ...] = ()  # best first
     missing: tuple[str, ...] = field(default=())  # what would sharpen the answer, and how to get it
+    failing_line: str = ""  # the error line this diagnosis answers, quoted
+    lines: str = ""  # "12-40": the part of a log with several failures this diagnosis reads ("" for the whole)
 
     def as_dict(self) -> dict:
         return asdict(self)

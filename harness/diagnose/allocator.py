@@ -1,0 +1,72 @@
+"""What PyTorch's out-of-memory message alone settles, in any engine's log: memory another process holds (the first
+lever: free it), and fragmentation (reserved-but-unallocated much larger than the request). Every reader asks this
+before its own engine's levers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.diagnose.records import Change, Figure
+from harness.measure.oom import OomFigures, parse_size
+
+GIB = 2**30
+OTHER_PROCESS_GIB = 0.5  # total - free - this process above this: another process holds memory
+FRAGMENTED_SHARE = 0.05  # or unallocated above this share of the GPU (and at least the request)
+FRAGMENTED_RATIO = 2.0  # or unallocated at least twice the request: the request would fit in it but for the holes
+FRAGMENTED_MIN_GIB = 0.5  # holes smaller than this are the allocator's normal slack, whatever the request
+LIST_PROCESSES = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    summary: str
+    changes: tuple[Change, ...]
+
+
+def gib(text: str | None) -> float | None:
+    size = parse_size(text)
+    return None if size is None else size / GIB
+
+
+def oom_figures(oom: OomFigures, line: int) -> list[Figure]:
+    where = f"log line {line}"
+    return [Figure(label, value, where) for label, value in (
+        ("tried to allocate", oom.tried), ("GPU total", oom.total), ("free", oom.free),
+        ("allocated by PyTorch", oom.allocated), ("reserved but unallocated" if not oom.reserved_is_total
+                                                  else "reserved in total", oom.reserved),
+        ("this process in use", oom.in_use)) if value]
+
+
+def held_elsewhere_gib(oom: OomFigures) -> float | None:
+    total, free, in_use = gib(oom.total), gib(oom.free), gib(oom.in_use)
+    if total is None or free is None or in_use is None:
+        return None
+    held = total - free - in_use
+    return held if held > OTHER_PROCESS_GIB else None
+
+
+def allocator_verdict(oom: OomFigures) -> Verdict | None:
+    tried, total = gib(oom.tried), gib(oom.total)
+    held = held_elsewhere_gib(oom)
+    if held is not None and (tried is None or held >= tried or held >= 0.1 * (total or 0)):
+        return Verdict("memory_held_elsewhere",
+                       f"another process holds {held:.2f} GiB of the {total:.2f} GiB GPU (this process "
+                       f"{gib(oom.in_use):.2f}, free {gib(oom.free):.2f}): free that first",
+                       (free_other_process(held),))
+    unallocated = (oom.reserved_unallocated_bytes or 0) / GIB
+    if tried and unallocated >= tried and (
+            (unallocated >= FRAGMENTED_RATIO * tried and unallocated >= FRAGMENTED_MIN_GIB)
+            or (total and unallocated >= FRAGMENTED_SHARE * total)):
+        return Verdict("fragmentation",
+                       f"fragmentation: {unallocated:.2f} GiB is reserved by PyTorch but unallocated, more than the "
+                       f"{tried:.2f} GiB asked for, yet no block of that size is free",
+                       (Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                               f"lets the allocator grow segments instead of needing one free block of {tried:.2f} GiB"),
+                        Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")))
+    return None
+
+
+def free_other_process(held_gib: float | None = None) -> Change:
+    return Change(f"stop the other process ({LIST_PROCESSES} names it)",
+                  f"frees {held_gib:.2f} GiB for this one" if held_gib else "frees what it holds for this one")

@@ -1,0 +1,231 @@
+"""SGLang, TGI and TensorRT-LLM logs, each read with its own engine's strings and answered in its own flag names.
+
+SGLang (python/sglang/srt/model_executor/model_runner.py, docs "Troubleshooting"): "Not enough memory. Please try to
+increase --mem-fraction-static" is raised at start-up when the KV pool would be empty: raise it. A CUDA OOM
+(prefill, decode, CUDA-graph capture) is the opposite case: the static share leaves too little for activations and
+graphs: lower --mem-fraction-static, --chunked-prefill-size (prefill), --max-running-requests (decode),
+--cuda-graph-max-bs (capture). TGI (server/text_generation_server/models/flash_causal_lm.py warmup): "Not enough
+memory to handle N prefill tokens. You need to decrease `--max-batch-prefill-tokens`". TensorRT-LLM
+(kvCacheManager.cpp, executor): the KV cache takes kv_cache_free_gpu_memory_fraction of the memory free after the
+engine loads; an OOM after that needs a smaller fraction, max_num_tokens or max_batch_size."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from harness.diagnose.allocator import allocator_verdict, oom_figures
+from harness.diagnose.readers import EngineFacts, read_other_engines, read_torch_oom
+from harness.diagnose.records import Change, Diagnosis, Figure
+from harness.diagnose.settings import Setting, number
+
+SGLANG_DEFAULT_FRACTION = 0.88
+TRTLLM_DEFAULT_FRACTION = 0.9
+
+
+def _quoted_figures(facts: EngineFacts | None) -> list[Figure]:
+    if facts is None:
+        return []
+    return [Figure(label, text, f"log line {quoted.line}") for label, quoted, text in (
+        ("--mem-fraction-static", facts.mem_fraction_static, f"{facts.mem_fraction_static.value}"
+         if facts.mem_fraction_static else ""),
+        ("weights loaded", facts.weights_gb, f"{facts.weights_gb.value:.2f} GB" if facts.weights_gb else ""),
+        ("free after the weights", facts.available_gb, f"{facts.available_gb.value:.2f} GB" if facts.available_gb
+         else ""),
+        ("KV cache holds", facts.kv_tokens, f"{facts.kv_tokens.value:,} tokens" if facts.kv_tokens else ""),
+        ("KV cache", facts.kv_gib, f"{facts.kv_gib.value:.2f} GiB" if facts.kv_gib else ""),
+        ("context length", facts.context_len, f"{facts.context_len.value:,} tokens" if facts.context_len else ""),
+        ("prefill tokens of the warm-up", facts.prefill_tokens, f"{facts.prefill_tokens.value:,}"
+         if facts.prefill_tokens else "")) if quoted is not None]
+
+
+def _around(text: str, line: int, before: int = 40, after: int = 15) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[max(0, line - before):line + after])
+
+
+def _oom_line(text: str) -> tuple[int, str] | None:
+    """The first out-of-memory line, with or without PyTorch's figures."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if re.search(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|"
+                     r"Failed to allocate|std::bad_alloc", line, re.I):
+            return number, line.strip()
+    return None
+
+
+# --- SGLang -------------------------------------------------------------------------------------------------------
+
+
+def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
+    facts = read_other_engines(text)
+    facts = facts if facts is not None and facts.engine == "sglang" else None
+    figures = _quoted_figures(facts)
+    current = (facts.mem_fraction_static.value if facts and facts.mem_fraction_static
+               else number(settings, "mem_fraction_static"))
+    oom = read_torch_oom(text)
+    if oom is not None:
+        figures += oom_figures(*oom)
+        if (verdict := allocator_verdict(oom[0])) is not None:
+            return Diagnosis(source, "sglang", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    if facts is not None and facts.not_enough:
+        fraction = current or SGLANG_DEFAULT_FRACTION
+        total = (facts.weights_gb.value + facts.available_gb.value) if facts.weights_gb and facts.available_gb \
+            else total_gib
+        changes = []
+        if total and facts.weights_gb:
+            wanted = min(0.95, max(math.ceil((facts.weights_gb.value / total + 0.1) * 100) / 100, fraction + 0.02))
+            changes.append(Change(f"--mem-fraction-static {wanted:.2f}",
+                                  f"the KV pool gets {wanted:.2f} x {total:.1f} GB - {facts.weights_gb.value:.1f} GB of "
+                                  f"weights = {wanted * total - facts.weights_gb.value:.1f} GB (mem_fraction_static "
+                                  "counts the weights and the KV pool together)"))
+        else:
+            changes.append(Change(f"--mem-fraction-static {min(0.95, fraction + 0.05):.2f}",
+                                  "mem_fraction_static counts the weights and the KV pool together: raise it"))
+        changes += [Change("quantize the weights (awq or gptq 4-bit)", "about a quarter of the 16-bit weights"),
+                    Change(f"--tp {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
+                           "splits the weights over more GPUs")]
+        return Diagnosis(source, "sglang", "no_kv_cache_memory",
+                         "nothing is left for the KV pool: --mem-fraction-static leaves no room after the weights "
+                         "(SGLang's start-up check: raise it, the opposite of a CUDA OOM)", tuple(figures),
+                         tuple(changes), failing_line=facts.not_enough.value)
+    hit = _oom_line(text)
+    if hit is not None:
+        line, quoted = hit
+        around = _around(text, line).lower()
+        lower = math.floor(((current or SGLANG_DEFAULT_FRACTION) - 0.08) * 100) / 100
+        fraction = Change(f"--mem-fraction-static {lower:.2f}",
+                          "a smaller static share (weights + KV pool) leaves more for activations and CUDA graphs "
+                          "(a CUDA OOM needs it lower; only SGLang's 'Not enough memory' start-up error needs it "
+                          "higher)")
+        if re.search(r"captur|cuda.?graph", around):
+            kind, summary = "cuda_graph_capture", "CUDA-graph capture ran out of memory at start-up"
+            changes = [fraction, Change("--cuda-graph-max-bs 32", "captures fewer, smaller graphs"),
+                       Change("--disable-cuda-graph", "no graph memory (slower decode)")]
+        elif re.search(r"load_model|load_weights|weight_loader|model_loader", around) and not (
+                facts and facts.weights_gb):
+            kind, summary = "weights_do_not_fit", "the weights did not fit while loading"
+            changes = [Change(f"--tp {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
+                              "splits the weights over more GPUs"),
+                       Change("quantize the weights (awq, gptq or fp8)", "smaller weights")]
+        elif re.search(r"decode|forward_decode", around):
+            kind, summary = "oom_under_load", "a decode step ran out of memory: too many running requests"
+            changes = [Change("--max-running-requests 32", "fewer sequences decode at once"), fraction]
+        else:
+            kind, summary = "activation_peak", "a prefill ran out of memory: its activations did not fit"
+            changes = [Change("--chunked-prefill-size 2048", "the prefill's activations follow the chunk"), fraction,
+                       Change("--max-running-requests 32", "fewer sequences at once")]
+        return Diagnosis(source, "sglang", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
+    if facts is not None and facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:
+        return Diagnosis(source, "sglang", "kv_cache_too_small",
+                         f"the KV pool holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
+                         f"{facts.context_len.value:,}", tuple(figures), (
+                             Change(f"--context-length {facts.kv_tokens.value:,}", "one sequence of that length fits"),
+                             Change(f"--mem-fraction-static {min(0.95, (current or SGLANG_DEFAULT_FRACTION) + 0.05):.2f}",
+                                    "a larger KV pool")))
+    if facts is None:
+        return None
+    held = f"its KV pool holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
+    return Diagnosis(source, "sglang", "fits", f"sglang: {held}", tuple(figures))
+
+
+# --- TGI ----------------------------------------------------------------------------------------------------------
+
+_TGI_TOTAL = re.compile(r"Not enough memory to handle (\d+) total tokens|max_batch_total_tokens")
+
+
+def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
+    facts = read_other_engines(text)
+    facts = facts if facts is not None and facts.engine == "tgi" else None
+    figures = _quoted_figures(facts)
+    oom = read_torch_oom(text)
+    if oom is not None:
+        figures += oom_figures(*oom)
+        if (verdict := allocator_verdict(oom[0])) is not None:
+            return Diagnosis(source, "tgi", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    shards = int(number(settings, "tensor_parallel_size") or 1)
+    prefill = facts.prefill_tokens.value if facts and facts.prefill_tokens else number(settings,
+                                                                                          "max_batch_prefill_tokens")
+    total_tokens = number(settings, "max_total_tokens")
+    if facts is not None and facts.prefill_tokens:
+        half = facts.prefill_tokens.value // 2
+        changes = [Change(f"--max-batch-prefill-tokens {half:,}", "halves the warm-up batch's activations (here the "
+                          "batch is the lever)")]
+        if total_tokens and total_tokens > half:
+            changes.append(Change(f"--max-total-tokens {int(min(total_tokens, half)):,}",
+                                  "with --max-input-tokens below it: --max-batch-prefill-tokens must hold one input"))
+        changes.append(Change(f"--num-shard {2 * shards}", "splits the weights and activations over more GPUs"))
+        return Diagnosis(source, "tgi", "activation_peak",
+                         f"the warm-up prefill of {facts.prefill_tokens.value:,} tokens did not fit: the activation "
+                         "peak of one prefill batch", tuple(figures), tuple(changes),
+                         failing_line=f"Not enough memory to handle {facts.prefill_tokens.value} prefill tokens")
+    hit = _oom_line(text)
+    if hit is None:
+        return None
+    line, quoted = hit
+    around = _around(text, line).lower()
+    if re.search(r"warmup|warm_up|prefill", around):
+        target = int(prefill // 2) if prefill else 4096
+        changes = [Change(f"--max-batch-prefill-tokens {target:,}", "the warm-up's prefill batch is the peak"),
+                   Change(f"--max-total-tokens {int(total_tokens // 2) if total_tokens else 4096:,}",
+                          "a shorter request bounds the prefill"),
+                   Change(f"--num-shard {2 * shards}", "splits the model over more GPUs")]
+        kind, summary = "activation_peak", "TGI's warm-up prefill ran out of memory"
+    elif re.search(r"load|weights|from_pretrained|get_model", around):
+        changes = [Change(f"--num-shard {2 * shards}", "splits the weights over more GPUs"),
+                   Change("--quantize awq (a pre-quantized model) or --quantize eetq", "smaller weights")]
+        kind, summary = "weights_do_not_fit", "the weights did not fit while the shard loaded them"
+    else:
+        changes = [Change(f"--max-batch-prefill-tokens {int(prefill // 2) if prefill else 4096:,}",
+                          "bounds the tokens of one prefill"),
+                   Change(f"--max-total-tokens {int(total_tokens // 2) if total_tokens else 4096:,}",
+                          "bounds one request's tokens"),
+                   Change(f"--num-shard {2 * shards}", "more GPUs")]
+        kind, summary = "out_of_memory", "a TGI shard ran out of GPU memory"
+    return Diagnosis(source, "tgi", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
+
+
+# --- TensorRT-LLM -------------------------------------------------------------------------------------------------
+
+
+def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
+    facts = read_other_engines(text)
+    facts = facts if facts is not None and facts.engine == "trtllm" else None
+    figures = _quoted_figures(facts)
+    oom = read_torch_oom(text)
+    if oom is not None:
+        figures += oom_figures(*oom)
+        if (verdict := allocator_verdict(oom[0])) is not None:
+            return Diagnosis(source, "trtllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    fraction = number(settings, "kv_cache_free_gpu_memory_fraction") or TRTLLM_DEFAULT_FRACTION
+    hit = _oom_line(text)
+    if hit is not None:
+        line, quoted = hit
+        around = _around(text, line).lower()
+        tokens = number(settings, "max_num_tokens")
+        batch = number(settings, "max_batch_size")
+        lower = math.floor((fraction - 0.2) * 100) / 100 if fraction > 0.3 else round(fraction / 2, 2)
+        if re.search(r"trtllm-build|builder|build_engine|engine build", around):
+            changes = [Change(f"--max_num_tokens {int(tokens // 2) if tokens else 4096}", "the engine's activation "
+                              "buffers follow max_num_tokens"),
+                       Change(f"--max_batch_size {int(batch // 2) if batch else 64}", "smaller buffers")]
+            kind, summary = "activation_peak", "building the engine ran out of memory"
+        else:
+            changes = [Change(f"kv_cache_config.free_gpu_memory_fraction {lower:.2f}",
+                              f"the KV cache takes {fraction} of the memory free after the engine loads; a smaller "
+                              "share leaves room for activations and other allocations"),
+                       Change(f"--max_num_tokens {int(tokens // 2) if tokens else 4096}", "bounds one step's tokens"),
+                       Change(f"--max_batch_size {int(batch // 2) if batch else 64}", "fewer sequences at once")]
+            kind, summary = "out_of_memory", ("TensorRT-LLM ran out of GPU memory after its KV cache took its share "
+                                              "of the free memory")
+        return Diagnosis(source, "trtllm", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
+    if facts is not None and facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:
+        return Diagnosis(source, "trtllm", "kv_cache_too_small",
+                         f"the KV cache holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
+                         f"{facts.context_len.value:,}", tuple(figures), (
+                             Change(f"--max_seq_len {facts.kv_tokens.value:,}", "one sequence of that length fits"),
+                             Change(f"kv_cache_config.free_gpu_memory_fraction {min(0.95, fraction + 0.05):.2f}",
+                                    "a share of the memory free after the weights: a larger KV cache")))
+    if facts is None:
+        return None
+    held = f"its KV cache holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
+    return Diagnosis(source, "trtllm", "fits", f"trtllm: {held}", tuple(figures))

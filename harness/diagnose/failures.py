@@ -1,0 +1,99 @@
+"""Where a log failed, and which engine wrote it. A log with an error, a traceback or an out-of-memory line has
+failed, whatever else it says; each distinct memory failure in it (two engines' logs pasted together, an OOM after a
+server log) is answered on its own."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harness.measure.oom import parse_cuda_oom
+
+_MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
+                     r"KV cache is needed, which is larger than|is larger than the maximum number of tokens that can be "
+                     r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
+                     r"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|Failed to allocate memory|"
+                     r"memory allocation failed|insufficient memory|not enough GPU memory|"
+                     r"Cannot allocate memory|can't allocate memory|OOM", re.I)
+_ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(|: |:$)|Traceback \(most recent call last\)|"
+                    r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
+_NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0", re.I)
+
+# markers of each engine in its logs (logger names, module paths, banners)
+ENGINE_MARKERS = {
+    "vllm": re.compile(r"\bvllm[./ ]|\bvLLM\b|EngineCore|\[gpu_model_runner\.py|\(VllmWorker|vllm serve|"
+                       r"\bLLMEngine\b|\bAsyncLLM", re.I),
+    "sglang": re.compile(r"sglang|\bsgl[_-]|\bTP\d+\] (?:Load weight|Init torch|Memory pool|Capture)|ServerArgs\(|"
+                         r"mem_fraction_static"),
+    "tgi": re.compile(r"text[_-]generation[_-](?:launcher|router|server|inference)|\bShard \d+|\bwebserver\b.*router|"
+                      r"text_generation|max_batch_prefill_tokens|Args \{ model_id"),
+    "trtllm": re.compile(r"tensorrt_llm|TensorRT-LLM|\[TRT-LLM\]|\bTRTLLM|trtllm-|\bKVCacheManager\b|"
+                         r"kv_cache_free_gpu_mem_fraction|free_gpu_memory_fraction|\[TRT\]"),
+}
+
+
+@dataclass(frozen=True)
+class FailureLine:
+    line: int  # 1-based
+    text: str
+    memory: bool  # an out-of-memory or memory-budget message, not just any error
+    identity: str  # equal for the same failure repeated (each process of a server logs it again)
+
+
+def failure_lines(text: str) -> list[FailureLine]:
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line[:4000]
+        memory = bool(_MEMORY.search(line)) and not _benign_oom_word(line)
+        if not memory and (not _ERROR.search(line) or _NOISE.search(line)):
+            continue
+        found.append(FailureLine(number, line.strip(), memory, _identity(line) if memory else ""))
+    return found
+
+
+def _benign_oom_word(line: str) -> bool:
+    """'OOM' in a word (ROOM, BLOOM) or in advice ('to avoid OOM'), not an out-of-memory failure."""
+    if re.search(r"out of memory|OutOfMemory|Not enough memory|No available memory|is larger than|less than|"
+                 r"Error in memory profiling|ALLOC_FAILED|MemoryAllocation|allocate memory|allocation failed|"
+                 r"insufficient memory|not enough GPU memory", line, re.I):
+        return False
+    return not re.search(r"(?<![A-Za-z])OOM(?![A-Za-z])", line) or bool(
+        re.search(r"avoid (?:an? )?OOM|prevent (?:an? )?OOM|to reduce OOM|OOM risk", line, re.I))
+
+
+def _identity(line: str) -> str:
+    """The same failure logged by several processes reads the same once its prefix (time, pid, rank) is dropped."""
+    figures = parse_cuda_oom(line)
+    if figures is not None and (figures.tried or figures.total):
+        return f"oom:{figures.tried}:{figures.total}:{figures.free}:{figures.allocated}"
+    core = re.sub(r"^.*?(?=[A-Z][\w.]*(?:Error|Exception)\b|Not enough|No available|CUDA out of memory|"
+                  r"To serve|Free memory|The model)", "", line)
+    return re.sub(r"\d+(?:\.\d+)?", "#", core)[:200]
+
+
+def engine_of(text: str, wanted: str | None = None) -> str | None:
+    """The engine that wrote the log: --engine where given, else the one whose markers occur most."""
+    if wanted in ENGINE_MARKERS:
+        return wanted
+    counts = {engine: len(pattern.findall(text[:4_000_000])) for engine, pattern in ENGINE_MARKERS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None
+
+
+def memory_failures(text: str) -> list[list[FailureLine]]:
+    """The distinct memory failures, each as its repeated lines, in the order they first occur."""
+    groups: dict[str, list[FailureLine]] = {}
+    for failure in failure_lines(text):
+        if failure.memory:
+            groups.setdefault(failure.identity, []).append(failure)
+    return list(groups.values())
+
+
+def last_error(text: str) -> FailureLine | None:
+    """The line that best names why the log failed: the last memory line, else the last exception line."""
+    lines = failure_lines(text)
+    memory = [f for f in lines if f.memory]
+    if memory:
+        return memory[-1]
+    raised = [f for f in lines if re.search(r"(?:Error|Exception)\b", f.text) and "Traceback" not in f.text]
+    return (raised or lines or [None])[-1]

@@ -1,0 +1,81 @@
+"""A PyTorch CUDA OOM read by the code around it: the traceback's frames and the lines before say whether a training
+step, its optimizer state, generate(), an attention mask or the weights' loading ran out, and each has its own lever.
+Memory another process holds and fragmentation come first (harness.diagnose.allocator)."""
+
+from __future__ import annotations
+
+import re
+
+from harness.diagnose.allocator import allocator_verdict, gib, oom_figures
+from harness.diagnose.records import Change, Diagnosis
+from harness.measure.oom import OomFigures
+
+GIB = 2**30
+
+# (pattern over the traceback and the lines before the error, kind, summary, changes)
+_PHASES = (
+    (r"optimizer\.step|optim/adam|adamw?\.py|_multi_tensor_adam|exp_avg|state\[.step.\]", "optimizer_state",
+     "the optimizer's state ran out (Adam keeps two fp32 moments per parameter)",
+     (Change("an 8-bit optimizer (bitsandbytes adamw_8bit) or a paged optimizer",
+             "optimizer state at a quarter of fp32 Adam's"),
+      Change("lower the batch size (per_device_train_batch_size)", "fewer activations beside the state"),
+      Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"))),
+    (r"attention_mask|_prepare_4d|causal_mask|_update_causal_mask|expand_mask|make_causal", "attention_mask",
+     "the attention mask ran out: it grows with the square of the sequence length",
+     (Change("shorter sequences (max_length / truncation)", "the mask is batch x length x length"),
+      Change("lower the batch size", "the mask grows with the batch too"),
+      Change("attn_implementation='sdpa' or 'flash_attention_2'", "no materialised mask"))),
+    (r"\.generate\(|generation/utils\.py|_sample\(|greedy_search|beam_search|model\.generate", "generate",
+     "generate() ran out: the KV cache and logits grow with batch x (prompt + new tokens)",
+     (Change("lower the batch size of generate()", "the KV cache and the logits grow with it"),
+      Change("shorter max_new_tokens / prompts (max_length)", "the KV cache grows with the sequence"),
+      Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the cache"))),
+    (r"\.backward\(|loss\.backward|autograd|training_step|trainer\.py|train_step|accelerator\.backward|"
+     r"inner_training_loop", "training_step",
+     "a training step ran out: activations kept for the backward pass grow with batch x sequence length",
+     (Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
+             "activations grow with the batch"),
+      Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"),
+      Change("shorter sequences (max_length)", "activations grow with the length"))),
+    (r"from_pretrained|load_state_dict|load_checkpoint|_load_pretrained|modeling_utils\.py|\.cuda\(\)|\.to\(['\"]cuda|"
+     r"safetensors", "weights_loading",
+     "the weights did not fit while loading",
+     (Change("quantize the weights (load_in_4bit / awq / gptq)", "a quarter of the 16-bit weights"),
+      Change("device_map='auto' over more GPUs, or a larger GPU", "spreads the weights"))),
+    (r"lm_eval|evaluator\.py|loglikelihood", "generate",
+     "an evaluation batch ran out of memory",
+     (Change("lower the batch size (--batch_size 1, or auto)", "fewer sequences per forward"),
+      Change("shorter sequences (max_length)", "activations and KV grow with the length"))),
+)
+
+
+def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
+                   has_model: bool) -> Diagnosis:
+    figures = oom_figures(oom, line) if oom is not None else []
+    lines = text.splitlines()
+    quoted = lines[line - 1].strip()[:300] if 0 < line <= len(lines) else ""
+    if oom is not None and (verdict := allocator_verdict(oom)) is not None:
+        return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
+                         failing_line=quoted)
+    around = "\n".join(lines[max(0, line - 60):line + 10])
+    total = gib(oom.total) if oom is not None else None
+    if weights_16bit_bytes and total and weights_16bit_bytes / GIB > 0.8 * total:
+        return Diagnosis(source, "pytorch-oom", "weights_do_not_fit",
+                         f"the weights ({weights_16bit_bytes / GIB:.2f} GiB at 16 bits) nearly fill the {total:.2f} GiB "
+                         "GPU", tuple(figures), (
+                             Change("quantize (awq or gptq 4-bit)", "a quarter of the 16-bit weights"),
+                             Change("a larger GPU, or split the model over more GPUs", "more room")),
+                         failing_line=quoted)
+    for pattern, kind, summary, changes in _PHASES:
+        if re.search(pattern, around):
+            return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
+    allocated = oom.allocated if oom is not None else None
+    return Diagnosis(source, "pytorch-oom", "out_of_memory",
+                     f"this process's own tensors filled the GPU ({allocated or '?'} allocated of "
+                     f"{(oom.total if oom else None) or '?'}); the request is the last straw, not necessarily the "
+                     "culprit; the traceback does not show which phase", tuple(figures), (
+                         Change("lower the tokens per step (batch x sequence length)", "activations grow with both: "
+                                "the lever when the weights fit"),
+                         Change("a larger GPU, or split the model over more GPUs", "splits the weights")),
+                     () if has_model else ("which model: --model DIR tells weights from activations; the whole "
+                                           "traceback tells which phase ran out",), failing_line=quoted)

@@ -1,0 +1,158 @@
+"""`quantgate diagnose` graded on real failure logs from public issues (tests/fixtures/diagnose_corpus/*.json, each
+with the fix its thread confirmed): never "fits" on a failed log, no suggestion already in place, no crash, each
+engine's log read by its own reader, and over the corpus the first change is a confirmed lever in >= 85%.
+
+`python -m tests.test_diagnose_corpus --write-docs` writes the graded table into docs/troubleshooting.md."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.diagnose.advise import Context, NotADiagnosableLog, diagnose_all
+from harness.diagnose.levers import in_place
+from harness.diagnose.settings import settings_given
+
+CORPUS = Path(__file__).parent / "fixtures" / "diagnose_corpus"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
+FIRST_CHANGE_RIGHT = 0.85
+READER_OF = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "trtllm": "trtllm", "tensorrt-llm": "trtllm",
+             "tensorrt_llm": "trtllm"}  # any other engine (PyTorch, transformers, lm-eval, ...): a non-engine reader
+TABLE_BEGIN = "<!-- diagnose corpus table: begin -->"
+TABLE_END = "<!-- diagnose corpus table: end -->"
+
+
+def cases() -> list[dict]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(CORPUS.glob("*.json"))]
+
+
+def flags_text(flags: dict) -> str:
+    """A case's flags as a user would pass them to --flags: '--key value', a bare switch, KEY=VALUE for ENV:KEY."""
+    words = []
+    for key, value in (flags or {}).items():
+        if key.startswith("ENV:"):
+            words.append(f"{key[4:]}={value}")
+        elif value is True:
+            words.append(key if key.startswith("-") else f"--{key}")
+        elif value not in (False, None):
+            words.append(f"{key if key.startswith('-') else '--' + key} {value}")
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Graded:
+    case: dict
+    diagnoses: tuple
+    error: str = ""
+
+    @property
+    def first(self):
+        main = self.diagnoses[0] if self.diagnoses else None
+        return main.changes[0] if main is not None and main.changes else None
+
+    @property
+    def right(self) -> bool:
+        return self.first is not None and self.first.lever in self.case["confirmed_levers"]
+
+
+def grade(case: dict, with_flags: bool) -> Graded:
+    context = Context(flags_text=flags_text(case.get("flags")) if with_flags else "")
+    try:
+        return Graded(case, tuple(diagnose_all(case["log"], case["id"], context)))
+    except NotADiagnosableLog as exc:
+        return Graded(case, (), str(exc))
+
+
+CASES = cases()
+IDS = [c["id"] for c in CASES]
+
+
+@pytest.mark.parametrize("with_flags", [False, True], ids=["log only", "with --flags"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_failed_log_is_never_fits_nor_refused(case, with_flags):
+    graded = grade(case, with_flags)
+    if not case["failed"]:
+        return
+    assert graded.diagnoses, f"{case['id']}: refused: {graded.error}"
+    for d in graded.diagnoses:
+        assert d.kind not in ("fits", "within_watermark"), (case["id"], d.summary)
+        assert "no memory failure" not in d.summary, (case["id"], d.summary)
+
+
+@pytest.mark.parametrize("with_flags", [False, True], ids=["log only", "with --flags"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
+    """Nothing already set (in the log or the case's flags) is suggested again, nor lowered where set higher."""
+    graded = grade(case, with_flags)
+    from harness.diagnose.settings import merged, settings_in
+
+    settings = merged(settings_in(case["log"]), settings_given(flags_text(case.get("flags"))))
+    for d in graded.diagnoses:
+        for change in d.changes:
+            assert change.lever, (case["id"], change)
+            assert not in_place(change, change.lever, settings), (case["id"], change.setting)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_each_engine_is_read_by_its_own_reader(case):
+    graded = grade(case, with_flags=False)
+    if not graded.diagnoses:
+        return
+    expected = READER_OF.get(case["engine"].lower())
+    reader = graded.diagnoses[0].reader
+    if expected is not None:
+        assert reader == expected, (case["id"], reader)
+    else:
+        assert reader not in ("vllm", "sglang", "tgi", "trtllm"), (case["id"], reader)
+
+
+def graded_table() -> tuple[list[Graded], str]:
+    rows = [grade(case, with_flags=True) for case in CASES if case["failed"]]
+    lines = ["| case | engine | kind | first change | confirmed | ok |", "|---|---|---|---|---|---|"]
+    for g in rows:
+        main = g.diagnoses[0] if g.diagnoses else None
+        first = f"`{g.first.setting[:60]}` ({g.first.lever})" if g.first else "(none)"
+        lines.append(f"| {g.case['id']} | {g.case['engine']} | {main.kind if main else 'refused'} | "
+                     f"{first.replace('|', '/')} | {', '.join(g.case['confirmed_levers'])} | "
+                     f"{'yes' if g.right else 'no'} |")
+    right = sum(g.right for g in rows)
+    lines.append("")
+    lines.append(f"First change confirmed in {right} of {len(rows)} logs ({right / max(len(rows), 1):.0%}).")
+    return rows, "\n".join(lines)
+
+
+def test_first_change_is_a_confirmed_lever_in_most_logs():
+    if not any(case["failed"] for case in CASES):
+        pytest.skip("the corpus is empty")
+    rows, table = graded_table()
+    misses = [g for g in rows if not g.right]
+    print("\n" + table)
+    share = 1 - len(misses) / len(rows)
+    assert share >= FIRST_CHANGE_RIGHT, (f"first change right in {share:.0%} of {len(rows)}; misses:\n"
+                                         + "\n".join(f"{g.case['id']}: {g.first.lever if g.first else None} not in "
+                                                     f"{g.case['confirmed_levers']}" for g in misses))
+
+
+def write_docs(path: Path = DOCS) -> None:
+    """Replace the table between the markers in docs/troubleshooting.md (appended with its heading if absent)."""
+    _, table = graded_table()
+    block = (f"{TABLE_BEGIN}\n\nWritten by `PYTHONPATH=. python -m tests.test_diagnose_corpus --write-docs` "
+             f"(each case's log with its flags given as --flags):\n\n{table}\n\n{TABLE_END}")
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if TABLE_BEGIN in text and TABLE_END in text:
+        text = re.sub(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## `diagnose` graded on real failure logs\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    if "--write-docs" in sys.argv:
+        write_docs()
+    else:
+        print(graded_table()[1])
