@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
-from harness.capacity.shapes import Attention, Linear, ModelShape, pipeline_stage
+from harness.capacity.shapes import NO_KV, Attention, LayerState, Linear, ModelShape, pipeline_stage
 
 GIB = 2**30
 MIB = 2**20
@@ -95,6 +95,8 @@ def check_split(shape: ModelShape, tp: int = 1, pp: int = 1) -> None:
     """TensorParallelError unless the heads split over `tp` GPUs (kv_heads_per_gpu) and every one of `pp` pipeline
     stages gets at least one decoder layer."""
     kv_heads_per_gpu(shape.attention, tp)
+    for state in shape.attention.states[:1]:
+        layer_state_bytes(state, tp)  # recurrent heads and channels must split evenly too
     if not 1 <= pp <= shape.layers:
         raise TensorParallelError(f"pipeline parallel size {pp}: must be between 1 and the model's {shape.layers} "
                                   "layers (each pipeline stage holds at least one layer)")
@@ -123,17 +125,21 @@ def kv_layer_token_bytes(attention: Attention, kv_dtype_bytes: float = 2, tp: in
 
 
 def kv_bytes_per_token(attention: Attention, kv_dtype_bytes: float = 2, tp: int = 1) -> int:
-    """KV bytes of one token in every layer on one GPU, as if every layer attended to it:
-    GQA 2 x layers x KV heads x head_dim x bytes; MLA (kv_lora_rank + qk_rope_head_dim) x layers x bytes."""
-    return int(round(attention.layers * kv_layer_token_bytes(attention, kv_dtype_bytes, tp)))
+    """KV bytes of one token in every layer with a KV cache on one GPU, as if every such layer attended to it:
+    GQA 2 x layers x KV heads x head_dim x bytes; MLA (kv_lora_rank + qk_rope_head_dim) x layers x bytes. A hybrid
+    model's recurrent and MLP-only layers keep no KV (Nemotron-Nano-9B-v2: 4 of 56 layers, 16,384 bytes, as vLLM
+    logs); their state per sequence is state_bytes_per_sequence."""
+    return int(round(attention.kv_layers * kv_layer_token_bytes(attention, kv_dtype_bytes, tp)))
 
 
 def kv_bytes_per_sequence(attention: Attention, length: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
-                          block_size: int = 1, window_extra: int = 0, sliding: bool = True) -> int:
-    """KV bytes one sequence of `length` tokens holds on one GPU.
+                          block_size: int = 1, window_extra: int = 0, sliding: bool = True,
+                          states: bool = True) -> int:
+    """Bytes one running sequence of `length` tokens holds on one GPU: its KV cache and, for a hybrid model, the
+    recurrent layers' state (state_bytes_per_sequence; states=False leaves it out).
 
-    Sum over layers of (layer token bytes x tokens the layer keeps), each rounded up to whole blocks of `block_size`
-    tokens. A full-attention layer keeps all `length` tokens; a sliding-window layer at most
+    KV: sum over layers with a KV cache of (layer token bytes x tokens the layer keeps), each rounded up to whole
+    blocks of `block_size` tokens. A full-attention layer keeps all `length` tokens; a sliding-window layer at most
     min(length, sliding_window + window_extra) (vLLM frees the blocks that leave the window; during a chunked
     prefill it holds up to max_num_batched_tokens - 1 more, which the caller passes as window_extra).
     sliding=False counts sliding layers as full attention (an engine that keeps their whole history).
@@ -141,9 +147,34 @@ def kv_bytes_per_sequence(attention: Attention, length: int, kv_dtype_bytes: flo
     per_layer = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
     total = 0.0
     for window in attention.windows:
+        if window == NO_KV:
+            continue
         kept = length if window is None or not sliding else min(length, window + window_extra)
         total += per_layer * math.ceil(kept / block_size) * block_size
-    return int(round(total))
+    return int(round(total)) + (state_bytes_per_sequence(attention, tp) if states else 0)
+
+
+def layer_state_bytes(state: LayerState, tp: int = 1) -> int:
+    """Bytes of one recurrent layer's state for one sequence on one GPU, as vLLM's MambaStateShapeCalculator shapes
+    it (shapes.LayerState): conv_tokens x conv channels / tp at the conv dtype, plus heads / tp x head_elements at
+    the temporal state's dtype. Mamba2 widens n_groups to tp when tp does not divide them (extra_groups_for_head_
+    shards). TensorParallelError when tp does not divide the channels or heads (vLLM's divide() asserts)."""
+    channels = state.conv_channels
+    if state.kind == "mamba2":
+        groups = state.n_groups + (0 if state.n_groups % tp == 0 else tp - state.n_groups)
+        channels += 2 * groups * state.d_state
+    if channels % tp or state.heads % tp:
+        raise TensorParallelError(f"the {state.kind} layers' {channels} conv channels and {state.heads} heads do "
+                                  f"not split evenly over {tp} GPUs")
+    conv = state.conv_tokens * channels // tp * state.conv_dtype_bytes
+    return conv + state.heads // tp * state.head_elements * state.ssm_dtype_bytes
+
+
+def state_bytes_per_sequence(attention: Attention, tp: int = 1) -> int:
+    """The recurrent state one running sequence holds on one GPU, whatever its length: every recurrent layer's
+    layer_state_bytes (0 for a model without recurrent layers). Nemotron-Nano-9B-v2: 27 Mamba2 layers of 73,728
+    conv bytes (bf16) and 5,242,880 SSM bytes (float32), 143.5 MB a sequence."""
+    return sum(layer_state_bytes(state, tp) for state in attention.states)
 
 
 def shared_prefix_bytes(attention: Attention, shared_tokens: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
@@ -153,7 +184,7 @@ def shared_prefix_bytes(attention: Attention, shared_tokens: int, kv_dtype_bytes
     sliding-window layer drops the prefix once a sequence passes the window, so its copy is not counted as shared
     (sliding=False counts it: an engine that keeps a sliding layer's whole history, as full attention)."""
     shared = shared_tokens // block_size * block_size
-    layers = sum(1 for window in attention.windows if window is None or not sliding)
+    layers = sum(1 for window in attention.windows if window is None or (not sliding and window != NO_KV))
     return int(round(layers * kv_layer_token_bytes(attention, kv_dtype_bytes, tp) * shared))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from harness.capacity.shapes import (KNOWN_TYPES, ConfigFieldError, Linear, ModelShape, attention_shape,
@@ -26,7 +27,13 @@ _EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 def model_shape(config: Any) -> ModelShape:
     """Every linear layer, the norms and the attention of the model this config describes: written out for the
-    architectures shapes.py knows (no torch import), built on the meta device for any other transformers knows."""
+    architectures shapes.py knows (no torch import), built on the meta device for any other transformers knows.
+    A multimodal config (one with a `text_config`) is planned from its language model plus the vision tower's
+    weights (multimodal_shape)."""
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    nested = raw.get("text_config")
+    if hasattr(nested, "to_dict") or (isinstance(nested, dict) and nested):
+        return multimodal_shape(raw)
     fields = config_fields(config)
     if not fields.get("model_type") or fields["model_type"] in KNOWN_TYPES:
         return written_shape(fields)
@@ -94,6 +101,58 @@ def meta_shape(fields: dict[str, Any]) -> ModelShape:
                       torch_dtype=fields.get("torch_dtype") or fields.get("dtype"))
 
 
+def multimodal_shape(raw: dict[str, Any]) -> ModelShape:
+    """A vision-language model as a serving engine holds it: its language model (the text config with the defaults
+    transformers fills in, since a published config.json leaves them out: Gemma-3-27B's text_config has no
+    vocab_size, max_position_embeddings or sliding_window_pattern) and the vision tower and projector, counted from
+    the model transformers builds on the meta device. The vision weights are added as 16-bit parameters on every GPU
+    (other_params: engines load the vision tower unquantized; under tensor parallelism this over-counts them)."""
+    built = _transformers_config(raw)
+    given = raw["text_config"].to_dict() if hasattr(raw["text_config"], "to_dict") else dict(raw["text_config"])
+    defaults = {k: v for k, v in built.get_text_config().to_dict().items() if v is not None}
+    top = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config") and v is not None}
+    fields = {**top, **defaults, **given}
+    fields["model_type"] = given.get("model_type") or defaults.get("model_type")
+    language = written_shape(fields) if fields["model_type"] in KNOWN_TYPES else meta_shape(fields)
+    return replace(language, other_params=language.other_params + _vision_params(built))
+
+
+def _transformers_config(raw: dict[str, Any]):
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        from transformers import AutoConfig
+
+    model_type = raw.get("model_type")
+    try:
+        return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigFieldError("model_type", f"is {model_type!r}, which this transformers does not know either "
+                               f"({str(exc)[:160]})") from None
+
+
+def _vision_params(config) -> int:
+    """Parameters of everything but the language model and its lm_head: the vision tower and the projector."""
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        import torch
+        from transformers import AutoModel, AutoModelForImageTextToText
+
+    try:
+        with torch.device("meta"):
+            try:
+                model = AutoModelForImageTextToText.from_config(config)
+            except ValueError:
+                model = AutoModel.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a config this planner cannot count
+        raise ConfigFieldError("vision_config", f"of model_type {config.model_type!r}: transformers could not build "
+                               f"the vision tower on the meta device ({type(exc).__name__}: {str(exc)[:160]})") \
+            from None
+    return sum(p.numel() for name, p in model.named_parameters()
+               if "language_model" not in name and not name.startswith("lm_head"))
+
+
 def _meta_model(fields: dict[str, Any]):
     from harness.quiet import quiet_imports
 
@@ -110,7 +169,15 @@ def _meta_model(fields: dict[str, Any]):
                                f"does not know either ({exc})") from None
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            try:
+                return AutoModelForCausalLM.from_config(config)
+            except ValueError:  # a multimodal model's text part (MllamaTextConfig): its XForCausalLM by name
+                import transformers
+
+                name = re.sub(r"(Text)?Config$", "ForCausalLM", type(config).__name__)
+                if not hasattr(transformers, name):
+                    raise
+                return getattr(transformers, name)(config)
     except Exception as exc:  # noqa: BLE001 - any failure to build is a config this planner cannot count
         raise ConfigFieldError("model_type", f"is {model_type!r}: transformers could not build it on the meta "
                                f"device ({type(exc).__name__}: {str(exc)[:160]})") from None

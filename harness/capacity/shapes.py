@@ -37,13 +37,43 @@ class ConfigFieldError(ValueError):
         self.field = field
 
 
+NO_KV = 0  # Attention.windows entry of a layer that keeps no KV cache (Mamba, linear attention, short conv, MLP only)
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """The state one recurrent layer keeps per running sequence, whatever its length, as vLLM's
+    MambaStateShapeCalculator (vllm/model_executor/layers/mamba/mamba_utils.py) shapes it: a convolution state of
+    `conv_tokens` (conv_kernel - 1) x conv channels, and a temporal (SSM / delta-rule) state of `heads` x
+    `head_elements`. Tensor parallelism divides the conv channels and the heads.
+
+    kind: "mamba2" (conv channels = intermediate + 2 x n_groups x d_state, n_groups widened to tp when tp does not
+    divide them; temporal heads x head_dim x d_state), "mamba1" (conv intermediate; temporal intermediate x d_state),
+    "gated_deltanet" (conv 2 x key heads x key dim + value heads x value dim; temporal value heads x value dim x key
+    dim), "short_conv" (conv only, hidden channels). Bytes per element: the conv state in the model's dtype, the
+    temporal state in the engine's mamba_ssm_cache_dtype (float32 for Nemotron-H by default).
+    """
+
+    kind: str
+    conv_channels: int  # mamba2: the intermediate part only (the groups' part is added per tp)
+    conv_tokens: int
+    heads: int
+    head_elements: int
+    conv_dtype_bytes: int = 2
+    ssm_dtype_bytes: int = 2
+    n_groups: int = 0
+    d_state: int = 0
+
+
 @dataclass(frozen=True)
 class Attention:
-    """What the KV cache stores per token and layer.
+    """What the KV cache stores per token and layer, and what recurrent layers keep per sequence.
 
     GQA: K and V of `kv_heads` heads of `head_dim`. MLA (DeepSeek): one latent of `latent_dim` =
-    kv_lora_rank + qk_rope_head_dim, shared by all heads (kv_heads 1, head_dim 0). `windows[i]` is layer i's
-    sliding window in tokens, None for full attention.
+    kv_lora_rank + qk_rope_head_dim, shared by all heads (kv_heads 1, head_dim 0). `windows[i]` is decoder layer i's
+    sliding window (or attention chunk) in tokens, None for full attention, NO_KV (0) for a layer without attention.
+    `states`: one LayerState per recurrent layer of a hybrid model (Mamba, gated DeltaNet, short conv), a constant
+    per running sequence.
     """
 
     heads: int
@@ -51,10 +81,16 @@ class Attention:
     head_dim: int
     latent_dim: int
     windows: tuple[int | None, ...]
+    states: tuple[LayerState, ...] = ()
 
     @property
     def layers(self) -> int:
         return len(self.windows)
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep a KV cache (all of them but a hybrid model's recurrent and MLP-only layers)."""
+        return sum(1 for w in self.windows if w != NO_KV)
 
     @property
     def is_mla(self) -> bool:
@@ -62,7 +98,7 @@ class Attention:
 
     @property
     def sliding_layers(self) -> int:
-        return sum(1 for w in self.windows if w is not None)
+        return sum(1 for w in self.windows if w is not None and w != NO_KV)
 
 
 @dataclass(frozen=True)
@@ -136,9 +172,12 @@ def pipeline_stage(shape: ModelShape, stages: int) -> ModelShape:
     kept = math.ceil(layers / stages)
     linears = tuple(replace(lin, count=lin.count // (lin.layers or layers) * min(kept, lin.layers or layers),
                             layers=min(kept, lin.layers) if lin.layers else 0) for lin in shape.linears)
-    windows = shape.attention.windows
-    largest = sorted(range(layers), key=lambda i: (windows[i] is not None, -(windows[i] or 0)))[:kept]
-    attention = replace(shape.attention, windows=tuple(windows[i] for i in sorted(largest)))
+    windows, states = shape.attention.windows, shape.attention.states
+    largest = sorted(range(layers), key=lambda i: (windows[i] == NO_KV, windows[i] is not None,
+                                                   -(windows[i] or 0)))[:kept]
+    # a hybrid stage's recurrent layers: at most `kept` of them (an upper bound, as for the linears)
+    attention = replace(shape.attention, windows=tuple(windows[i] for i in sorted(largest)),
+                        states=states[:kept])
     per_layer_params = shape.other_params - shape.hidden  # all but the final norm is per layer
     other = math.ceil(per_layer_params * kept / layers) + shape.hidden
     return replace(shape, attention=attention, linears=linears, other_params=other)
@@ -185,42 +224,115 @@ def num_kv_heads(fields: dict[str, Any]) -> int:
 
 
 def attention_shape(config: Any, *, strict: bool = True) -> Attention:
-    """The KV-relevant shape: needs no known architecture, only the attention fields. strict=False counts layer types
-    other than full and sliding attention (linear-attention hybrids) as full attention, an upper bound, instead of
-    raising."""
+    """The KV-relevant shape: needs no known architecture, only the attention fields (and a hybrid model's recurrent
+    fields). strict=False counts layer types it does not know, and recurrent layers whose state it cannot size, as
+    full attention (an upper bound) instead of raising."""
     fields = config_fields(config)
-    layers = positive_int(fields, "num_hidden_layers")
+    kinds = layer_kinds(fields)
+    layers = len(kinds) if kinds is not None else positive_int(fields, "num_hidden_layers")
     heads = positive_int(fields, "num_attention_heads")
     windows = layer_windows(fields, layers, strict=strict)
+    recurrent = sum(1 for kind in kinds or () if kind in ("recurrent", "hybrid"))
+    states: tuple[LayerState, ...] = ()
+    if recurrent:
+        try:
+            states = (recurrent_state(fields),) * recurrent
+        except ConfigFieldError:
+            if strict:
+                raise
+            # a state it cannot size: those layers count as full attention, an upper bound as for unknown kinds
+            windows = tuple(None if kind in ("recurrent", "hybrid") else window
+                            for kind, window in zip(kinds or (), windows))
     if fields.get("kv_lora_rank"):
         latent = positive_int(fields, "kv_lora_rank") + positive_int(fields, "qk_rope_head_dim")
-        return Attention(heads=heads, kv_heads=1, head_dim=0, latent_dim=latent, windows=windows)
+        return Attention(heads=heads, kv_heads=1, head_dim=0, latent_dim=latent, windows=windows, states=states)
     return Attention(heads=heads, kv_heads=num_kv_heads(fields), head_dim=head_dim(fields), latent_dim=0,
-                     windows=windows)
+                     windows=windows, states=states)
+
+
+# What each spelling of a layer's kind means: attention of some kind, a recurrent layer (a state per sequence, no
+# KV), attention and a recurrent mixer side by side ("hybrid": Falcon-H1), or an MLP/MoE-only layer (neither).
+_KIND_NAMES = {"full_attention": "full_attention", "attention": "full_attention", "*": "full_attention",
+               "sliding_attention": "sliding_attention", "chunked_attention": "chunked_attention",
+               "linear_attention": "recurrent", "mamba": "recurrent", "mamba2": "recurrent", "conv": "recurrent",
+               "M": "recurrent", "mlp": "mlp", "moe": "mlp", "-": "mlp", "E": "mlp", "hybrid": "hybrid",
+               "cross_attention": "cross_attention"}
+
+
+def layer_kinds(fields: dict[str, Any]) -> tuple[str, ...] | None:
+    """Each decoder layer's kind (full_attention, sliding_attention, chunked_attention, recurrent, hybrid, mlp,
+    cross_attention, or a spelling this planner does not know, kept as written), from whichever field the config
+    spells it with; None when the config names no per-layer kinds (every layer then attends, windows per
+    layer_windows).
+
+    `layer_types` (Gemma 2/3, gpt-oss, Cohere 2, Qwen3-Next, Granite 4 hybrid, LFM2), `layers_block_type`,
+    Nemotron-H's `hybrid_override_pattern` (M Mamba2, * attention, - MLP, E MoE), Jamba's attention every
+    `attn_layer_period` layers from `attn_layer_offset`, LFM2's `full_attn_idxs`, Falcon-H1 (attention and Mamba2 in
+    every layer), Gemma 3 / Cohere 2's `sliding_window_pattern` (one full-attention layer in that many: the published
+    configs have it where transformers' own would write layer_types), Llama 4's chunked layers (`no_rope_layers`,
+    default three in four), Mllama's `cross_attention_layers`.
+    """
+    model_type = str(fields.get("model_type") or "")
+    types = fields.get("layer_types") or fields.get("layers_block_type")
+    if types is not None and not isinstance(types, list):
+        raise ConfigFieldError("layer_types", "should list one layer type per layer")
+    if types:
+        return tuple(_KIND_NAMES.get(str(kind), str(kind)) for kind in types)
+    pattern = fields.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return tuple(_KIND_NAMES.get(char, char) for char in pattern)
+    if fields.get("attn_layer_period"):  # Jamba
+        layers = positive_int(fields, "num_hidden_layers")
+        period, offset = positive_int(fields, "attn_layer_period"), int(fields.get("attn_layer_offset") or 0)
+        return tuple("full_attention" if i % period == offset else "recurrent" for i in range(layers))
+    if model_type == "falcon_h1":
+        return ("hybrid",) * positive_int(fields, "num_hidden_layers")
+    if isinstance(fields.get("full_attn_idxs"), list):  # LFM2 without layer_types
+        full = set(fields["full_attn_idxs"])
+        return tuple("full_attention" if i in full else "recurrent"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
+    every = fields.get("sliding_window_pattern") or fields.get("_sliding_window_pattern")
+    if every and fields.get("sliding_window"):
+        every = positive_int({"sliding_window_pattern": every}, "sliding_window_pattern")
+        return tuple("sliding_attention" if (i + 1) % every else "full_attention"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
+    if model_type.startswith("llama4") and fields.get("attention_chunk_size"):
+        layers = positive_int(fields, "num_hidden_layers")
+        rope = fields.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+        return tuple("chunked_attention" if rope[i] else "full_attention" for i in range(layers))
+    if isinstance(fields.get("cross_attention_layers"), list):  # Mllama's text model
+        cross = set(fields["cross_attention_layers"])
+        return tuple("cross_attention" if i in cross else "full_attention"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
+    return None
 
 
 def layer_windows(fields: dict[str, Any], layers: int, *, strict: bool = True) -> tuple[int | None, ...]:
-    """Each layer's sliding window (None: full attention).
+    """Each layer's sliding window (None: full attention; NO_KV: a layer without a KV cache).
 
-    `layer_types` when the config lists them (transformers writes it for Gemma-2/3, Qwen2/3); otherwise Gemma-2
-    alternates, sliding on even layers; Qwen2/Qwen3 slide only with use_sliding_window, on layers from
-    max_window_layers on; Mistral/Mixtral with a sliding_window slide on every layer; any other model is counted as
-    full attention on every layer (an upper bound on its KV cache).
+    The kinds of layer_kinds when the config gives them; otherwise Gemma-2 alternates, sliding on even layers;
+    Qwen2/Qwen3 slide only with use_sliding_window, on layers from max_window_layers on; Mistral/Mixtral with a
+    sliding_window slide on every layer; any other model is counted as full attention on every layer (an upper bound
+    on its KV cache). Mllama's cross-attention layers hold the image tokens' K/V, not the text's: NO_KV here.
     """
-    window, types, model_type = fields.get("sliding_window"), fields.get("layer_types"), fields.get("model_type")
-    if types is not None:
-        if not isinstance(types, list) or len(types) != layers:
+    window, model_type = fields.get("sliding_window"), fields.get("model_type")
+    kinds = layer_kinds(fields)
+    if kinds is not None:
+        if len(kinds) != layers:
             raise ConfigFieldError("layer_types", f"should list one attention type per layer ({layers})")
-        unknown = sorted(set(types) - {"full_attention", "sliding_attention", "chunked_attention"})
+        known = {"full_attention", "sliding_attention", "chunked_attention", "recurrent", "hybrid", "mlp",
+                 "cross_attention"}
+        unknown = sorted(set(kinds) - known)
         if unknown and strict:
             raise ConfigFieldError("layer_types", f"has {unknown[0]!r}: quantgate plans full, sliding and chunked "
-                                                  "attention only")
-        if "sliding_attention" in types:
+                                                  "attention, Mamba, linear attention and short-conv layers only")
+        if "sliding_attention" in kinds:
             window = positive_int(fields, "sliding_window")
         # chunked local attention (Llama 4) keeps at most one chunk of keys: vLLM sizes it as a window of the chunk
-        chunk = positive_int(fields, "attention_chunk_size") if "chunked_attention" in types else None
-        return tuple(window if kind == "sliding_attention" else chunk if kind == "chunked_attention" else None
-                     for kind in types)
+        chunk = positive_int(fields, "attention_chunk_size") if "chunked_attention" in kinds else None
+        sized = {"sliding_attention": window, "chunked_attention": chunk, "recurrent": NO_KV, "mlp": NO_KV,
+                 "cross_attention": NO_KV}
+        return tuple(sized.get(kind) for kind in kinds)
     if not window:
         return (None,) * layers
     window = positive_int(fields, "sliding_window")
@@ -236,23 +348,82 @@ def layer_windows(fields: dict[str, Any], layers: int, *, strict: bool = True) -
     return (None,) * layers
 
 
-def derived_max_len(fields: dict[str, Any]) -> int | None:
-    """The longest max_model_len vLLM accepts for this config (its ModelConfig's derived max_model_len).
+def _dtype_bytes(name: Any) -> int:
+    return 4 if str(name).replace("torch.", "") in ("float32", "float") else 2
 
-    max_position_embeddings, times the RoPE scaling factor where the scaling extends the context (YaRN:
-    original_max_position_embeddings x factor); llama3, longrope and su scaling are already counted in
-    max_position_embeddings.
+
+def recurrent_state(fields: dict[str, Any]) -> LayerState:
+    """The state per sequence of one recurrent layer of this hybrid model, with the fields vLLM's model class reads
+    (get_mamba_state_shape_from_config) and its dtypes (get_mamba_state_dtype_from_config: the conv state in the
+    model's dtype; the temporal state in mamba_ssm_cache_dtype, "auto" = the model's, except Nemotron-H whose
+    NemotronHForCausalLMConfig defaults it to float32). ConfigFieldError for a model type whose state is not
+    written out here."""
+    model_type = str(fields.get("model_type") or "")
+    model_bytes = _dtype_bytes(fields.get("torch_dtype") or fields.get("dtype") or "bfloat16")
+    ssm = fields.get("mamba_ssm_cache_dtype")
+    ssm_bytes = _dtype_bytes(ssm) if ssm and ssm != "auto" else model_bytes
+    hidden = positive_int(fields, "hidden_size")
+    if model_type == "nemotron_h":
+        heads, dim = positive_int(fields, "mamba_num_heads"), positive_int(fields, "mamba_head_dim")
+        return LayerState("mamba2", heads * dim, positive_int(fields, "conv_kernel") - 1, heads,
+                          dim * positive_int(fields, "ssm_state_size"), model_bytes,
+                          _dtype_bytes(ssm) if ssm and ssm != "auto" else 4,
+                          n_groups=positive_int(fields, "n_groups"), d_state=positive_int(fields, "ssm_state_size"))
+    if model_type in ("granitemoehybrid", "bamba", "falcon_h1"):
+        heads, dim = positive_int(fields, "mamba_n_heads"), positive_int(fields, "mamba_d_head")
+        expand = fields.get("mamba_expand") or 2
+        intermediate = (positive_int(fields, "mamba_d_ssm") if fields.get("mamba_d_ssm")
+                        else int(expand * hidden))
+        d_state = positive_int(fields, "mamba_d_state")
+        return LayerState("mamba2", intermediate, positive_int(fields, "mamba_d_conv") - 1, heads, dim * d_state,
+                          model_bytes, ssm_bytes, n_groups=positive_int(fields, "mamba_n_groups", default=1),
+                          d_state=d_state)
+    if model_type == "jamba":
+        intermediate = int(positive_int(fields, "mamba_expand") * hidden)
+        return LayerState("mamba1", intermediate, positive_int(fields, "mamba_d_conv") - 1, intermediate,
+                          positive_int(fields, "mamba_d_state"), model_bytes, ssm_bytes)
+    if model_type.startswith(("qwen3_next", "qwen3_5")):
+        k_heads, v_heads = positive_int(fields, "linear_num_key_heads"), positive_int(fields, "linear_num_value_heads")
+        k_dim, v_dim = positive_int(fields, "linear_key_head_dim"), positive_int(fields, "linear_value_head_dim")
+        return LayerState("gated_deltanet", 2 * k_heads * k_dim + v_heads * v_dim,
+                          positive_int(fields, "linear_conv_kernel_dim") - 1, v_heads, v_dim * k_dim, model_bytes,
+                          ssm_bytes)
+    if model_type.startswith("lfm2"):
+        channels = positive_int(fields, "conv_dim") if fields.get("conv_dim") else hidden
+        return LayerState("short_conv", channels, positive_int(fields, "conv_L_cache") - 1, 0, 0, model_bytes,
+                          ssm_bytes)
+    raise ConfigFieldError("layer_types", f"has recurrent (Mamba / linear-attention / conv) layers, whose state per "
+                                          f"sequence quantgate does not know for model_type {model_type!r} (known: "
+                                          "nemotron_h, jamba, falcon_h1, granitemoehybrid, bamba, qwen3_next, "
+                                          "qwen3_5, lfm2)")
+
+
+# vLLM's ModelConfig._get_and_verify_max_len reads the smallest of these.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def derived_max_len(fields: dict[str, Any]) -> int | None:
+    """The longest max_model_len vLLM accepts for this config (vllm/config/model.py::_get_and_verify_max_len).
+
+    The smallest of the length keys vLLM reads, times the RoPE scaling factor where the scaling is not already in
+    it (YaRN: original_max_position_embeddings x factor); llama3, longrope and su scaling are already counted, and
+    so is Gemma 3's (vLLM skips the factor for any model_type containing "gemma3": its 131,072 is already scaled).
     """
-    limit = fields.get("max_position_embeddings")
-    if not limit:
+    limits = [int(fields[key]) for key in _MAX_LEN_KEYS
+              if isinstance(fields.get(key), (int, float)) and not isinstance(fields.get(key), bool) and fields[key] > 0]
+    if not limits:
         return None
+    limit = min(limits)
     rope = fields.get("rope_scaling") or fields.get("rope_parameters")
+    if "gemma3" in str(fields.get("model_type") or ""):
+        return limit
     if isinstance(rope, dict) and rope.get("factor"):
         kind = rope.get("rope_type") or rope.get("type")
         if kind not in ("su", "longrope", "llama3", "default", "mrope"):
             base = rope.get("original_max_position_embeddings", limit) if kind == "yarn" else limit
             return int(int(base) * float(rope["factor"]))
-    return int(limit)
+    return limit
 
 
 def written_shape(config: Any) -> ModelShape:
