@@ -82,8 +82,16 @@ def logged_kv_per_token(case: dict) -> float | None:
     return None
 
 
+def gpu_known(case: dict) -> bool:
+    """Whether the thread says which GPU (or how much memory) the log is from: KV room cannot be planned without."""
+    return case.get("gpu_total_gib") is not None or case["gpu"] != "unknown"
+
+
 def logged_value(case: dict, check: str) -> float | None:
+    """The log's figure for `check` (None: the log does not have it, or the room it needs cannot be planned)."""
     logged = case["logged"]
+    if check in ("kv_tokens", "kv_memory") and not gpu_known(case):
+        return None
     if check == "weights":
         return logged["weights_gib"] * GIB if logged.get("weights_gib") else None
     if check == "kv_per_token":

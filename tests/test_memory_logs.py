@@ -17,8 +17,19 @@ from scripts.memory_log_table import CHECKS, CASES, compare, load_cases, logged_
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
     'sglang-unknown-qwen3-235b-a22b-fp8-4xh100': {
+        'kv_tokens': 'predicted 1.26x the log',
+        'kv_memory': 'predicted 1.26x the log',
+    },
+    'trtllm-0.5-llama-2-7b-a10': {
         'kv_tokens': 'predicted 1.21x the log',
-        'kv_memory': 'predicted 1.21x the log',
+    },
+    'trtllm-0.8-mistral-7b-4xa10g-run-py': {
+        'kv_tokens': 'predicted 2.14x the log',
+        'kv_memory': 'predicted 2.14x the log',
+    },
+    'trtllm-0.8-mistral-7b-4xa10g-triton': {
+        'kv_tokens': 'predicted 17.35x the log',
+        'kv_memory': 'predicted 17.35x the log',
     },
     'vllm-0.19.0-gpt-oss-20b-a100': {
         'weights': 'predicted 0.93x the log',
@@ -35,13 +46,20 @@ KNOWN_FAILURES = {
     'vllm-0.6.5-llama3-8b-80gb-tp1': {
         'kv_memory': 'vLLM 0.6 accounting is not modelled (the planner knows 0.32-0.34)',
     },
+    'vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb': {
+        'weights': 'predicted 0.78x the log',
+        'kv_per_token': 'predicted 0.90x the log',
+    },
     'vllm-0.7.3-qwen25-7b-bnb4-rtx4060': {
         'weights': 'predicted 1.05x the log',
         'kv_tokens': 'vLLM 0.7 accounting is not modelled (the planner knows 0.32-0.34)',
     },
+    'vllm-0.8.3-qwen25-vl-72b-4xa100': {
+        'weights': "field 'model_type' is 'qwen2_5_vl': transformers could not build it on the meta device (Unrecognized configuration class <class 'transformers.models",
+    },
     'vllm-unknown-qwen3-235b-a22b-fp8-4xh100': {
-        'kv_tokens': 'predicted 2.36x the log',
-        'kv_memory': 'predicted 2.33x the log',
+        'kv_tokens': 'predicted 2.43x the log',
+        'kv_memory': 'predicted 2.41x the log',
     },
 }
 
