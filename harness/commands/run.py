@@ -55,9 +55,10 @@ def add_parser(subparsers) -> None:
                         "needs at least 20)")
     evaluation.add_argument("--memory-limit-gib", type=float, help="kill a format's subprocess above this RSS, as "
                         "a smaller host's OOM killer would (that format becomes NO-GO; the others run)")
-    plan.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name: T4, A10G, L4, "
-                        "RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, H100-SXM, H100-NVL, H200, B200 (default: "
-                        "the policy's [serving] target_gpu, else an 80 GiB GPU, or --gpu-memory-gib)")
+    plan.add_argument("--target-gpu", metavar="NAME", help="target GPU of the serving plans by name, as nvidia-smi "
+                        "prints it or as typed: T4, L4, 'RTX 4090', A100-80GB, 'NVIDIA H100 80GB HBM3', H200, B200, "
+                        "MI300X, ... (`quantgate plan --help` lists them; default: the policy's [serving] "
+                        "target_gpu, else an 80 GiB GPU, or --gpu-memory-gib)")
     plan.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
                         "--target-gpu names one (default: the policy's [serving] target_gpu, else 80)")
     plan.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization of the plans and "
@@ -144,12 +145,10 @@ def flag_values(args) -> tuple[dict, dict]:
         raise UserError("--target-gpu and --gpu-memory-gib: give one (--target-gpu plans on that GPU's own memory)")
     target_gpu = getattr(args, "target_gpu", None)
     if target_gpu:
-        from harness.capacity import gpu_by_name
+        from harness.commands.gpu_args import one_target_gpu
 
-        try:
-            target_gpu = gpu_by_name(target_gpu).name
-        except ValueError as exc:
-            raise UserError(f"--target-gpu: {exc}") from None
+        target_gpu = one_target_gpu(target_gpu, "the serving plans of a run are for one GPU (`quantgate plan` "
+                                    "takes one per pipeline stage)").name
     capacity = {k: v for k, v in {"target_gpu": target_gpu,
                                   "gpu_memory_gib": args.gpu_memory_gib,
                                   "gpu_memory_utilization": args.gpu_memory_utilization,
