@@ -61,7 +61,9 @@ class Graded:
 
 
 def grade(case: dict, with_flags: bool) -> Graded:
-    context = Context(flags_text=flags_text(case.get("flags")) if with_flags else "")
+    """with_flags: the case's flags as --flags and its engine as --engine, as a user who knows them passes them."""
+    engine = READER_OF.get(case["engine"].lower()) if with_flags else None
+    context = Context(flags_text=flags_text(case.get("flags")) if with_flags else "", engine=engine)
     try:
         return Graded(case, tuple(diagnose_all(case["log"], case["id"], context)))
     except NotADiagnosableLog as exc:
@@ -91,7 +93,8 @@ def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
     graded = grade(case, with_flags)
     from harness.diagnose.settings import merged, settings_in
 
-    settings = merged(settings_in(case["log"]), settings_given(flags_text(case.get("flags"))))
+    given = settings_given(flags_text(case.get("flags"))) if with_flags else {}
+    settings = merged(settings_in(case["log"]), given)
     for d in graded.diagnoses:
         for change in d.changes:
             assert change.lever, (case["id"], change)
@@ -100,15 +103,14 @@ def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_each_engine_is_read_by_its_own_reader(case):
-    graded = grade(case, with_flags=False)
-    if not graded.diagnoses:
-        return
+    """Told the engine, its reader answers; from the log alone, never another engine's reader."""
     expected = READER_OF.get(case["engine"].lower())
-    reader = graded.diagnoses[0].reader
+    informed, plain = grade(case, with_flags=True), grade(case, with_flags=False)
+    assert informed.diagnoses and plain.diagnoses, case["id"]
     if expected is not None:
-        assert reader == expected, (case["id"], reader)
-    else:
-        assert reader not in ("vllm", "sglang", "tgi", "trtllm"), (case["id"], reader)
+        assert informed.diagnoses[0].reader == expected, (case["id"], informed.diagnoses[0].reader)
+    engines = {"vllm", "sglang", "tgi", "trtllm"} - {expected}
+    assert plain.diagnoses[0].reader not in engines, (case["id"], plain.diagnoses[0].reader)
 
 
 def graded_table() -> tuple[list[Graded], str]:

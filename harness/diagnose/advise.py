@@ -128,6 +128,8 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         return _vllm(_with_settings(facts, settings, context), source, context)
     if (oom := read_torch_oom(text)) is not None:
         return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source))
+    if (failure := last_error(text)) is not None and failure.memory and engine is None:
+        return diagnose_torch(text, None, failure.line, source, context.weights_16bit_bytes, bool(context.model_source))
     if (trace := read_nvidia_smi(text)) is not None:
         return _smi(trace, source, context)
     facts = read_vllm(text)
@@ -155,7 +157,7 @@ def _vllm_has_story(facts: VllmFacts, without_oom: bool = False) -> bool:
     """Lines only vLLM prints (without_oom: a PyTorch OOM alone is not vLLM's)."""
     return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below,
                 None if without_oom else facts.oom, facts.kv_tokens,
-                facts.load, facts.oom_text, facts.profiling_disturbed, facts.mamba_blocks,
+                facts.load, facts.oom_text if not without_oom or facts.oom_during == "sampler warm-up" else None, facts.profiling_disturbed, facts.mamba_blocks,
                 facts.kv_memory_gib is not None and facts.kv_memory_gib.value <= 0))
 
 
@@ -407,10 +409,12 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
                         "the profile run warms up this many dummy sequences (and their encoder inputs): fewer "
                         "lower its peak")
     changes = []
-    if multimodal:
-        changes.append(fewer_seqs)
-    if context.weights_16bit_bytes and context.weights_4bit_bytes and weights and total_gib \
-            and weights > 0.6 * current * total_gib:
+    weights_dominate = bool(context.weights_16bit_bytes and context.weights_4bit_bytes and weights and total_gib
+                            and weights > 0.6 * current * total_gib)
+    if multimodal or (current >= DEFAULT_UTILIZATION and "gpu_memory_utilization" in settings
+                      and not weights_dominate):
+        changes.append(fewer_seqs)  # the share is already near its top: the profile's batch is the lever
+    if weights_dominate:
         changes.append(Change("quantize the weights (awq or gptq 4-bit)",
                               f"weights {context.weights_4bit_bytes / GIB:.2f} GiB instead of "
                               f"{context.weights_16bit_bytes / GIB:.2f}: the difference goes to the KV cache"))
@@ -442,6 +446,21 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
             return Diagnosis(source, "vllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
     tried = oom.tried if oom is not None else "?"
     seqs = number(settings, "max_num_seqs")
+    tried_gib, total_gib, allocated_gib = (size_gib(oom.tried), size_gib(oom.total), size_gib(oom.allocated)) \
+        if oom is not None else (None, None, None)
+    if facts.oom_during is None and tried_gib and total_gib and tried_gib > total_gib:
+        facts.oom_during = "encoder"  # one allocation above the whole GPU: a profile input sized from the maximums
+    share = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
+    if facts.oom_during in (None, "profile run", "loading weights") and facts.weights_gib is None and allocated_gib \
+            and total_gib and allocated_gib >= share * total_gib:
+        tp = int(number(settings, "tensor_parallel_size") or 1)
+        return Diagnosis(source, "vllm", "weights_do_not_fit",
+                         f"{allocated_gib:.2f} GiB was allocated before the weights finished loading, above vLLM's "
+                         f"{share} x {total_gib:.2f} GiB share: the weights do not fit", tuple(figures), (
+                             Change("quantize the weights (awq or gptq 4-bit, a pre-quantized checkpoint)",
+                                    "a quarter of the 16-bit weights"),
+                             Change(f"--tensor-parallel-size {2 * tp}", "splits the weights over more GPUs"),
+                             Change("--cpu-offload-gb 4", "keeps part of the weights in CPU memory (slower)")))
     current = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
     lower = f"{math.floor((current - 0.05) * 100) / 100:.2f}"
     if facts.oom_during == "sampler warm-up":
@@ -483,11 +502,15 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
     if facts.oom_during == "encoder":
         return Diagnosis(source, "vllm", "activation_peak",
                          f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "
-                         f"{tried}): it profiles --max-num-seqs inputs of the largest size", tuple(figures), (
-                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 16}",
-                                    "fewer dummy inputs in the profile run"),
-                             Change("--limit-mm-per-prompt image=1", "fewer items per prompt in the profile"),
-                             Change("--max-model-len 8192", "shorter dummy sequences")))
+                         f"{tried}): it profiles --max-num-seqs inputs of the largest size", tuple(figures),
+                         tuple(sorted((
+                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 2}",
+                                    "fewer dummy inputs in the profile run (an encoder-decoder model profiles one "
+                                    "encoder input per sequence)"),
+                             Change("--limit-mm-per-prompt '{\"image\": 1, \"video\": 0}'",
+                                    "fewer and smaller multimodal items in the profile run"),
+                             Change("--max-model-len 8192", "shorter dummy sequences")),
+                             key=lambda c: 0 if c.setting.startswith("--max-num-seqs") == facts.enc_dec else 1)))
     if facts.oom_during == "loading weights":
         tp = int(number(settings, "tensor_parallel_size") or 1)
         return Diagnosis(source, "vllm", "weights_do_not_fit",
@@ -498,10 +521,13 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                       "the profile peak scales with the tokens of one step"),
                Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share")]
     chunked = facts.flags.get("enable_chunked_prefill")
-    if generation == "V0" and not (chunked and chunked.value not in (False, "False", "false")):
+    if generation != "V1" and not (chunked and chunked.value not in (False, "False", "false")):
         changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",
                                  "V0 without chunked prefill profiles a whole --max-model-len prompt in one forward; "
                                  "chunked, the peak follows 2,048 tokens (V1 always chunks)"))
+        if "max_model_len" not in settings:
+            changes.insert(0, Change("--max-model-len 8192", "V0 profiles one prompt of --max-model-len (by default "
+                                     "the model's whole context) in one forward: a shorter one lowers the peak"))
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))

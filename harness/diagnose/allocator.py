@@ -13,6 +13,7 @@ GIB = 2**30
 OTHER_PROCESS_GIB = 0.5  # total - free - this process above this: another process holds memory
 FRAGMENTED_SHARE = 0.05  # or unallocated above this share of the GPU (and at least the request)
 FRAGMENTED_RATIO = 2.0  # or unallocated at least twice the request: the request would fit in it but for the holes
+FREE_BUT_FAILED = 10.0  # free memory this many times the request, yet it failed: the allocator, not the GPU, is full
 FRAGMENTED_MIN_GIB = 0.5  # holes smaller than this are the allocator's normal slack, whatever the request
 LIST_PROCESSES = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv"
 
@@ -54,10 +55,16 @@ def allocator_verdict(oom: OomFigures) -> Verdict | None:
                        f"another process holds {held:.2f} GiB of the {total:.2f} GiB GPU (this process "
                        f"{gib(oom.in_use):.2f}, free {gib(oom.free):.2f}): free that first",
                        (free_other_process(held),))
+    free = gib(oom.free)
+    if tried and free is not None and free >= FREE_BUT_FAILED * tried and free >= FRAGMENTED_MIN_GIB:
+        return Verdict("fragmentation",
+                       f"{free:.2f} GiB is free yet {tried:.2f} GiB could not be allocated: the allocator could not get "
+                       "a segment of that size (fragmented or capped address space)",
+                       (Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                               "lets the allocator map memory in growing segments"),))
     unallocated = (oom.reserved_unallocated_bytes or 0) / GIB
-    if tried and unallocated >= tried and (
-            (unallocated >= FRAGMENTED_RATIO * tried and unallocated >= FRAGMENTED_MIN_GIB)
-            or (total and unallocated >= FRAGMENTED_SHARE * total)):
+    if tried and unallocated >= tried and unallocated >= FRAGMENTED_MIN_GIB and (
+            unallocated >= FRAGMENTED_RATIO * tried or (total and unallocated >= FRAGMENTED_SHARE * total)):
         return Verdict("fragmentation",
                        f"fragmentation: {unallocated:.2f} GiB is reserved by PyTorch but unallocated, more than the "
                        f"{tried:.2f} GiB asked for, yet no block of that size is free",

@@ -162,15 +162,15 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
     if hit is None:
         return None
     line, quoted = hit
-    around = _around(text, line).lower()
-    if re.search(r"warmup|warm_up|prefill", around):
+    around = "\n".join(x for x in _around(text, line).lower().splitlines() if "args {" not in x)
+    if re.search(r"warmup|warm_up", around) and not re.search(r"shard \d+ failed to start|shardcannotstart", around):
         target = int(prefill // 2) if prefill else 4096
         changes = [Change(f"--max-batch-prefill-tokens {target:,}", "the warm-up's prefill batch is the peak"),
                    Change(f"--max-total-tokens {int(total_tokens // 2) if total_tokens else 4096:,}",
                           "a shorter request bounds the prefill"),
                    Change(f"--num-shard {2 * shards}", "splits the model over more GPUs")]
         kind, summary = "activation_peak", "TGI's warm-up prefill ran out of memory"
-    elif re.search(r"load|weights|from_pretrained|get_model", around):
+    elif re.search(r"load|weights|from_pretrained|get_model|shard \d+ failed to start|shardcannotstart", around):
         changes = [Change(f"--num-shard {2 * shards}", "splits the weights over more GPUs"),
                    Change("--quantize awq (a pre-quantized model) or --quantize eetq", "smaller weights")]
         kind, summary = "weights_do_not_fit", "the weights did not fit while the shard loaded them"
@@ -212,9 +212,12 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
         else:
             changes = [Change(f"kv_cache_config.free_gpu_memory_fraction {lower:.2f}",
                               f"the KV cache takes {fraction} of the memory free after the engine loads; a smaller "
-                              "share leaves room for activations and other allocations"),
+                              "share leaves room for activations and other allocations",
+                              "kv_cache_free_gpu_memory_fraction_down"),
                        Change(f"--max_num_tokens {int(tokens // 2) if tokens else 4096}", "bounds one step's tokens"),
                        Change(f"--max_batch_size {int(batch // 2) if batch else 64}", "fewer sequences at once")]
+            if batch and batch > 8:  # an engine built for a large batch preallocates its runtime buffers for it
+                changes.insert(0, changes.pop())
             kind, summary = "out_of_memory", ("TensorRT-LLM ran out of GPU memory after its KV cache took its share "
                                               "of the free memory")
         return Diagnosis(source, "trtllm", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
@@ -224,7 +227,24 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
                          f"{facts.context_len.value:,}", tuple(figures), (
                              Change(f"--max_seq_len {facts.kv_tokens.value:,}", "one sequence of that length fits"),
                              Change(f"kv_cache_config.free_gpu_memory_fraction {min(0.95, fraction + 0.05):.2f}",
-                                    "a share of the memory free after the weights: a larger KV cache")))
+                                    "a share of the memory free after the weights: a larger KV cache",
+                                    "kv_cache_free_gpu_memory_fraction_up")))
+    if facts is not None and facts.buffers_gib:
+        figures += [Figure(label, f"{quoted.value:.2f} GiB", f"log line {quoted.line}")
+                    for label, quoted in facts.buffers_gib.items()]
+        buffers = sum(q.value for q in facts.buffers_gib.values())
+        kv = facts.kv_gib.value if facts.kv_gib else 0.0
+        return Diagnosis(source, "trtllm", "preallocated",
+                         f"TensorRT-LLM preallocated {buffers:.2f} GiB of runtime buffers and decoder state (sized by "
+                         f"max_batch_size, max_num_tokens and max_seq_len) and a {kv:.2f} GiB KV cache (a "
+                         f"{fraction} share of the memory free after them): together they fill the GPU", tuple(figures),
+                         (Change(f"kv_cache_config.free_gpu_memory_fraction {max(0.1, round(fraction / 2, 2)):.2f}",
+                                 "a smaller KV cache share leaves the rest of the GPU free",
+                                 "kv_cache_free_gpu_memory_fraction_down"),
+                          Change(f"--max_num_tokens {int(number(settings, 'max_num_tokens') // 2) if number(settings, 'max_num_tokens') else 2048}",
+                                 "smaller runtime buffers"),
+                          Change(f"--max_batch_size {int(number(settings, 'max_batch_size') // 2) if number(settings, 'max_batch_size') else 8}",
+                                 "smaller decoder state and buffers")))
     if facts is None:
         return None
     held = f"its KV cache holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"

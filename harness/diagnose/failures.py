@@ -16,6 +16,7 @@ _MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No avail
                      r"memory allocation failed|insufficient memory|not enough GPU memory|"
                      r"Cannot allocate memory|can't allocate memory|OOM", re.I)
 _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(|: |:$)|Traceback \(most recent call last\)|"
+                    r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
                     r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
 _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0", re.I)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from harness.diagnose.allocator import allocator_verdict, gib, oom_figures
+from harness.diagnose.allocator import allocator_verdict, free_other_process, gib, oom_figures
 from harness.diagnose.records import Change, Diagnosis
 from harness.measure.oom import OomFigures
 
@@ -14,6 +14,11 @@ GIB = 2**30
 
 # (pattern over the traceback and the lines before the error, kind, summary, changes)
 _PHASES = (
+    (r"value_buffer|key_buffer|kv_buffer|mem_manager|max_total_token_num", "kv_cache_too_small",
+     "the engine's KV buffer, preallocated at start-up for its whole token budget, did not fit",
+     (Change("--max_total_token_num lower (the KV token budget preallocated at start-up)",
+             "the KV buffer is this many tokens x layers x heads x head size"),
+      Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the KV buffer"))),
     (r"optimizer\.step|optim/adam|adamw?\.py|_multi_tensor_adam|exp_avg|state\[.step.\]", "optimizer_state",
      "the optimizer's state ran out (Adam keeps two fp32 moments per parameter)",
      (Change("an 8-bit optimizer (bitsandbytes adamw_8bit) or a paged optimizer",
@@ -31,7 +36,7 @@ _PHASES = (
       Change("shorter max_new_tokens / prompts (max_length)", "the KV cache grows with the sequence"),
       Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the cache"))),
     (r"\.backward\(|loss\.backward|autograd|training_step|trainer\.py|train_step|accelerator\.backward|"
-     r"inner_training_loop", "training_step",
+     r"inner_training_loop|solver\.cpp|caffe", "training_step",
      "a training step ran out: activations kept for the backward pass grow with batch x sequence length",
      (Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
              "activations grow with the batch"),
@@ -70,6 +75,15 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         if re.search(pattern, around):
             return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
     allocated = oom.allocated if oom is not None else None
+    if oom is None:  # no figures: what else holds the GPU is the first thing to rule out
+        return Diagnosis(source, "pytorch-oom", "out_of_memory",
+                         "the GPU ran out of memory; the message has no figures to tell this process's memory from "
+                         "another's", (), (
+                             free_other_process(),
+                             Change("lower the tokens per step (batch x sequence length)", "activations grow with both"),
+                             Change("a larger GPU, or split the model over more GPUs", "more room")),
+                         ("PyTorch's full message (with 'Tried to allocate' and the GPU's figures) or nvidia-smi's "
+                          "output at the failure would let diagnose decide",), failing_line=quoted)
     return Diagnosis(source, "pytorch-oom", "out_of_memory",
                      f"this process's own tensors filled the GPU ({allocated or '?'} allocated of "
                      f"{(oom.total if oom else None) or '?'}); the request is the last straw, not necessarily the "

@@ -46,6 +46,7 @@ class VllmFacts:
     mamba_blocks: Quoted | None = None  # "max_num_seqs:blocks" from "exceeds available Mamba cache blocks"
     v0_lines: bool = False  # lines only V0 prints
     v1_lines: bool = False  # lines only V1 prints
+    enc_dec: bool = False  # an encoder-decoder model runner (V0 enc_dec_model_runner)
     settings: dict = field(default_factory=dict)  # every setting the log and --flags show (harness.diagnose.settings)
     version: Quoted | None = None  # "0.6.3", from the server's version line
     total_gib: Quoted | None = None  # the GPU's total memory, from a memory-profiling line
@@ -74,7 +75,7 @@ _KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _GRAPH = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB")
 _NO_KV = re.compile(r"No available memory for the cache blocks")
-_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s'? max seq len \((\d+)\), \(([\d.]+) GiB KV "
+_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s'? max seq len \((\d+)\), \(?([\d.]+) GiB KV "
                         r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\.(?: "
                         r"Based on the available memory, the estimated maximum model length is (\d+)\.)?")
 _V0_TOO_LONG = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
@@ -105,7 +106,12 @@ _V0_ONLY = re.compile(r"# (?:GPU|cuda) blocks: \d+|Initializing an? (?:V0 )?LLM 
                       r"llm_engine\.py|model_runner\.py:\d+\] Capturing|Using V0|V0 LLM engine|VLLM_USE_V1=0")
 _V1_ONLY = re.compile(r"EngineCore|Initializing a V1 LLM engine|GPU KV cache size: [\d,]+ tokens|\[gpu_model_runner\.py|"
                       r"VLLM_USE_V1=1|\(VllmWorker|v1/engine|v1/worker")
-_CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph", re.I)
+_CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
+# an OOM line without PyTorch's figures ("CUDA error: out of memory"), or a traceback through a start-up phase
+_BARE_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", re.I)
+_VLLM_FRAME = re.compile(r'File ".*vllm/[^"]+", line \d+, in ')
+_PHASE_FRAME = re.compile(r"in (?:capture_model|_capture_cudagraphs|_dummy_sampler_run|profile_run|_dummy_run|"
+                          r"determine_num_available_blocks|determine_available_memory)\b")
 _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
 
 
@@ -179,6 +185,8 @@ def read_vllm(text: str) -> VllmFacts | None:
             seen = True
             seqs, blocks = (match.group(1), match.group(2)) if match.group(1) else ("", match.group(3))
             facts.mamba_blocks = Quoted(f"{seqs}:{blocks}", number)
+        facts.enc_dec = facts.enc_dec or bool(re.search(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama",
+                                                        line))
         facts.v0_lines = facts.v0_lines or bool(_V0_ONLY.search(line))
         facts.v1_lines = facts.v1_lines or bool(_V1_ONLY.search(line))
         if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
@@ -186,6 +194,15 @@ def read_vllm(text: str) -> VllmFacts | None:
             facts.oom, facts.oom_line = oom, number
             if facts.oom_during is None:
                 facts.oom_during = oom_phase(lines, number)
+    if facts.oom is None and facts.oom_text is None:
+        for number, line in enumerate(lines, 1):
+            if _BARE_OOM.search(line) or (_PHASE_FRAME.search(line) and ("ERROR" in line or "Traceback" in text)) \
+                    or _VLLM_FRAME.search(line):
+                seen = seen or bool(_BARE_OOM.search(line) or _VLLM_FRAME.search(line)) \
+                    or facts.weights_gib is not None or facts.v0_lines or facts.v1_lines
+                facts.oom_text, facts.oom_line = Quoted(line.strip()[:300], number), number
+                facts.oom_during = oom_phase(lines, len(lines))
+                break
     if facts.kv_tokens is None and facts.kv_blocks is not None:
         block = facts.flags.get("block_size")
         facts.kv_tokens = Quoted(facts.kv_blocks.value * int(block.value if block else V0_BLOCK_TOKENS),
@@ -205,7 +222,7 @@ def oom_phase(lines: list[str], number: int) -> str | None:
         return "lora"
     if _CAPTURE.search(around):
         return "cuda graph capture"
-    if re.search(r"encoder|dummy_mm|multi_?modal|mm_data|vision|image", lowered):
+    if re.search(r"encoder|enc_dec|dummy_mm|multi[-_ ]?modal|mm_data|vision|image|pixel_values", lowered):
         return "encoder"
     if re.search(r"load_model|load_weights|weight_loader|model_loader|\.to\(|initialize_model", lowered):
         return "loading weights"
@@ -310,6 +327,7 @@ class EngineFacts:
     kv_tokens: Quoted | None = None
     context_len: Quoted | None = None
     prefill_tokens: Quoted | None = None  # TGI: the warm-up prefill that did not fit
+    buffers_gib: dict = field(default_factory=dict)  # TensorRT-LLM: "runtime buffers" / "decoder" -> Quoted GiB
     kv_gib: Quoted | None = None  # TensorRT-LLM: the paged KV cache
 
 
@@ -322,6 +340,7 @@ _SGLANG_CONTEXT = re.compile(r"max_total_num_tokens=(\d+).*?context_len=(\d+)")
 _TGI_PREFILL = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
 _TRTLLM_KV = re.compile(r"Allocated ([\d.]+) GiB for max tokens in paged KV cache \((\d+)\)")
 _TRTLLM_LEN = re.compile(r"max_seq_len=(\d+)")
+_TRTLLM_BUFFERS = re.compile(r"Allocated ([\d.]+) ?(GB|GiB|MiB|MB) GPU memory for (runtime buffers|decoder)")
 
 
 def read_other_engines(text: str) -> EngineFacts | None:
@@ -351,6 +370,10 @@ def read_other_engines(text: str) -> EngineFacts | None:
         if (match := _TRTLLM_KV.search(line)):
             facts = EngineFacts("trtllm") if facts is None or facts.engine != "trtllm" else facts
             facts.kv_gib, facts.kv_tokens = Quoted(float(match.group(1)), number), Quoted(int(match.group(2)), number)
+        if (match := _TRTLLM_BUFFERS.search(line)):
+            facts = EngineFacts("trtllm") if facts is None or facts.engine != "trtllm" else facts
+            scale = 1 / 1024 if match.group(2) in ("MiB", "MB") else 1
+            facts.buffers_gib[match.group(3)] = Quoted(float(match.group(1)) * scale, number)
         if facts is not None and facts.engine == "trtllm" and (match := _TRTLLM_LEN.search(line)):
             facts.context_len = Quoted(int(match.group(1)), number)
     return facts

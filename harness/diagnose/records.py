@@ -9,7 +9,7 @@ Kind = Literal["kv_cache_too_small", "no_kv_cache_memory", "memory_held_elsewher
                "activation_peak", "cuda_graph_capture", "fragmentation", "out_of_memory", "over_watermark",
                "within_watermark", "kv_exhausted_under_load", "oom_under_load", "sampler_warm_up", "state_cache",
                "training_step", "optimizer_state", "generate", "attention_mask", "weights_loading",
-               "profiling_disturbed", "not_recognised", "fits"]
+               "profiling_disturbed", "preallocated", "not_recognised", "fits"]
 
 
 @dataclass(frozen=True)
