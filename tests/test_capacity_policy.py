@@ -221,7 +221,7 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     RunReport.model_validate(json.loads(json.dumps(report)))  # the contract holds the serving block
     md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     gptq = md[md.index("## gptq"):md.index("## awq")]
-    assert f"**Serving on L4 (22.49 GiB) (weights measured, activations {PROFILED})**" in gptq
+    assert f"**Serving on L4 (22.03 GiB) (weights measured, activations {PROFILED})**" in gptq
     for title in ("- **vLLM ", "- **SGLang**: ", "- **TensorRT-LLM**: "):
         assert title in gptq
     assert "      vllm serve MODEL --max-model-len 600" in gptq and "      python -m sglang.launch_server" in gptq
@@ -229,12 +229,12 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     int8 = md[md.index("## int8"):md.index("## gptq")]
     assert "- **vLLM 0.3" in int8 and "--quantization bitsandbytes --load-format bitsandbytes" in int8
     assert "vllm-bnb-plugin" in int8
-    assert "**Capacity.** On an L4 (22.49 GiB) at 0.92 utilization, max-model-len 600: " in gptq
+    assert "**Capacity.** On an L4 (22.03 GiB) at 0.92 utilization, max-model-len 600: " in gptq
     report["settings"]["capacity"]["target_source"] = "policy"
     md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
-    assert "**Serving on L4 (22.49 GiB), the policy's serving target (weights measured" in md
+    assert "**Serving on L4 (22.03 GiB), the policy's serving target (weights measured" in md
     page = render_html(parse_report(json.loads(json.dumps(report)), "report.json"), [])
-    assert "<h3>Serving on L4 (22.49 GiB), the policy&#x27;s serving target" in page
+    assert "<h3>Serving on L4 (22.03 GiB), the policy&#x27;s serving target" in page
     assert "<td>TensorRT-LLM</td>" in page
     assert "<pre><code>python -m sglang.launch_server" in page
 
@@ -322,7 +322,7 @@ def test_no_serving_target_no_check_and_unplanned_is_inconclusive():
 
 
 def test_llama3_8b_on_an_l4_with_real_numbers(unservable_format):
-    """Llama-3-8B at 4,096 tokens on an L4 (22.49 GiB), vLLM, a measured 50 MiB activation peak: the 16-bit weights
+    """Llama-3-8B at 4,096 tokens on an L4 (22.03 GiB as torch reports it), vLLM, a measured 50 MiB activation peak: the 16-bit weights
     leave room for 9 sequences (512 MiB each), int8 for 22, the 4-bit ones for 29; a format vLLM cannot serve, for
     none. The check plans at the policy's L4 whatever the run targets."""
     shape = model_shape(text_config(LLAMA3_8B))
