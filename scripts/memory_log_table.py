@@ -42,11 +42,19 @@ def checkpoint_format_name(config: dict) -> tuple[str, int | None]:
     if method == "compressed-tensors":
         weights = next(iter(quant.get("config_groups", {}).values()), {}).get("weights", {})
         if weights.get("type") == "float" and weights.get("num_bits") == 8:
-            return "fp8", None
+            return ("fp8-block" if weights.get("strategy") == "block" else "fp8"), None
+        if weights.get("type") == "int" and weights.get("num_bits") == 8:
+            return "w8a8" if quant.get("config_groups", {}).get("group_0", {}).get("input_activations") else "int8", None
         if weights.get("num_bits") == 4:
             return ("nvfp4" if weights.get("type") == "float" else "w4a16"), weights.get("group_size")
         return f"compressed-tensors-{weights.get('type')}{weights.get('num_bits')}", None
-    return method, group  # fp8, mxfp4, modelopt ...
+    if method == "fp8":  # vLLM's own FP8 checkpoints: per-tensor/per-channel scales, or 128 x 128 blocks
+        return ("fp8-block" if quant.get("weight_block_size") else "fp8"), None
+    if method == "fbgemm_fp8":  # Meta's per-channel FP8
+        return "fp8", None
+    if method == "modelopt":
+        return ("nvfp4" if "FP4" in str(quant.get("quant_algo", "")).upper() else "fp8"), None
+    return method, group  # mxfp4 and whatever else the planner may know by the method's name
 
 
 def flag(case: dict, *names: str) -> str | None:
