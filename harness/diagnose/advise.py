@@ -16,7 +16,7 @@ from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_
                                       read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
 from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm
-from harness.diagnose.failures import ENGINE_MARKERS, engine_of, last_error, memory_failures
+from harness.diagnose.failures import ENGINE_MARKERS, engine_of, failure_lines, last_error, memory_failures
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
@@ -64,21 +64,30 @@ def diagnose_all(text: str, source: str, context: Context = Context()) -> list[D
     found = [main]
     for group in memory_failures(text):
         first = group[0]
-        if any(abs(f.line - n) <= NEAR_LINES for f in group for n in cited) or first.text[:300] in answered \
+        if first.identity.startswith("oom:"):  # PyTorch's figures: the same failure only where they were quoted
+            tried = first.identity.split(":")[1]
+            if any(d.figures and any(f.label == "tried to allocate" and f.value == tried for f in d.figures)
+                   for d in found):
+                continue
+        elif any(abs(f.line - n) <= NEAR_LINES for f in group for n in cited) or first.text[:300] in answered \
                 or any(first.text[:120] in d.failing_line or d.failing_line[:120] in first.text for d in found
                        if d.failing_line):
             continue
-        start = max(0, first.line - NEAR_LINES)
+        before = [n for n in cited if n < first.line]
+        start = max(max(before, default=0), first.line - 1 - NEAR_LINES, 0)  # after what is already answered
         part = "\n".join(lines[start:group[-1].line + 5])
         try:
             extra = diagnose_text(part, source, context)
         except NotADiagnosableLog:
+            continue
+        if (extra.kind, extra.failing_line) in {(d.kind, d.failing_line) for d in found}:
             continue
         found.append(replace(extra, lines=f"{start + 1}-{min(len(lines), group[-1].line + 5)}"))
         cited |= {f.line for f in group}
     return found
 
 
+LONG_CONTEXT = 65536  # a --max-model-len this long is a lever of its own at start-up
 NEAR_LINES = 60  # a failure's own lines (traceback, the same error logged by each process) lie this close
 
 
@@ -89,6 +98,8 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
     engine = engine_of(text, context.engine if context.engine in ENGINE_MARKERS else None)
     diagnosis = _read(text, source, context, settings, engine)
     failure = last_error(text)
+    if diagnosis is None and failure is None and engine is not None:
+        diagnosis = _engine_without_failure(text, source, engine)
     if diagnosis is None or (diagnosis.kind in ("fits", "within_watermark") and failure is not None):
         if failure is None:
             raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, an "
@@ -103,7 +114,18 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
         notes.append(f"--flags {context.flags_text!r}: no setting diagnose uses in it")
     changes = _sane_utilization(with_levers(diagnosis.changes, settings), diagnosis, settings)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
-                   failing_line=diagnosis.failing_line or (failure.text[:300] if failure else ""))
+                   failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))
+
+
+def _answered_line(text: str, diagnosis: Diagnosis, failure) -> str:
+    """The failure line the diagnosis reads: the one nearest the log lines its figures quote, else the last error."""
+    cited = [int(n) for f in diagnosis.figures for n in re.findall(r"log lines? (\d+)", f.source)]
+    if cited:
+        near = [f for f in failure_lines(text) if any(abs(f.line - n) <= NEAR_LINES for n in cited)]
+        if near:
+            return max(near, key=lambda f: (f.memory, -min(abs(f.line - n) for n in cited))).text[:300]
+        return ""
+    return failure.text[:300] if failure else ""
 
 
 def _read(text, source, context, settings, engine) -> Diagnosis | None:
@@ -148,6 +170,16 @@ def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | 
                       "version, the memory lines before the error) would let diagnose decide",
                       "which engine wrote it: --engine vllm|sglang|tgi|trtllm"),
                      failing_line=failure.text[:300])
+
+
+def _engine_without_failure(text: str, source: str, engine: str) -> Diagnosis:
+    """An engine's log its reader knows, without a failure line or a memory figure it reads: said so, not refused."""
+    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    return Diagnosis(source, _READER[engine], "not_recognised",
+                     f"not recognised: a {engine} log without an error line or a memory line diagnose reads (it ends "
+                     f"with {last[:160]!r})", (), (),
+                     ("the error the engine printed and the lines before it (the server's whole log) would let "
+                      "diagnose decide",), failing_line=last[:300])
 
 
 _READER = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "trtllm": "trtllm"}
@@ -318,6 +350,16 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
         return _vllm_oom(facts, source, figures, generation)
     if facts.load is not None and _kv_exhausted(facts.load):
         return _kv_exhausted_under_load(facts, source, figures, per_token, utilization, total_gib, context)
+    if facts.kv_memory_gib is not None and facts.kv_tokens is None and facts.serving_line is None:
+        length = number(facts.settings, "max_model_len")
+        changes = (Change(f"--max-model-len {int(length // 2):,}", f"{facts.kv_memory_gib.value:.2f} GiB of KV cache "
+                          f"must hold one sequence of --max-model-len {int(length):,}: check with --model DIR"),) \
+            if length and length >= LONG_CONTEXT else ()
+        return Diagnosis(source, "vllm", "not_recognised",
+                         f"not recognised: the log stops during start-up, after the KV cache was sized "
+                         f"({facts.kv_memory_gib.value:.2f} GiB) and before the server served, without an error line",
+                         tuple(figures), changes,
+                         ("the rest of the log (the error after this line) would let diagnose decide",))
     length = facts.flags.get("max_model_len")
     summary = (f"the server started: its KV cache holds {facts.kv_tokens.value:,} tokens"
                + (f", {facts.kv_tokens.value / float(length.value):.2f} sequences of --max-model-len {length.value}"
@@ -511,6 +553,13 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                                     "fewer and smaller multimodal items in the profile run"),
                              Change("--max-model-len 8192", "shorter dummy sequences")),
                              key=lambda c: 0 if c.setting.startswith("--max-num-seqs") == facts.enc_dec else 1)))
+    if facts.oom_during == "wake up":
+        return Diagnosis(source, "vllm", "memory_held_elsewhere",
+                         "vLLM's sleep-mode allocator (cumem) ran out of memory waking up: it shares the GPU with "
+                         "another user of it (a trainer colocated with the rollout engine)", tuple(figures), (
+                             Change(f"--gpu-memory-utilization {min(0.5, float(lower)):.2f}",
+                                    "vLLM's share must leave the colocated process its memory when both are awake"),
+                             free_other_process()))
     if facts.oom_during == "loading weights":
         tp = int(number(settings, "tensor_parallel_size") or 1)
         return Diagnosis(source, "vllm", "weights_do_not_fit",
@@ -520,6 +569,14 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
     changes = [Change(f"--max-num-batched-tokens {int(number(settings, 'max_num_batched_tokens') // 2) if number(settings, 'max_num_batched_tokens') else 4096}",
                       "the profile peak scales with the tokens of one step"),
                Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share")]
+    length = number(settings, "max_model_len")
+    if length and length >= LONG_CONTEXT:
+        changes.insert(0, Change(f"--max-model-len {int(length // 2):,}", "a long --max-model-len raises the start-up "
+                                 "profile's inputs (multimodal and long-context budgets) and the KV cache one "
+                                 "sequence needs"))
+    if generation != "V0" and (seqs or 256) <= 8 and (length or LONG_CONTEXT) <= 4096:
+        changes.insert(0, Change("--enforce-eager", "the batch and length are already small: what is left at start-up "
+                                 "is torch.compile's and CUDA graphs' memory"))
     chunked = facts.flags.get("enable_chunked_prefill")
     if generation != "V1" and not (chunked and chunked.value not in (False, "False", "false")):
         changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",

@@ -14,7 +14,7 @@ OTHER_PROCESS_GIB = 0.5  # total - free - this process above this: another proce
 FRAGMENTED_SHARE = 0.05  # or unallocated above this share of the GPU (and at least the request)
 FRAGMENTED_RATIO = 2.0  # or unallocated at least twice the request: the request would fit in it but for the holes
 FREE_BUT_FAILED = 10.0  # free memory this many times the request, yet it failed: the allocator, not the GPU, is full
-FRAGMENTED_MIN_GIB = 0.5  # holes smaller than this are the allocator's normal slack, whatever the request
+FRAGMENTED_MIN_GIB = 1.0  # holes smaller than this are the allocator's normal slack, whatever the request
 LIST_PROCESSES = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv"
 
 

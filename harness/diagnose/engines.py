@@ -48,7 +48,7 @@ def _oom_line(text: str) -> tuple[int, str] | None:
     """The first out-of-memory line, with or without PyTorch's figures."""
     for number, line in enumerate(text.splitlines(), 1):
         if re.search(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|"
-                     r"Failed to allocate|std::bad_alloc", line, re.I):
+                     r"Failed to allocate|std::bad_alloc|component creation attempt", line, re.I):
             return number, line.strip()
     return None
 
@@ -111,8 +111,9 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             kind, summary = "oom_under_load", "a decode step ran out of memory: too many running requests"
             changes = [Change("--max-running-requests 32", "fewer sequences decode at once"), fraction]
         else:
-            kind, summary = "activation_peak", "a prefill ran out of memory: its activations did not fit"
-            changes = [Change("--chunked-prefill-size 2048", "the prefill's activations follow the chunk"), fraction,
+            kind, summary = "activation_peak", ("a forward ran out of memory after the static share (weights + KV "
+                                                "pool) was taken: activations and buffers did not fit in the rest")
+            changes = [fraction, Change("--chunked-prefill-size 2048", "the prefill's activations follow the chunk"),
                        Change("--max-running-requests 32", "fewer sequences at once")]
         return Diagnosis(source, "sglang", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
     if facts is not None and facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:

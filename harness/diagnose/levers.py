@@ -55,6 +55,11 @@ _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
 )
 
 
+# the engines' defaults, for the direction of a fraction suggested where the log does not show the value in place
+_DEFAULTS = {"gpu_memory_utilization_?": 0.9, "mem_fraction_static_?": 0.88, "kv_cache_free_gpu_memory_fraction_?": 0.9,
+             "cuda_memory_fraction_?": 1.0}
+
+
 def lever_of(change: Change | str, current: float | None = None) -> str:
     """The lever id of a change ("--max-model-len 8192" -> "max_model_len_down"). A fraction setting's direction
     comes from the value in place (current) when there is one, else from the change's own words."""
@@ -64,7 +69,8 @@ def lever_of(change: Change | str, current: float | None = None) -> str:
             if direction != "?":
                 return lever
             value = _first_number(setting)
-            if current is not None and value is not None:
+            current = current if current is not None else _DEFAULTS.get(lever)
+            if current is not None and value is not None and value != current:
                 return lever.replace("?", "up" if value > current else "down")
             words = setting if isinstance(change, str) else f"{setting} {change.effect}"
             return lever.replace("?", "down" if re.search(r"\blower|less|leaves more|down\b", words, re.I) else "up")

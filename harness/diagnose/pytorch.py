@@ -79,8 +79,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         return Diagnosis(source, "pytorch-oom", "out_of_memory",
                          "the GPU ran out of memory; the message has no figures to tell this process's memory from "
                          "another's", (), (
-                             free_other_process(),
                              Change("lower the tokens per step (batch x sequence length)", "activations grow with both"),
+                             free_other_process(),
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          ("PyTorch's full message (with 'Tried to allocate' and the GPU's figures) or nvidia-smi's "
                           "output at the failure would let diagnose decide",), failing_line=quoted)

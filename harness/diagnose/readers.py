@@ -214,6 +214,8 @@ def oom_phase(lines: list[str], number: int) -> str | None:
     """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
     around = "\n".join(lines[max(0, number - 40):min(len(lines), number + 15)])
     lowered = around.lower()
+    if "cumem_allocator" in lowered or "wake_up" in lowered:
+        return "wake up"
     if "sampler" in lowered:
         return "sampler warm-up"
     if "mamba" in lowered:
