@@ -143,7 +143,11 @@ def test_a_plan_is_never_replaced_while_judgments_for_it_are_known(run_dir: Path
     assert (other / f"review-plan-{old}.json").is_file() and (other / f"review-key-{old}.json").is_file()
     assert cli.main(["report", str(other), "--reviews", str(bob)]) == 2
     err = capsys.readouterr().err
-    assert f"another review plan ('{old}'; this run's plan is '{new}')" in err, err
+    assert f"{bob}: judged on review plan {old}, which a later `quantgate review` replaced with {new}" in err, err
+    # the options that made it bring it back, key and all: bob's judgments fold
+    assert cli.main(["review", str(other), "--items", "8"]) == 0
+    assert f"replaced review plan {new}" in capsys.readouterr().out and _plan(other)["plan"] == old
+    assert _fold(other, bob)["formats"]["int8"]["spot_checks"]["reviewers"] == ["bob"]
     # --new-plan replaces a plan with judgments: the folded ones move aside with it, nothing is deleted
     assert cli.main(["review", str(run_dir), "--items", "4", "--new-plan"]) == 0
     assert (run_dir / f"review-plan-{first}.json").is_file()

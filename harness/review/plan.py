@@ -238,6 +238,10 @@ def archived_plan_path(run_dir: Path, plan_id: str) -> Path:
     return run_dir / f"review-plan-{plan_id}.json"
 
 
+def archived_plans(run_dir: Path) -> list[str]:
+    return sorted(p.name[len("review-plan-"):-len(".json")] for p in run_dir.glob("review-plan-*.json"))
+
+
 def archive_plan(run_dir: Path) -> str | None:
     """Move the current plan and its key aside as review-plan-ID.json and review-key-ID.json (replacing it must
     not lose the key its judgments are read with); the old plan's id, or None when there was none."""
@@ -253,8 +257,9 @@ def archive_plan(run_dir: Path) -> str | None:
     return plan_id
 
 
-def read_plan(run_dir: Path) -> ReviewPlan:
-    path = run_dir / PLAN_FILE
+def read_plan(run_dir: Path, archived: str | None = None) -> ReviewPlan:
+    """The directory's plan with its key; with `archived`, the plan of that id a later one replaced."""
+    path = archived_plan_path(run_dir, archived) if archived else run_dir / PLAN_FILE
     again = f"run `quantgate review {run_dir}` again to rewrite it"
     data = _read_json(path, f"run `quantgate review {run_dir}` first (it writes the plan the judgments refer to)",
                       again)
@@ -266,14 +271,14 @@ def read_plan(run_dir: Path) -> ReviewPlan:
             items = tuple(ReviewItem(**item) for item in data["items"])
             return ReviewPlan(data["plan"], data["run"], data["baseline"], data["seed"], data["items_per_format"],
                               data["worst_per_format"], items)
-        key = _read_key(run_dir, data["plan"])
+        key = _read_key(run_dir / (f"review-key-{archived}.json" if archived else KEY_FILE), data["plan"])
         items = tuple(_keyed_item(item, key["a"][item["key"]]) for item in data["items"])
         plan = ReviewPlan(data["plan"], data["run"], data["baseline"], data["seed"], data["items_per_format"],
                           data["worst_per_format"], items, key["salt"])
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: a field is missing or wrong ({exc}); {again}") from None
     if plan.key_digest() != data["key_digest"]:
-        raise UserError(f"{run_dir / KEY_FILE}: not the key of {path} (its digest differs): restore the key written "
+        raise UserError(f"{run_dir / KEY_FILE}: not the key of {path.name} (its digest differs): restore the key written "
                         f"with plan {plan.plan}; without it the judgments cannot be read back")
     return plan
 
@@ -287,8 +292,7 @@ def _keyed_item(public: dict[str, Any], a: str) -> ReviewItem:
                       baseline_hash, candidate_hash, public.get("why", ""))
 
 
-def _read_key(run_dir: Path, plan_id: str) -> dict[str, Any]:
-    path = run_dir / KEY_FILE
+def _read_key(path: Path, plan_id: str) -> dict[str, Any]:
     data = _read_json(path, f"it holds the A/B order of plan {plan_id}: restore it beside {PLAN_FILE}",
                       f"restore the key written with plan {plan_id}")
     if not isinstance(data, dict) or data.get("schema") != KEY_SCHEMA or data.get("plan") != plan_id:

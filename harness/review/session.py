@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.errors import UserError
-from harness.review.plan import (PLAN_FILE, ReviewPlan, archive_plan, archived_plan_path, build_plan, read_plan,
-                                 write_plan)
+from harness.review.plan import (PLAN_FILE, ReviewPlan, archive_plan, archived_plan_path, archived_plans, build_plan,
+                                 read_plan, write_plan)
 from harness.review.store import KEPT_DIR, Merged, kept_files
 
 PAGE_FILE = "review.html"
@@ -135,6 +135,17 @@ def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: li
         previous = None
     plan = build_plan(run.report, run.rows, items=items, worst=worst, seed=seed, formats=formats, previous=previous)
     replaced = None
+    restored = None if plan is previous else _archived_like(run.run_dir, plan)
+    if restored is not None:  # the options that made a replaced plan: it comes back, with its key and judgments
+        replaced = archive_plan(run.run_dir)
+        _set_aside_kept(run.run_dir, replaced)
+        kept = run.run_dir / f"{KEPT_DIR}-{restored.plan}"
+        if kept.is_dir():
+            kept.replace(run.run_dir / KEPT_DIR)
+        write_plan(run.run_dir, restored)
+        archived_plan_path(run.run_dir, restored.plan).unlink(missing_ok=True)
+        (run.run_dir / f"review-key-{restored.plan}.json").unlink(missing_ok=True)
+        return Review(run, restored, replaced)
     if plan is previous:
         if not plan.salt:  # a plan of quantgate.review-plan/1: its key moves out of the plan, salted
             plan = replace(plan, salt=secrets.token_hex(16))
@@ -148,11 +159,28 @@ def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: li
                             f"them uncounted: repeat the options that made plan {plan_id}, or pass --new-plan to "
                             f"replace it (kept as {archived_plan_path(run.run_dir, plan_id).name})")
         replaced = archive_plan(run.run_dir)
-        kept = run.run_dir / KEPT_DIR
-        if kept.is_dir() and any(kept.iterdir()):
-            kept.replace(run.run_dir / f"{KEPT_DIR}-{replaced or 'unplanned'}")
+        _set_aside_kept(run.run_dir, replaced)
     write_plan(run.run_dir, plan)
     return Review(run, plan, replaced)
+
+
+def _set_aside_kept(run_dir: Path, plan_id: str | None) -> None:
+    """The judgments folded on a plan being replaced move aside with it (reviews-ID/)."""
+    kept = run_dir / KEPT_DIR
+    if kept.is_dir() and any(kept.iterdir()):
+        kept.replace(run_dir / f"{KEPT_DIR}-{plan_id or 'unplanned'}")
+
+
+def _archived_like(run_dir: Path, plan: ReviewPlan) -> ReviewPlan | None:
+    """A replaced plan (review-plan-ID.json) with the same sample as `plan`, readable with its key."""
+    for plan_id in archived_plans(run_dir):
+        try:
+            old = read_plan(run_dir, plan_id)
+        except UserError:
+            continue
+        if old.same_sample(plan):
+            return old
+    return None
 
 
 def known_judgments(run: RunData) -> dict[str, list[str]]:
@@ -206,10 +234,22 @@ def fold_into_run(run_dir: Path, review_files: list[Path], policy_file: Path | N
     policy = spot_check_policy(run, policy_file) if policy_file else run_policy(run)
     plan_dir = run.run_dir if (run.run_dir / PLAN_FILE).is_file() else Path(review_files[0]).parent
     plan = read_plan(plan_dir)
+    _refuse_replaced_plans(run.run_dir, plan, [Path(p) for p in review_files])
     kept = read_judgment_lines(kept_files(run.run_dir), plan, run.rows)
     merged = merge(kept, read_judgment_lines([Path(p) for p in review_files], plan, run.rows))
     judgments = [judgment for items in merged.lines.values() for judgment, _ in items.values()]
     return Folded(run, fold_reviews(run.report, run.rows, plan, judgments, policy), plan, plan_dir, merged)
+
+
+def _refuse_replaced_plans(run_dir: Path, plan: ReviewPlan, files: list[Path]) -> None:
+    """Judgments on a plan that `review` replaced since: say which, and how to bring it back."""
+    for path in files:
+        for plan_id in sorted(_plans_named(path) - {plan.plan}):
+            if archived_plan_path(run_dir, plan_id).is_file():
+                raise UserError(f"{path}: judged on review plan {plan_id}, which a later `quantgate review` replaced "
+                                f"with {plan.plan} (kept as {archived_plan_path(run_dir, plan_id).name}): run "
+                                f"`quantgate review {run_dir}` with the options that made plan {plan_id} to bring it "
+                                "back, then fold these judgments")
 
 
 def fold_and_write(run_dir: Path, review_files: list[Path], policy_file: Path | None = None,
