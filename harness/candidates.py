@@ -91,7 +91,31 @@ class ExternalCheckpoint:
             return self.method
         if is_int8_w8a8(self.quantization_config):
             return "w8a8"
-        return "int8" if self.method == "bitsandbytes" and self.bits == 8 else None
+        if self.method == "bitsandbytes" and self.bits == 8:
+            return "int8"
+        stored = self.weight_format()
+        return stored.spec.name if stored is not None and stored.spec is not None and stored.spec.plan_only \
+            else None
+
+    def weight_format(self):
+        """The storage the capacity planners size, read from the checkpoint's quantization_config
+        (harness.capacity.checkpoint: FP8 per tensor/channel/block, NVFP4, MXFP4, bitsandbytes, GPTQ/AWQ,
+        compressed-tensors, the modules it leaves unconverted), named for the candidate. A format the engines read
+        from the checkpoint (FP8, FP4) is served as its registered spec says; any other as format_spec() says.
+        None when the config says nothing the planners can size."""
+        from dataclasses import replace
+
+        from harness.capacity.checkpoint import checkpoint_format
+
+        try:
+            fmt = checkpoint_format({"quantization_config": self.quantization_config}, f"--candidate {self.name}")
+        except UserError:
+            return None
+        if fmt is None:
+            return None
+        spec = (replace(fmt.spec, name=self.name, engine="external") if fmt.spec is not None and fmt.spec.plan_only
+                else self.format_spec())
+        return replace(fmt, name=self.name, spec=spec)
 
     def recipe_extra(self) -> dict:
         main = self.quantization.main

@@ -11,7 +11,7 @@ planners know takes it (`serving_on`: from `serving`, else from the vLLM fields)
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.errors import UserError
 
@@ -30,6 +30,10 @@ class EngineServing:
     # the compute capability its kernels need, where the --quantization value alone does not say it
     # (gpus.KERNEL_MIN_CC knows the GPTQ/AWQ ones)
     min_capability: float | None = None
+    # the compute capability of the format's native kernels (FP8 8.9, FP4 10.0); from min_capability up to it the
+    # engine runs a weight-only fallback (Marlin), which `fallback` names. None: no such tiers.
+    native_capability: float | None = None
+    fallback: str | None = None
 
     def refusal_at(self, version: str = "") -> str | None:
         return self.refusal.replace("{version}", version) if self.refusal else None
@@ -53,6 +57,9 @@ class FormatSpec:
     # cpu_gemm_wna16 on a CPU
     four_bit_kernel: bool = False
     default: bool = True  # run when --formats is not given
+    # planned only (quantgate plan --format, a candidate checkpoint's storage): no engine here makes it, so a run
+    # refuses it by name (check_format_names)
+    plan_only: bool = False
     recipe_extra: dict = field(default_factory=dict)  # engine settings every recipe of it carries
     serving: dict[str, EngineServing] = field(default_factory=dict)  # engine -> how it serves it, see serving_on
 
@@ -146,6 +153,96 @@ register(FormatSpec(
     }))
 
 
+# FP8 and FP4 checkpoints carry their scheme in config.json's quantization_config, and vLLM and SGLang read it from
+# there: no --quantization flag (naming one that differs from the checkpoint's quant_method is an error in both;
+# vLLM's ModelConfig._verify_quantization, SGLang's docs/backend/quantization.md "do not add --quantization").
+# vLLM (model_executor/layers/quantization/fp8.py, compressed_tensors/compressed_tensors.py, mxfp4.py,
+# modelopt.py): FP8 weights and activations natively on compute capability 8.9+ (Ada, Hopper, Blackwell); on
+# 8.0-8.6 FP8 weight-only through Marlin ("Your GPU does not have native support for FP8 computation ... Marlin",
+# CompressedTensorsW8A16Fp8); nothing below 8.0 (get_min_capability 80). NVFP4 natively on Blackwell (10.0+,
+# cutlass_fp4_supported); on 8.0-9.0 weight-only FP4 through Marlin (CompressedTensorsW4A16Fp4, ModelOpt's
+# marlin fallback, marlin_utils_fp4.py). MXFP4 (gpt-oss) likewise: Blackwell natively, Marlin/Triton weight-only
+# from 8.0. SGLang: FP8 natively on 8.9+, Marlin FP8 on 8.0-8.6 (fp8_utils.can_auto_enable_marlin_fp8); its
+# NVFP4 (modelopt_fp4) needs Blackwell. TensorRT-LLM: FP8 from 8.9, NVFP4 from 10.0, no Marlin fallback.
+FP8_NATIVE_CC, FP4_NATIVE_CC, WEIGHT_ONLY_FALLBACK_CC = 8.9, 10.0, 8.0
+_FP8_FALLBACK = "FP8 weight-only (W8A16) through the Marlin kernel: weights stay 8-bit, activations 16-bit"
+_FP4_FALLBACK = "FP4 weight-only (W4A16) through the Marlin kernel: weights stay 4-bit, activations 16-bit"
+
+
+def _from_checkpoint(engine: str, native: float, fallback: str | None, note: str) -> EngineServing:
+    return EngineServing(None, min_capability=WEIGHT_ONLY_FALLBACK_CC if fallback else native,
+                         native_capability=native, fallback=fallback, note=f"{engine}: {note}")
+
+
+def _fp8_serving(block: bool) -> dict[str, EngineServing]:
+    scheme = "block-scaled FP8 (128x128 weight tiles)" if block else "FP8"
+    return {
+        "vllm": _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK,
+                                 f"reads the {scheme} scheme from the checkpoint's quantization_config (no "
+                                 "--quantization flag); FP8 kernels on compute capability 8.9+, Marlin weight-only "
+                                 "on 8.0-8.6"),
+        "sglang": _from_checkpoint("SGLang", FP8_NATIVE_CC, _FP8_FALLBACK,
+                                   f"reads the {scheme} scheme from the checkpoint (no --quantization flag); FP8 "
+                                   "kernels on 8.9+, Marlin FP8 on 8.0-8.6"),
+        "trtllm": _from_checkpoint("TensorRT-LLM", FP8_NATIVE_CC, None,
+                                   f"serves {scheme} checkpoints on compute capability 8.9+ only"),
+    }
+
+
+def _fp4_serving(kind: str) -> dict[str, EngineServing]:
+    return {
+        "vllm": _from_checkpoint("vLLM", FP4_NATIVE_CC, _FP4_FALLBACK,
+                                 f"reads the {kind} scheme from the checkpoint (no --quantization flag); FP4 "
+                                 "tensor cores on Blackwell (10.0+), Marlin weight-only FP4 on 8.0-9.0"),
+        "sglang": _from_checkpoint("SGLang", FP4_NATIVE_CC, None,
+                                   f"reads the {kind} scheme from the checkpoint; its FP4 kernels need Blackwell "
+                                   "(10.0+)"),
+        "trtllm": _from_checkpoint("TensorRT-LLM", FP4_NATIVE_CC, None,
+                                   f"serves {kind} checkpoints on Blackwell (10.0+)"),
+    }
+
+
+def _mxfp4_serving() -> dict[str, EngineServing]:
+    serving = _fp4_serving("MXFP4")
+    # gpt-oss's MXFP4 experts run on Hopper in both SGLang and TensorRT-LLM (Triton MoE kernels, weight-only).
+    hopper = "MXFP4 weight-only (Triton MoE kernels) on Hopper"
+    return {**serving,
+            "sglang": _from_checkpoint("SGLang", FP4_NATIVE_CC, hopper,
+                                       "reads MXFP4 from the checkpoint (gpt-oss); Blackwell natively, weight-only "
+                                       "MoE kernels from 8.0"),
+            "trtllm": EngineServing(None, min_capability=9.0, native_capability=FP4_NATIVE_CC, fallback=hopper,
+                                    note="TensorRT-LLM: gpt-oss's MXFP4 experts on Hopper (9.0) and Blackwell")}
+
+
+def _register_checkpoint_formats() -> None:
+    """The weight formats public checkpoints ship in, planned from their quantization_config (plan --format, a
+    candidate's storage); no quantization engine here makes them (plan_only)."""
+    common = dict(engine="checkpoint", default=False, plan_only=True)
+    register(FormatSpec("fp8", bits=8, serving=_fp8_serving(block=False), recipe_extra={
+        "scheme": "FP8_DYNAMIC", "weights": "float8 e4m3, one fp32 scale per output channel",
+        "activations": "float8 e4m3 per token, dynamic"}, **common))
+    register(FormatSpec("fp8-block", bits=8, serving=_fp8_serving(block=True), recipe_extra={
+        "weights": "float8 e4m3, one fp32 scale per 128x128 tile", "activations": "float8 per 1x128, dynamic"},
+        **common))
+    register(FormatSpec("nvfp4", bits=4, serving=_fp4_serving("NVFP4"), recipe_extra={
+        "weights": "float4 e2m1, an fp8 e4m3 scale per 16 and an fp32 global scale",
+        "activations": "float4 per 16, dynamic"}, **common))
+    register(FormatSpec("mxfp4", bits=4, serving=_mxfp4_serving(), recipe_extra={
+        "weights": "float4 e2m1 MoE experts, an e8m0 scale per 32; the rest 16-bit"}, **common))
+    bnb = FORMAT_SPECS["int8"].serving
+    register(FormatSpec("bnb-nf4", bits=4, vllm_quantization="bitsandbytes", vllm_plugin=VLLM_BNB_PLUGIN,
+                        vllm_load_format="bitsandbytes", serving={
+                            "vllm": replace(bnb["vllm"], note=bnb["vllm"].note.replace("8-bit", "4-bit")),
+                            "sglang": EngineServing("bitsandbytes", note="SGLang: bitsandbytes is among its "
+                                                    "--quantization choices; quantgate has not run a 4-bit one"),
+                            "trtllm": EngineServing(refusal="TensorRT-LLM cannot load a bitsandbytes checkpoint")},
+                        recipe_extra={"weights": "nf4, an absmax per 64 (fp32 in vLLM, which undoes double "
+                                                 "quantization at load)"}, **common))
+
+
+_register_checkpoint_formats()
+
+
 def known_formats() -> tuple[str, ...]:
     """Every registered format, the plugins' included once they are loaded (harness.plugins), in report order."""
     return tuple(FORMAT_SPECS)
@@ -175,5 +272,10 @@ def parse_format_names(names: list[str], where: str) -> list[str]:
 
 
 def check_format_names(names: list[str], where: str) -> list[str]:
-    """The formats of a run: registered names, baseline first, each once."""
-    return ["baseline"] + [n for n in parse_format_names(names, where) if n != "baseline"]
+    """The formats of a run: registered names, baseline first, each once; a plan-only format is refused."""
+    names = parse_format_names(names, where)
+    planned = [n for n in names if FORMAT_SPECS[n].plan_only]
+    if planned:
+        raise UserError(f"{where}: {', '.join(planned)}: planned only (quantgate plan --format {planned[0]}; a "
+                        "checkpoint in it is judged with --candidate NAME=PATH); no engine here makes it")
+    return ["baseline"] + [n for n in names if n != "baseline"]

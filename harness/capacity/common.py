@@ -276,6 +276,16 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
     serving = fmt.serving_on(key)
     if serving.refusal:
         return None, serving.refusal_at(version)
+    if serving.quantization is None:  # the engine reads the scheme from the checkpoint's quantization_config
+        why = capability_refusal(serving, gpu, engine, fmt.name)
+        if why:
+            return None, why
+        if serving.note:
+            notes.append(serving.note)
+        tier = capability_tier(serving, gpu, engine)
+        if tier:
+            notes.append(tier)
+        return None, None
     if serving.quantization not in methods:
         return None, f"{engine} {version}".strip() + f" has no --quantization {serving.quantization}"
     if serving.note:
@@ -286,6 +296,39 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
     if note:
         notes.append(note)
     return method, None
+
+
+def scheme_from_checkpoint(fmt: WeightFormat, engine: str) -> bool:
+    """Whether `engine` takes this quantized format with no --quantization flag, reading the scheme from the
+    checkpoint's quantization_config (FP8, NVFP4, MXFP4: harness.formats)."""
+    serving = fmt.serving_on(engine)
+    return fmt.bits < 16 and serving.quantization is None and serving.refusal is None
+
+
+def capability_refusal(serving: EngineServing, gpu: Gpu, engine: str, format_name: str) -> str | None:
+    """Why the engine's kernels for a format read from the checkpoint do not run on this GPU (None: they do, or
+    the GPU is unknown): below serving.min_capability (the native kernels' or the weight-only fallback's)."""
+    minimum = serving.min_capability
+    if minimum is None or has_capability(gpu, minimum) is not False:
+        return None
+    fallback = (f"; its {serving.fallback} needs {minimum:.1f}" if serving.fallback and serving.native_capability
+                else "")
+    native = serving.native_capability or minimum
+    return (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s {format_name} kernels need "
+            f"{native:.1f}{fallback}")
+
+
+def capability_tier(serving: EngineServing, gpu: Gpu, engine: str) -> str | None:
+    """A note when the GPU runs the format through the engine's weight-only fallback rather than natively."""
+    native = serving.native_capability
+    if not native or not serving.fallback:
+        return None
+    if has_capability(gpu, native) is False:
+        return (f"{engine} on {gpu.name} (compute capability {gpu.compute_capability:.1f} < {native:.1f}): "
+                f"{serving.fallback}; memory as planned, speed below the native kernels'")
+    if has_capability(gpu, native) is None:
+        return f"{engine}: natively on compute capability {native:.1f}+, else {serving.fallback} (--target-gpu says)"
+    return None
 
 
 def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, gpu: Gpu, tp: int,

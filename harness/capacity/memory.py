@@ -40,16 +40,72 @@ class TensorParallelError(ValueError):
 
 
 @dataclass(frozen=True)
+class LinearStorage:
+    """How an engine holds one quantized linear weight (in x out on one GPU), as the checkpoint stores it:
+    `bits` per weight (packed), and its scales by `strategy`:
+      tensor: one fp32 scale per weight tensor; channel: one per output row; group: one per `group_size` inputs of
+      each row; block: one per `block` (rows, inputs) tile; flat: one per `group_size` consecutive weights
+      (bitsandbytes' blocks over the flattened tensor).
+    `scale_bytes` is one scale's size (fp16/bf16 2, fp32 4, fp8/e8m0 1), `zeros` a packed `bits`-wide zero per
+    scale (asymmetric GPTQ/AWQ), `g_idx` GPTQ's int32 per input channel, `tensor_scales` further fp32 scalars per
+    tensor (NVFP4's global scale, static input scales)."""
+
+    bits: float
+    strategy: str = "channel"
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    scale_bytes: float = 2
+    zeros: bool = False
+    g_idx: bool = False
+    tensor_scales: int = 0
+    label: str = ""
+
+    def nbytes(self, in_features: int, out_features: int) -> float:
+        packed = in_features * out_features * self.bits / 8
+        if self.strategy == "tensor":
+            scales = 1
+        elif self.strategy == "block" and self.block:
+            scales = math.ceil(out_features / self.block[0]) * math.ceil(in_features / self.block[1])
+        elif self.strategy == "flat" and self.group_size:
+            scales = math.ceil(in_features * out_features / self.group_size)
+        elif self.strategy == "group" and self.group_size and self.group_size > 0:
+            scales = math.ceil(in_features / self.group_size) * out_features
+        else:
+            scales = out_features
+        zeros = scales * self.bits / 8 if self.zeros else 0
+        return (packed + scales * self.scale_bytes + zeros + (in_features * 4 if self.g_idx else 0)
+                + self.tensor_scales * 4)
+
+
+@dataclass(frozen=True)
+class StorageRule:
+    """The layers a storage applies to: `targets` are module paths or "re:REGEX" (checkpoint.module_matches);
+    ("Linear",) is every linear layer."""
+
+    targets: tuple[str, ...]
+    storage: LinearStorage
+
+
+@dataclass(frozen=True)
 class WeightFormat:
     """How a format stores the weights: `bits` per quantized weight (16/32: unquantized), GPTQ/AWQ's `group_size`
     (None or <= 0: one group per output column), GPTQ's int32 `g_idx` per input channel; and the format's spec,
-    which says how each serving engine takes it (serving_on)."""
+    which says how each serving engine takes it (serving_on).
+
+    A checkpoint's own quantization_config (harness.capacity.checkpoint) gives `rules` instead: per set of layers
+    how each weight is stored (the first rule whose targets match a layer), `unconverted` layers kept 16-bit
+    (modules_to_not_convert, ignore lists; paths or "re:REGEX"), and `experts_only` where the method quantizes
+    only the MoE experts (vLLM's MXFP4)."""
 
     name: str
     bits: float
     group_size: int | None = None
     g_idx: bool = False
     spec: FormatSpec | None = field(default=None, compare=False, repr=False)
+    rules: tuple[StorageRule, ...] = ()
+    unconverted: tuple[str, ...] = ()
+    experts_only: bool = False
+    description: str = ""
 
     def label(self) -> str:
         return self.name + (f" g{self.group_size}" if self.group_size and self.bits < 8 else "")
@@ -62,6 +118,39 @@ class WeightFormat:
         return EngineServing() if self.bits >= 16 else EngineServing(
             refusal=f"no serving engine is known to take the {self.name} checkpoint")
 
+    def storage_of(self, lin: Linear, layers: int) -> list[tuple[int, LinearStorage | None]]:
+        """[(copies, storage)] of `lin`'s `count` copies: None for those kept 16-bit (a router, an unconverted
+        module, a layer no rule targets); the default GPTQ/AWQ/LLM.int8 storage of `bits` where there are no
+        rules."""
+        if not lin.quantized:
+            return [(lin.count, None)]
+        if not self.rules:
+            return [(lin.count, _default_storage(self))]
+        from harness.capacity.checkpoint import unconverted_copies, rule_for
+
+        if self.experts_only and not is_expert(lin):
+            return [(lin.count, None)]
+        rule = rule_for(self.rules, lin)
+        if rule is None:
+            return [(lin.count, None)]
+        kept = unconverted_copies(self.unconverted, lin, layers)
+        return [(lin.count - kept, rule.storage)] + ([(kept, None)] if kept else [])
+
+
+def is_expert(lin: Linear) -> bool:
+    """A routed expert's weight (an MoE layer's experts, not its shared expert)."""
+    return "experts" in lin.name and "shared_expert" not in lin.name
+
+
+def _default_storage(fmt: WeightFormat) -> LinearStorage:
+    """bits == 8: LLM.int8 / INT8 W8A8 as vLLM holds it, int8 with an fp32 scale per output row; below: GPTQ/AWQ,
+    an fp16 scale and a packed zero per group, GPTQ's g_idx."""
+    if fmt.bits == 8:
+        return LinearStorage(8, "channel", scale_bytes=4)
+    grouped = fmt.group_size is not None and fmt.group_size > 0
+    return LinearStorage(fmt.bits, "group" if grouped else "channel", fmt.group_size if grouped else None,
+                         scale_bytes=FP16_BYTES, zeros=True, g_idx=fmt.g_idx)
+
 
 def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
     """The storage of a registered format, from its FormatSpec (harness.formats): bits, group size (when the
@@ -69,7 +158,12 @@ def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
     spec = FORMAT_SPECS.get("baseline" if name == "none" else name)
     if spec is None:
         raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMAT_SPECS)})")
-    return WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx, spec=spec)
+    fmt = WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx, spec=spec)
+    if spec.plan_only:  # fp8, nvfp4, mxfp4, ...: their storage rules (harness.capacity.checkpoint)
+        from harness.capacity.checkpoint import with_storage
+
+        return with_storage(fmt)
+    return fmt
 
 
 def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:
@@ -215,20 +309,20 @@ def quantized_linear_bytes(in_features: int, out_features: int, bits: float, gro
                            g_idx: bool = False) -> float:
     """GPTQ/AWQ storage of one linear weight: packed in x out x bits/8, and per group of `group_size` inputs an fp16
     scale and a packed `bits`-wide zero per output column; GPTQ adds an int32 g_idx per input channel."""
-    groups = math.ceil(in_features / group_size) if group_size and group_size > 0 else 1
-    packed = in_features * out_features * bits / 8
-    scales = groups * out_features * FP16_BYTES
-    zeros = groups * out_features * bits / 8
-    return packed + scales + zeros + (in_features * 4 if g_idx else 0)
+    grouped = group_size is not None and group_size > 0
+    return LinearStorage(bits, "group" if grouped else "channel", group_size if grouped else None,
+                         scale_bytes=FP16_BYTES, zeros=True, g_idx=g_idx).nbytes(in_features, out_features)
 
 
 def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
     """Bytes of the weights on one GPU as a serving engine holds them.
 
     bits >= 16: every parameter at bits/8 bytes.
-    bits == 8 (LLM.int8, bitsandbytes; INT8 W8A8 as vLLM holds it, with its weight_scale in fp32): each quantized
-      linear weight 1 byte plus an fp32 scale per output row.
-    bits < 8 (GPTQ/AWQ): quantized_linear_bytes per linear weight, every expert included.
+    Quantized: each linear weight as fmt.storage_of says (LinearStorage.nbytes): without rules, bits == 8
+      (LLM.int8, bitsandbytes; INT8 W8A8 as vLLM holds it, with its weight_scale in fp32) is 1 byte plus an fp32
+      scale per output row, bits < 8 (GPTQ/AWQ) quantized_linear_bytes, every expert included; a checkpoint's rules
+      (harness.capacity.checkpoint) give FP8, MXFP4, NVFP4, bitsandbytes 4-bit and compressed-tensors storage and
+      the modules it leaves unconverted.
     Embeddings, lm_head, norms, biases and MoE routers stay 16-bit. Tensor parallelism: column-parallel layers keep
     out/tp outputs, row-parallel ones in/tp inputs, K/V projections their KV heads per GPU, embeddings and lm_head
     vocab/tp rows; norms, routers and MLA's down-projections are on every GPU.
@@ -244,13 +338,11 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
         in_features, out_features = _per_gpu(lin, attention, tp)
         if lin.bias:
             kept_16bit += lin.count * out_features
-        if not lin.quantized:
-            kept_16bit += lin.count * in_features * out_features
-        elif fmt.bits == 8:
-            linear_bytes += lin.count * (in_features * out_features + out_features * 4)
-        else:
-            linear_bytes += lin.count * quantized_linear_bytes(in_features, out_features, fmt.bits, fmt.group_size,
-                                                               fmt.g_idx)
+        for copies, storage in fmt.storage_of(lin, shape.layers):
+            if storage is None:
+                kept_16bit += copies * in_features * out_features
+            else:
+                linear_bytes += copies * storage.nbytes(in_features, out_features)
     return int(round(linear_bytes + kept_16bit * FP16_BYTES))
 
 

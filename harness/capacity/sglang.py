@@ -170,7 +170,10 @@ def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu
                       f"({shape.max_len})")
     method = flags.get("--quantization")
     if method is None and fmt.bits < 16:
-        errors.append(f"a {fmt.name} checkpoint needs --quantization")
+        from harness.capacity.common import scheme_from_checkpoint  # FP8/FP4: read from the checkpoint
+
+        if not scheme_from_checkpoint(fmt, "sglang"):
+            errors.append(f"a {fmt.name} checkpoint needs --quantization")
     if method is not None and method not in QUANTIZATION_CHOICES:
         errors.append(f"--quantization {method}: not among SGLang's choices")
     tp = int(flags.get("--tp-size", 1))

@@ -294,7 +294,10 @@ def check_vllm_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: 
 def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
                          version: str) -> list[str]:
     if method is None:
-        return [] if fmt.bits >= 16 else [f"a {fmt.name} checkpoint needs --quantization"]
+        from harness.capacity.common import scheme_from_checkpoint  # FP8/FP4: read from the checkpoint
+
+        return [] if fmt.bits >= 16 or scheme_from_checkpoint(fmt, "vllm") else [
+            f"a {fmt.name} checkpoint needs --quantization"]
     if method not in QUANTIZATION_METHODS[version]:
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []

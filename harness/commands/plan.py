@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
 from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
-                                      Workload, engine_names, gpu_of_size, kernel_support,
+                                      Workload, engine_names, gpu_by_name, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
-from harness.capacity.gpus import gpu_names_help
-from harness.commands.gpu_args import target_gpus, uneven_stages_note
 from harness.report.schema import capacity_view
+from harness.capacity.checkpoint import checkpoint_format_at, plan_config
 from harness.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
 from harness.measure.kv import DEMO_CONFIG, text_config
 from harness.quantize import choose_group_size
@@ -42,12 +40,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--engine", default="all", choices=(*engine_names(), "all"),
                         help="serving engine(s) to plan for (default: all)")
     parser.add_argument("--target-gpu", metavar="NAME",
-                        help=f"target GPU by name, as nvidia-smi prints it or as typed: {gpu_names_help()} (memory "
-                             "as torch reports it, compute capability). A comma-separated list ('RTX 5070 Ti,RTX "
-                             "5090') is one pipeline stage per GPU")
+                        help="target GPU by name: T4, A10G, L4, RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, "
+                             "H100-SXM, H100-NVL, H200, B200 (memory as the driver reports it, compute capability)")
     parser.add_argument("--gpu-memory-gib", type=float, default=None,
                         help=f"target GPU memory in GiB (default {DEFAULT_GPU_GIB:g} without --target-gpu; with it, "
-                             "overrides its memory, keeping its compute capability: a MIG slice or a shared card)")
+                             "overrides its memory: a MIG slice or a shared card)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default 1)")
     parser.add_argument("--pipeline-parallel-size", type=int, default=1,
                         help="pipeline stages, each on --num-gpus GPUs (default 1): the plans size the most-loaded "
@@ -83,12 +80,15 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, described = load_model_config(args.model)
-    # Planning is cheap: without --format, every registered format (a run makes only the default ones).
+    own = checkpoint_format_at(args.model, config, described)
+    # Planning is cheap: without --format, every registered format a run can make or judge (a run makes only the
+    # default ones); a quantized checkpoint is planned as it is stored, from its own quantization_config.
     formats = (parse_format_names(args.format.split(","), "--format") if args.format is not None
-               else list(known_formats()))
+               else [own.name] if own is not None
+               else [name for name in known_formats() if not format_spec(name).plan_only])
     _check_numbers(args)
     try:
-        shape = model_shape(config)
+        shape = model_shape(plan_config(config))
     except ConfigFieldError as exc:
         raise UserError(f"{described}: {exc}") from None
     target = _target(args)
@@ -105,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--vllm-version {args.vllm_version}: {exc}") from None
     plans = {}
     for name in formats:
-        group = choose_group_size(config, args.group_size, name) if format_spec(name).grouped else None
-        fmt = weight_format(name, group)
+        if own is not None and name == own.name:
+            fmt = own
+        else:
+            group = choose_group_size(config, args.group_size, name) if format_spec(name).grouped else None
+            fmt = weight_format(name, group)
         try:
             plans[name] = (fmt, plan_engines(shape, fmt, target, workload, engines, vllm_version=version,
                                              gpu_memory_utilization=args.gpu_memory_utilization))
@@ -154,7 +157,7 @@ def _gguf_config(path: Path) -> dict:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib < 10_000:  # nan and inf too
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
         raise UserError(f"--gpu-memory-gib {args.gpu_memory_gib}: must be positive (e.g. 80)")
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1] (e.g. 0.92)")
@@ -172,20 +175,14 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _target(args: argparse.Namespace) -> Target:
     gpu: Gpu | None = None
-    pipeline = args.pipeline_parallel_size
     if args.target_gpu:
-        stages = target_gpus(args.target_gpu)
-        gpu = min(stages, key=lambda g: g.memory_bytes)
-        if len(stages) > 1:
-            if pipeline not in (1, len(stages)):
-                raise UserError(f"--target-gpu {args.target_gpu!r} names {len(stages)} pipeline stages and "
-                                f"--pipeline-parallel-size is {pipeline}: give one GPU per stage")
-            pipeline = len(stages)
-            if len({g.memory_bytes for g in stages}) > 1:
-                print(f"note: {uneven_stages_note(stages)}", file=sys.stderr)
+        try:
+            gpu = gpu_by_name(args.target_gpu)
+        except ValueError as exc:
+            raise UserError(f"--target-gpu: {exc}") from None
     if args.gpu_memory_gib is not None:
         gpu = gpu_of_size(args.gpu_memory_gib, like=gpu)
-    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, pipeline)
+    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, args.pipeline_parallel_size)
 
 
 def _max_model_len(shape: ModelShape, requested: int | None) -> int:
@@ -235,7 +232,7 @@ def plan_result(config: dict, described: str, shape: ModelShape, target: Target,
 
 def _format_entry(fmt: WeightFormat, by_engine: dict[str, EnginePlan]) -> dict:
     vllm = by_engine.get("vllm")
-    return {"bits": fmt.bits, "group_size": fmt.group_size, "label": fmt.label(),
+    return {"bits": fmt.bits, "group_size": fmt.group_size, "label": fmt.label(), "storage": fmt.description,
             "weights_bytes": next(iter(by_engine.values())).memory.weights_bytes,
             "capacity": capacity_view(vllm) if vllm else None,
             "engines": {engine: plan.as_dict() for engine, plan in by_engine.items()}}
