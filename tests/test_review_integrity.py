@@ -75,7 +75,7 @@ def test_a_second_fold_never_erases_an_earlier_reviewers_failing_judgments(run_d
     assert _report(run_dir)["formats"]["int8"]["spot_checks"]["reviewers"] == ["alice", "bob"]
 
 
-def test_a_reviewers_file_replaces_her_kept_judgments_only_as_a_superset(run_dir: Path, tmp_path: Path):
+def test_a_reviewers_file_replaces_the_kept_judgments_only_as_a_superset(run_dir: Path, tmp_path: Path):
     assert cli.main(["review", str(run_dir), "--items", "8"]) == 0
     items = _int8_items(run_dir)
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
@@ -92,8 +92,8 @@ def test_a_reviewers_file_replaces_her_kept_judgments_only_as_a_superset(run_dir
     everything.write_text(_lines(run_dir, "alice", "fine", items))
     notes.clear()
     checks = _fold(run_dir, everything, notes=notes)["formats"]["int8"]["spot_checks"]
-    assert notes == [f"alice: {everything} replaces her 8 earlier judgment(s) (it holds every item she judged, 8 in "
-                     "all)"], notes
+    assert notes == [f"alice: {everything} replaces the 8 earlier judgment(s) (it holds every item judged before, 8 "
+                     "in all)"], notes
     assert checks["judged"] == 8 and checks["candidate_unacceptable"]["count"] == 0
     assert len((run_dir / "reviews" / "alice.jsonl").read_text().splitlines()) == 8
     # the same file folded again changes nothing and says nothing

@@ -134,18 +134,9 @@ def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: li
     except UserError:
         previous = None
     plan = build_plan(run.report, run.rows, items=items, worst=worst, seed=seed, formats=formats, previous=previous)
-    replaced = None
     restored = None if plan is previous else _archived_like(run.run_dir, plan)
-    if restored is not None:  # the options that made a replaced plan: it comes back, with its key and judgments
-        replaced = archive_plan(run.run_dir)
-        _set_aside_kept(run.run_dir, replaced)
-        kept = run.run_dir / f"{KEPT_DIR}-{restored.plan}"
-        if kept.is_dir():
-            kept.replace(run.run_dir / KEPT_DIR)
-        write_plan(run.run_dir, restored)
-        archived_plan_path(run.run_dir, restored.plan).unlink(missing_ok=True)
-        (run.run_dir / f"review-key-{restored.plan}.json").unlink(missing_ok=True)
-        return Review(run, restored, replaced)
+    plan = restored or plan  # the options that made a replaced plan: it comes back, with its key and judgments
+    replaced = None
     if plan is previous:
         if not plan.salt:  # a plan of quantgate.review-plan/1: its key moves out of the plan, salted
             plan = replace(plan, salt=secrets.token_hex(16))
@@ -160,15 +151,28 @@ def open_review(run_dir: Path, *, items: int, worst: int, seed: int, formats: li
                             f"replace it (kept as {archived_plan_path(run.run_dir, plan_id).name})")
         replaced = archive_plan(run.run_dir)
         _set_aside_kept(run.run_dir, replaced)
+        if restored is not None:
+            kept = run.run_dir / f"{KEPT_DIR}-{restored.plan}"
+            if kept.is_dir():
+                kept.replace(run.run_dir / KEPT_DIR)
     write_plan(run.run_dir, plan)
+    if restored is not None:
+        archived_plan_path(run.run_dir, restored.plan).unlink(missing_ok=True)
+        (run.run_dir / f"review-key-{restored.plan}.json").unlink(missing_ok=True)
     return Review(run, plan, replaced)
 
 
 def _set_aside_kept(run_dir: Path, plan_id: str | None) -> None:
     """The judgments folded on a plan being replaced move aside with it (reviews-ID/)."""
     kept = run_dir / KEPT_DIR
-    if kept.is_dir() and any(kept.iterdir()):
-        kept.replace(run_dir / f"{KEPT_DIR}-{plan_id or 'unplanned'}")
+    if not kept.is_dir() or not any(kept.iterdir()):
+        return
+    target = run_dir / f"{KEPT_DIR}-{plan_id or 'unplanned'}"
+    number = 1
+    while target.exists():
+        number += 1
+        target = run_dir / f"{KEPT_DIR}-{plan_id or 'unplanned'}-{number}"
+    kept.replace(target)
 
 
 def _archived_like(run_dir: Path, plan: ReviewPlan) -> ReviewPlan | None:

@@ -1,8 +1,8 @@
 """Where judgments are kept, so that none is ever lost.
 
 - RUN_DIR/reviews/NAME.jsonl: every judgment `report --reviews` has folded, per reviewer, the latest line per item.
-  A later fold merges into it: a reviewer's new file replaces her kept judgments only when it holds every item
-  she judged before (a superset); otherwise the judgments it lacks are kept. Each fold counts them all.
+  A later fold merges into it: a reviewer's new file replaces the kept judgments only when it holds every item
+  judged before (a superset); otherwise the judgments it lacks are kept. Each fold counts them all.
 - RUN_DIR/review-NAME.jsonl written by `review --serve`: each save appends the lines that are new or changed, so
   an earlier save is never overwritten.
 """
@@ -66,11 +66,11 @@ def merge(kept: list[Line], new: list[Line]) -> Merged:
         missing = sorted(set(earlier) - set(items))
         if missing:
             notes.append(f"{reviewer}: {sources} lacks {len(missing)} item(s) judged before ({_few(missing)}); "
-                         f"those earlier judgments are kept: a reviewer's file replaces her earlier one only when "
-                         f"it holds every item she judged")
+                         "those earlier judgments are kept: a reviewer's file replaces the earlier one only when it "
+                         "holds every item judged before")
         elif _contents(own) != _contents(earlier):
-            notes.append(f"{reviewer}: {sources} replaces her {len(earlier)} earlier judgment(s) (it holds every "
-                         f"item she judged, {len(items)} in all)")
+            notes.append(f"{reviewer}: {sources} replaces the {len(earlier)} earlier judgment(s) (it holds every "
+                         f"item judged before, {len(items)} in all)")
     return Merged(lines, tuple(changed), tuple(notes))
 
 
