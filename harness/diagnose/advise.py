@@ -292,15 +292,21 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
         quote("free at start-up", f"{free:.2f} of {total:.2f} GiB", facts.free_below.line)
         held = total - free
         most = math.floor((free / total - 0.01) * 100) / 100
+        weights = facts.weights_gib.value if facts.weights_gib else (
+            (context.weights_4bit_bytes if facts.flags.get("quantization") else context.weights_16bit_bytes) or 0) / GIB
+        changes = [free_other_process(held)]
+        if most > 0 and (not weights or most * total >= weights + ACTIVATION_MARGIN_GIB):
+            changes.append(Change(f"--gpu-memory-utilization {most:.2f}",
+                                  f"asks for {most * total:.2f} GiB, within the {free:.2f} GiB free, if the other "
+                                  "process must stay (less KV cache than planned: the next start's log says how "
+                                  "many tokens)"))
+        cannot = (f"; what is free ({free:.2f} GiB) cannot hold the weights ({weights:.2f} GiB) and their "
+                  "activations: no --gpu-memory-utilization helps until it is freed"
+                  if weights and most * total < weights + ACTIVATION_MARGIN_GIB else "")
         return Diagnosis(source, "vllm", "memory_held_elsewhere",
                          f"another process holds {held:.2f} GiB of the GPU: vLLM wants {wanted_u} x {total:.2f} = "
-                         f"{requested:.2f} GiB but only {free:.2f} GiB is free", tuple(figures), (
-                             free_other_process(held),
-                             Change(f"--gpu-memory-utilization {most:.2f}",
-                                    f"asks for {most * total:.2f} GiB, within the {free:.2f} GiB free, if the other "
-                                    "process must stay (less KV cache than planned: the next start's log says how "
-                                    "many tokens)")),
-                         (f"which process holds the memory: {LIST_PROCESSES}",))
+                         f"{requested:.2f} GiB but only {free:.2f} GiB is free" + cannot, tuple(figures),
+                         tuple(changes), (f"which process holds the memory: {LIST_PROCESSES}",))
     if facts.profiling_disturbed:
         before, after = str(facts.profiling_disturbed.value).split(":")
         quote("free memory before / after profiling", f"{before} / {after}", facts.profiling_disturbed.line)

@@ -68,7 +68,9 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
         if (verdict := allocator_verdict(oom[0])) is not None:
             return Diagnosis(source, "sglang", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
     if facts is not None and facts.not_enough:
-        fraction = current or SGLANG_DEFAULT_FRACTION
+        # the highest value the log shows is the one in place (ServerArgs and the error may both print it)
+        fraction = max(v for v in (current, number(settings, "mem_fraction_static"), 0.0) if v is not None) \
+            or SGLANG_DEFAULT_FRACTION
         total = (facts.weights_gb.value + facts.available_gb.value) if facts.weights_gb and facts.available_gb \
             else total_gib
         changes = []
@@ -77,10 +79,11 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             changes.append(Change(f"--mem-fraction-static {wanted:.2f}",
                                   f"the KV pool gets {wanted:.2f} x {total:.1f} GB - {facts.weights_gb.value:.1f} GB of "
                                   f"weights = {wanted * total - facts.weights_gb.value:.1f} GB (mem_fraction_static "
-                                  "counts the weights and the KV pool together)"))
+                                  "counts the weights and the KV pool together)", "mem_fraction_static_up"))
         else:
             changes.append(Change(f"--mem-fraction-static {min(0.95, fraction + 0.05):.2f}",
-                                  "mem_fraction_static counts the weights and the KV pool together: raise it"))
+                                  "mem_fraction_static counts the weights and the KV pool together: raise it",
+                                  "mem_fraction_static_up"))
         changes += [Change("quantize the weights (awq or gptq 4-bit)", "about a quarter of the 16-bit weights"),
                     Change(f"--tp {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
                            "splits the weights over more GPUs")]
@@ -96,7 +99,7 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
         fraction = Change(f"--mem-fraction-static {lower:.2f}",
                           "a smaller static share (weights + KV pool) leaves more for activations and CUDA graphs "
                           "(a CUDA OOM needs it lower; only SGLang's 'Not enough memory' start-up error needs it "
-                          "higher)")
+                          "higher)", "mem_fraction_static_down")
         if re.search(r"captur|cuda.?graph", around):
             kind, summary = "cuda_graph_capture", "CUDA-graph capture ran out of memory at start-up"
             changes = [fraction, Change("--cuda-graph-max-bs 32", "captures fewer, smaller graphs"),
