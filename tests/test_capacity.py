@@ -104,8 +104,10 @@ def test_weights_shrink_with_format():
 
 
 def test_activation_estimate_scales_with_tokens():
-    # 8192 x (4 x 4096 + 3 x 14336) x 2 = 973,078,528; sampler 256 x 128,256 x 8 = 262,668,288.
-    assert estimate_activation_peak_bytes(LLAMA3_8B, 8192) == 973_078_528 + 262_668_288
+    # The larger of the forward, 8192 x (3 x 4096 + 3 x 14336) x 2 = 905,969,664, and the sampler,
+    # 256 x 128,256 x 8 + 256 x 4096 x 2 = 264,765,440 (they do not overlap).
+    assert estimate_activation_peak_bytes(LLAMA3_8B, 8192) == 905_969_664
+    assert estimate_activation_peak_bytes(LLAMA3_8B, 512) == 264_765_440
     assert estimate_activation_peak_bytes(LLAMA3_8B, 16384) > estimate_activation_peak_bytes(LLAMA3_8B, 8192)
 
 

@@ -58,6 +58,9 @@ def inputs_for(config: dict, policy: Policy = Policy(), capacity: CapacitySettin
 
 
 PROFILED = "measured (profile forward of 8,192 tokens over 256 sequences)"
+# vLLM on a 22 GiB L4 profiles at its own default budget, 2048 tokens (vllm_versions), so the forward measured at
+# 8192 is scaled to it
+PROFILED_FOR_VLLM_ON_L4 = "measured (profile forward of 8,192 tokens over 256 sequences, scaled linearly to 2,048 tokens)"
 
 
 def measured(name: str, weights: int | None, *, compute_dtype: str = "bfloat16", activation: int = 50 * 2**20,
@@ -84,7 +87,8 @@ def test_format_entry_plans_three_engines_from_the_measured_weights():
     assert set(entry["serving"]) == {"vllm", "sglang", "trtllm"}
     vllm = entry["serving"]["vllm"]
     assert vllm["memory"]["weights_bytes"] == DEMO_WEIGHTS["gptq"] and vllm["memory"]["weights_source"] == "measured"
-    assert vllm["memory"]["activation_bytes"] == 50 * 2**20 and vllm["memory"]["activation_source"] == PROFILED
+    assert vllm["memory"]["activation_bytes"] == 50 * 2**20 * 2048 // 8192
+    assert vllm["memory"]["activation_source"] == PROFILED_FOR_VLLM_ON_L4
     assert vllm["memory"]["gpu_memory_bytes"] == gpu_by_name("L4").memory_bytes and vllm["max_model_len"] == 600
     assert vllm["command"].startswith("vllm serve MODEL ") and "--quantization gptq" in vllm["command"]
     # the version-1 capacity block is the same vLLM plan
@@ -221,7 +225,7 @@ def test_markdown_and_html_print_the_three_engines_beside_each_format():
     RunReport.model_validate(json.loads(json.dumps(report)))  # the contract holds the serving block
     md = render_markdown(parse_report(json.loads(json.dumps(report)), "report.json"), [])
     gptq = md[md.index("## gptq"):md.index("## awq")]
-    assert f"**Serving on L4 (22.03 GiB) (weights measured, activations {PROFILED})**" in gptq
+    assert f"**Serving on L4 (22.03 GiB) (weights measured, activations {PROFILED_FOR_VLLM_ON_L4})**" in gptq
     for title in ("- **vLLM ", "- **SGLang**: ", "- **TensorRT-LLM**: "):
         assert title in gptq
     assert "      vllm serve MODEL --max-model-len 600" in gptq and "      python -m sglang.launch_server" in gptq
@@ -396,7 +400,7 @@ def test_copy_of_policy_is_unchanged():
 
 def test_measured_overhead_replaces_the_non_torch_estimate():
     """--capacity-overhead-gib is the user's measured CUDA context + non-torch memory: every engine plans with it."""
-    from harness.capacity.memory import NON_TORCH_BYTES
+    from harness.capacity.memory import NON_TORCH_BYTES, NON_TORCH_SINCE_START_BYTES
 
     default = format_entry(inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4")),
                            measured("gptq", DEMO_WEIGHTS["gptq"]), 600)
@@ -404,6 +408,8 @@ def test_measured_overhead_replaces_the_non_torch_estimate():
         inputs_for(DEMO_CONFIG, capacity=CapacitySettings(target_gpu="L4", overhead_gib=2.0)),
         measured("gptq", DEMO_WEIGHTS["gptq"]), 600)
     for engine in ("vllm", "sglang", "trtllm"):
-        assert default["serving"][engine]["memory"]["non_torch_bytes"] == NON_TORCH_BYTES
+        # vLLM (0.20 on) counts only what the instance allocated after its CUDA context existed
+        expected = NON_TORCH_SINCE_START_BYTES if engine == "vllm" else NON_TORCH_BYTES
+        assert default["serving"][engine]["memory"]["non_torch_bytes"] == expected
         assert measured_overhead["serving"][engine]["memory"]["non_torch_bytes"] == 2 * 2**30
         assert measured_overhead["serving"][engine]["kv_tokens"] < default["serving"][engine]["kv_tokens"]

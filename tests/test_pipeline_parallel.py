@@ -14,7 +14,8 @@ from harness.capacity import (ENGINES, GPUS, Target, TensorParallelError, Worklo
                                       check_trtllm_command, check_vllm_command, gpu_by_name, model_shape,
                                       pipeline_stage, plan_engine, plan_engines, planned_weights_bytes,
                                       weight_format, weights_bytes)
-from harness.capacity.memory import NCCL_BYTES, NON_TORCH_BYTES, kv_bytes_per_sequence, kv_bytes_per_token
+from harness.capacity.memory import (NCCL_BYTES, NON_TORCH_BYTES, NON_TORCH_SINCE_START_BYTES,
+                                     kv_bytes_per_sequence, kv_bytes_per_token)
 from harness.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
 from test_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA3_8B, MIXTRAL_8X7B, QWEN25_7B
@@ -118,7 +119,8 @@ def test_tensor_and_pipeline_parallel_combine():
         plan = _plan(engine, LLAMA3_8B, fmt="awq", tp=2, pp=2)
         assert plan.arg(TP_FLAGS[engine]) == "2" and plan.arg(PP_FLAGS[engine]) == "2"
         assert plan.memory.kv_bytes_per_token == 131_072 // 4  # 4 KV heads per GPU, 16 layers
-        assert plan.memory.non_torch_bytes == NON_TORCH_BYTES + NCCL_BYTES
+        context = NON_TORCH_SINCE_START_BYTES if engine == "vllm" else NON_TORCH_BYTES  # vllm_versions
+        assert plan.memory.non_torch_bytes == context + NCCL_BYTES
         assert any("4 GPUs: tensor parallel 2 x pipeline parallel 2" in note for note in plan.notes)
         assert _check(engine, plan, model_shape(LLAMA3_8B), weight_format("awq", 128)) == []
     shape, fmt = model_shape(LLAMA3_8B), weight_format("awq", 128)
@@ -126,7 +128,7 @@ def test_tensor_and_pipeline_parallel_combine():
         pipeline_stage(shape, 2), fmt, 2)
     assert Target(H100, 2, 2).total_gpus == 4
     # Pipeline parallel alone still needs NCCL between the stages.
-    assert _plan("vllm", LLAMA3_8B, pp=2).memory.non_torch_bytes == NON_TORCH_BYTES + NCCL_BYTES
+    assert _plan("vllm", LLAMA3_8B, pp=2).memory.non_torch_bytes == NON_TORCH_SINCE_START_BYTES + NCCL_BYTES
 
 
 def test_more_stages_than_layers_is_refused_and_the_checks_catch_it():

@@ -16,8 +16,9 @@ from harness.capacity import (ENGINES, GPUS, Target, TensorParallelError, Worklo
                                       kernel_support, model_shape, plan_engine, plan_engines, plan_sglang,
                                       plan_trtllm, plan_vllm, resolve_version, weight_format)
 from harness.capacity import vllm as vllm_module
-from harness.capacity.memory import (CUDA_GRAPH_BYTES, GIB, HEADROOM_BYTES, MIB, NON_TORCH_BYTES,
-                                             activation_peak_bytes, weights_bytes)
+from harness.capacity.memory import (CUDA_GRAPH_BYTES, GIB, HEADROOM_BYTES, MIB,
+                                             NON_TORCH_SINCE_START_BYTES, activation_peak_bytes, weights_bytes)
+from harness.capacity.vllm_versions import V1_SAMPLER
 from harness.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
 from harness.formats import known_formats
@@ -55,11 +56,13 @@ def test_gpu_table_names_memory_and_kernels():
 # --- vLLM, by version
 
 def test_vllm_032_follows_determine_available_memory():
+    """vLLM 0.32 on a 22 GiB L4: `vllm serve` chunks prefill at 2048 tokens (under 70 GiB), counts the non-torch
+    memory allocated since the instance started and subtracts its CUDA-graph estimate (vllm_versions)."""
     plan = _plan("vllm", LLAMA3_8B, vllm_version="0.32")
     shape = model_shape(LLAMA3_8B)
     weights = weights_bytes(shape, weight_format("awq", 128))
-    activation = activation_peak_bytes(shape, 8192, 256)
-    expected = int(L4.memory_bytes * 0.92) - weights - activation - NON_TORCH_BYTES - CUDA_GRAPH_BYTES
+    activation = activation_peak_bytes(shape, 2048, 256, sampler_bytes_per_logit=V1_SAMPLER)
+    expected = int(L4.memory_bytes * 0.92) - weights - activation - NON_TORCH_SINCE_START_BYTES - CUDA_GRAPH_BYTES
     assert plan.memory.kv_cache_bytes == expected
     assert plan.kv_tokens == expected // (131_072 * 16) * 16
     assert plan.max_concurrency == expected // (131_072 * 4096)
@@ -67,14 +70,16 @@ def test_vllm_032_follows_determine_available_memory():
     assert plan.arg("--quantization") == "awq_marlin"  # L4: compute capability 8.9, shapes Marlin takes
     assert plan.command.startswith("vllm serve MODEL --max-model-len 4096 --max-num-seqs ")
     assert plan.memory.activation_source == "estimated from the config"
+    assert plan.arg("--max-num-batched-tokens") == "2048" and plan.token_budget == 2048
 
 
 def test_vllm_034_sets_the_kv_cache_outright():
     plan = _plan("vllm", LLAMA3_8B, vllm_version="0.34")
     kv = int(plan.arg("--kv-cache-memory-bytes"))
     assert plan.arg("--gpu-memory-utilization") is None
-    fixed = plan.memory.weights_bytes + plan.memory.activation_bytes + NON_TORCH_BYTES + CUDA_GRAPH_BYTES
-    assert kv == plan.memory.kv_cache_bytes == (L4.memory_bytes - HEADROOM_BYTES - fixed) // MIB * MIB
+    fixed = plan.memory.weights_bytes + plan.memory.activation_bytes + NON_TORCH_SINCE_START_BYTES + CUDA_GRAPH_BYTES
+    margin = max(HEADROOM_BYTES, int(0.75 * plan.memory.activation_bytes))  # extensible_kv_cache.py's margin
+    assert kv == plan.memory.kv_cache_bytes == (L4.memory_bytes - margin - fixed) // MIB * MIB
     assert any("unset means 1.0" in note for note in plan.notes)
     with_util = _plan("vllm", LLAMA3_8B, vllm_version="0.34", gpu_memory_utilization=0.9)
     assert with_util.arg("--gpu-memory-utilization") == "0.9" and with_util.arg("--kv-cache-memory-bytes") is None
@@ -89,8 +94,12 @@ def test_vllm_version_resolution(monkeypatch):
     monkeypatch.setattr(vllm_module, "installed_version", lambda: "0.36.0")
     assert resolve_version(None)[0] == "0.34"
     assert resolve_version("0.32.0")[0] == "0.32"
-    with pytest.raises(ValueError, match="knows the rules of 0.32, 0.33, 0.34"):
-        resolve_version("0.31")
+    assert resolve_version("0.31") == ("0.31", "vLLM 0.31 rules (--vllm-version)")
+    assert resolve_version("0.6.4.post1")[0] == "0.6.4" and resolve_version("0.10.1.1")[0] == "0.10.1.1"
+    version, note = resolve_version("0.5.3")  # before 0.6: planned with the nearest, and said so
+    assert version == "0.6" and "not a release quantgate has the rules of" in note and "0.6's, the nearest" in note
+    with pytest.raises(ValueError, match="expected a version like"):
+        resolve_version("latest")
     # The vLLM that serves a run decides over the installed one; --vllm-version over both.
     assert resolve_version(None, installed="0.32.0") == ("0.32", "vLLM 0.32 rules (the installed vLLM 0.32.0)")
     assert resolve_version("0.33", installed="0.32.0")[0] == "0.33"
@@ -115,8 +124,9 @@ def test_run_takes_the_vllm_rules_to_plan_with():
     from harness.config import CapacitySettings
 
     assert CapacitySettings(vllm_version="0.33.2").vllm_version == "0.33"
-    with pytest.raises(ValidationError, match="knows the rules of"):
-        CapacitySettings(vllm_version="0.29")
+    assert CapacitySettings(vllm_version="0.29").vllm_version == "0.29"
+    with pytest.raises(ValidationError, match="expected a version like"):
+        CapacitySettings(vllm_version="newest")
 
 
 def test_small_token_budget_lowers_max_num_seqs():
@@ -270,14 +280,14 @@ def test_mixtral_gptq_does_not_fit_24_gib_and_says_why():
 
 def test_too_long_for_the_kv_cache_suggests_a_length_that_fits():
     a10g = dict(fmt="baseline", gpu=gpu_by_name("A10G"), vllm_version="0.32", gpu_memory_utilization=0.8)
-    plan = _plan("vllm", LLAMA3_8B, max_model_len=8192, **a10g)
-    assert not plan.fits and "less than one sequence of 8,192" in plan.reason
+    plan = _plan("vllm", LLAMA3_8B, max_model_len=12288, **a10g)
+    assert not plan.fits and "less than one sequence of 12,288" in plan.reason
     shorter = int(plan.reason.split("--max-model-len ")[1].split(",")[0].split()[0])
     assert _plan("vllm", LLAMA3_8B, max_model_len=shorter, **a10g).fits
     assert not _plan("vllm", LLAMA3_8B, max_model_len=shorter + 16, **a10g).fits
     assert "--kv-cache-dtype fp8" not in plan.reason  # A10G is compute capability 8.6: no FP8
     on_l40s = _plan("vllm", LLAMA3_8B, fmt="baseline", gpu=gpu_by_name("L40S"), max_model_len=8192,
-                    max_num_batched_tokens=8192, gpu_memory_utilization=0.41, vllm_version="0.32")
+                    max_num_batched_tokens=8192, gpu_memory_utilization=0.40, vllm_version="0.32")
     assert not on_l40s.fits and "--kv-cache-dtype fp8" in on_l40s.reason  # 8.9: an fp8 KV cache would fit
 
 
@@ -301,7 +311,9 @@ def test_the_checks_catch_what_the_engines_reject():
     assert "not a quantization method of vLLM 0.32" in vllm_errors("awq_marlin", "gguf")
     assert "compute capability 8.0" in vllm_errors("", "", gpu=T4)
     assert "Bfloat16" in vllm_errors("", "", gpu=T4)
-    assert "extensible" in vllm_errors("--gpu-memory-utilization 0.92", "--kv-cache-memory-bytes 1000000")
+    assert vllm_errors("--gpu-memory-utilization 0.92", "--kv-cache-memory-bytes 1000000") == ""
+    assert "0.10.2 added it" in vllm_errors("--gpu-memory-utilization 0.92", "--kv-cache-memory-bytes 1000000",
+                                            version="0.9")
     assert "not divisible by 3" in vllm_errors("vllm serve MODEL", "vllm serve MODEL --tensor-parallel-size 3")
 
     sglang = _plan("sglang", LLAMA3_8B)
@@ -430,7 +442,7 @@ def test_plan_three_engines_on_an_l4(tmp_path, capsys):
     assert "vllm serve MODEL --max-model-len 4096" in out and "--quantization awq_marlin" in out
     assert "python -m sglang.launch_server --model-path MODEL --context-length 4096 --mem-fraction-static" in out
     assert "trtllm-serve MODEL --backend pytorch --max_batch_size" in out
-    assert "KV = 22.03 GiB - headroom 1.00 GiB - weights 5.33 GiB" in out
+    assert "KV = 22.03 GiB - margin 1.00 GiB - weights 5.33 GiB" in out
     assert "estimated from the config" in out and "prefix" in out
 
 
@@ -469,7 +481,7 @@ def test_plan_max_num_batched_tokens_128_never_prints_256_seqs(capsys):
     (dict(LLAMA3_8B, model_type="not_a_model"), [], "config.json: field 'model_type' is 'not_a_model'"),
     (LLAMA3_8B, ["--num-gpus", "3"], "--num-gpus 3: num_attention_heads 32 is not divisible by 3"),
     (LLAMA3_8B, ["--target-gpu", "Z9"], "--target-gpu: unknown GPU 'Z9'"),
-    (LLAMA3_8B, ["--vllm-version", "0.20"], "--vllm-version 0.20: vLLM 0.20: quantgate knows"),
+    (LLAMA3_8B, ["--vllm-version", "latest"], "--vllm-version latest: vLLM version 'latest': expected a version"),
     (LLAMA3_8B, ["--max-num-seqs", "0"], "--max-num-seqs 0: must be a positive number"),
     (LLAMA3_8B, ["--shared-prefix-tokens", "-1"], "--shared-prefix-tokens -1: must not be negative"),
 ])

@@ -32,6 +32,12 @@ CUDA_GRAPH_BYTES = GIB
 # allocator fragmentation and what the arithmetic cannot see. vLLM 0.32/0.33's default --gpu-memory-utilization
 # 0.92 leaves its own 8% instead.
 HEADROOM_BYTES = GIB
+# What vLLM measures as non-torch memory when it counts only what the instance allocated after it started (0.6.0-0.6.3,
+# 0.6.5 on, V1 0.9.1 on: the CUDA context is in the baseline): cuBLAS/cuDNN workspaces, about 0.03-0.1 GiB on one GPU
+# (0.03 GiB logged by vLLM 0.7.3 on an RTX 4060, vllm-project/vllm#13882); NCCL_BYTES more with several GPUs.
+NON_TORCH_SINCE_START_BYTES = 128 * MIB
+# The sampler's share of a profile run, bytes per (sequence x vocabulary) entry: fp32 logits and their softmax.
+SAMPLER_BYTES_PER_LOGIT = 8
 
 
 class TensorParallelError(ValueError):
@@ -364,20 +370,21 @@ def planned_weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1,
 
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_dtype_bytes: int = 2,
-                          tp: int = 1) -> int:
-    """Peak of a forward pass over `tokens` tokens (an engine's profile run at its token budget), estimated from the
-    config: tokens x (4 x hidden + 3 x mlp_width / tp) x bytes + seqs x vocab x 4 x 2.
+                          tp: int = 1, sampler_bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """Peak of an engine's profile run over `tokens` tokens (its token budget) and `seqs` sampled rows, estimated
+    from the config: the larger of the forward pass, tokens x (3 x hidden + 3 x mlp_width / tp) x bytes, and the
+    sampler, seqs x vocab x sampler_bytes_per_logit (with the last hidden states still held).
 
-    The MLP is the widest point: while the residual stream and the layer input (2 x hidden) are live, the fused
-    gate/up output (2 x mlp_width) and the activated product (mlp_width) exist together; the 2 extra hidden widths
-    cover attention's q/k/v and output buffers. mlp_width is intermediate_size for a dense MLP, and for MoE the
-    experts one token visits (num_experts_per_tok x expert width + the shared experts). The sampler adds fp32
-    logits for one token per sequence, twice (logits and softmax). Llama-3-8B at 8192 tokens: about 1.2 GiB, the
-    order vLLM's profiler reports.
+    The MLP is the widest point of the forward: the fused gate/up output (2 x mlp_width) and the activated product
+    (mlp_width) exist together while the residual stream, the layer input and the normed input (3 x hidden) are live.
+    mlp_width is intermediate_size for a dense MLP, and for MoE the experts one token visits (num_experts_per_tok x
+    expert width + the shared experts). The sampler runs after the forward has freed its buffers, so the two peaks
+    do not add up. Checked against vLLM 0.6.4's logged profile peaks (RTX 3090, Llama-3.1-8B, vllm-project/vllm
+    #10517): 2.07 GiB at 20,000 tokens and 2.99 GiB at 29,000, i.e. 110.6 kB a token, where this gives 110,592 B.
     """
-    forward = tokens * (4 * shape.hidden + 3 * math.ceil(shape.mlp_width / tp)) * act_dtype_bytes
-    sampler = seqs * shape.vocab * 4 * 2
-    return int(forward + sampler)
+    forward = tokens * (3 * shape.hidden + 3 * math.ceil(shape.mlp_width / tp)) * act_dtype_bytes
+    sampler = seqs * shape.vocab * sampler_bytes_per_logit + seqs * shape.hidden * act_dtype_bytes
+    return int(max(forward, sampler))
 
 
 def workload_non_torch(workload, gpus: int = 1) -> int:
@@ -386,10 +393,11 @@ def workload_non_torch(workload, gpus: int = 1) -> int:
     return workload.non_torch_bytes if workload.non_torch_bytes is not None else non_torch_bytes(gpus)
 
 
-def non_torch_bytes(gpus: int = 1) -> int:
+def non_torch_bytes(gpus: int = 1, since_start: bool = False) -> int:
     """CUDA context and non-torch allocations on one GPU: NON_TORCH_BYTES, plus NCCL_BYTES when the deployment spans
-    more than one GPU (`gpus`: tensor x pipeline parallel size)."""
-    return NON_TORCH_BYTES + (NCCL_BYTES if gpus > 1 else 0)
+    more than one GPU (`gpus`: tensor x pipeline parallel size). since_start: only what the instance allocated after
+    its CUDA context existed (NON_TORCH_SINCE_START_BYTES), as vLLM counts it in most releases (vllm_versions)."""
+    return (NON_TORCH_SINCE_START_BYTES if since_start else NON_TORCH_BYTES) + (NCCL_BYTES if gpus > 1 else 0)
 
 
 def cuda_graph_bytes(enforce_eager: bool = False) -> int:

