@@ -297,7 +297,8 @@ def test_an_item_is_shown_for_one_format_only(run_dir: Path, capsys):
     items = _plan(run_dir)["items"]
     pairs = [(i["evalset"], i["id"]) for i in items]
     assert len(pairs) == len(set(pairs)) == 18
-    counted = {name: sum(1 for i in items if i["format"] == name and i["stratum"] == "random") for name in ("int8", "gptq")}
+    counted = {name: sum(1 for i in items if i["format"] == name and i["stratum"] == "random")
+               for name in ("int8", "gptq")}
     assert counted == {"int8": 9, "gptq": 9}
     assert "int8: 9 of 20 items" in out and "shown for one format only" in out
 

@@ -66,7 +66,8 @@ def read_judgment_lines(paths: list[Path], plan: ReviewPlan, rows: list[dict[str
 def cut_comment(comment: str) -> str:
     if len(comment) <= MAX_COMMENT:
         return comment
-    return f"{comment[:MAX_COMMENT]} [... cut: the comment had {len(comment):,} characters, the first {MAX_COMMENT:,} kept]"
+    return (f"{comment[:MAX_COMMENT]} [... cut: the comment had {len(comment):,} characters, the first "
+            f"{MAX_COMMENT:,} kept]")
 
 
 def _judgment(data: dict[str, Any], where: str, plan: ReviewPlan, outputs) -> Judgment:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import random
 import secrets
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -260,6 +260,7 @@ def archive_plan(run_dir: Path) -> str | None:
 def read_plan(run_dir: Path, archived: str | None = None) -> ReviewPlan:
     """The directory's plan with its key; with `archived`, the plan of that id a later one replaced."""
     path = archived_plan_path(run_dir, archived) if archived else run_dir / PLAN_FILE
+    key_path = run_dir / (f"review-key-{archived}.json" if archived else KEY_FILE)
     again = f"run `quantgate review {run_dir}` again to rewrite it"
     data = _read_json(path, f"run `quantgate review {run_dir}` first (it writes the plan the judgments refer to)",
                       again)
@@ -271,15 +272,15 @@ def read_plan(run_dir: Path, archived: str | None = None) -> ReviewPlan:
             items = tuple(ReviewItem(**item) for item in data["items"])
             return ReviewPlan(data["plan"], data["run"], data["baseline"], data["seed"], data["items_per_format"],
                               data["worst_per_format"], items)
-        key = _read_key(run_dir / (f"review-key-{archived}.json" if archived else KEY_FILE), data["plan"])
+        key = _read_key(key_path, data["plan"])
         items = tuple(_keyed_item(item, key["a"][item["key"]]) for item in data["items"])
         plan = ReviewPlan(data["plan"], data["run"], data["baseline"], data["seed"], data["items_per_format"],
                           data["worst_per_format"], items, key["salt"])
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: a field is missing or wrong ({exc}); {again}") from None
     if plan.key_digest() != data["key_digest"]:
-        raise UserError(f"{run_dir / KEY_FILE}: not the key of {path.name} (its digest differs): restore the key written "
-                        f"with plan {plan.plan}; without it the judgments cannot be read back")
+        raise UserError(f"{key_path}: not the key of {path.name} (its digest differs): restore the key "
+                        f"written with plan {plan.plan}; without it the judgments cannot be read back")
     return plan
 
 

@@ -38,7 +38,8 @@ def kept_files(run_dir: Path) -> list[Path]:
 
 def kept_file(run_dir: Path, reviewer: str) -> Path:
     """The reviewer's kept file; a name that is not a plain file name is stored under its hash."""
-    name = reviewer if SAFE_NAME.fullmatch(reviewer) else "reviewer-" + hashlib.sha256(reviewer.encode()).hexdigest()[:12]
+    name = reviewer if SAFE_NAME.fullmatch(reviewer) else \
+        "reviewer-" + hashlib.sha256(reviewer.encode()).hexdigest()[:12]
     return run_dir / KEPT_DIR / f"{name}.jsonl"
 
 
