@@ -47,7 +47,8 @@ _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
      "batch_size", "down"),
     (r"gradient.checkpointing", "gradient_checkpointing", "gradient_checkpointing", "on"),
     (r"8-bit optimizer|adamw_8bit|optimizer state", "optimizer_state_down", None, ""),
-    (r"max_new_tokens|max_length|shorter (inputs|sequences)|sequence length", "sequence_length_down", None, ""),
+    (r"max_new_tokens|max_length|shorter (inputs|sequences|prompts)|sequence length", "max_model_len_down",
+     "max_length", "down"),
     (r"empty_cache", "empty_cache", None, ""),
     (r"larger gpu|bigger gpu", "larger_gpu", None, ""),
     (r"another replica", "more_replicas", None, ""),
@@ -105,6 +106,8 @@ def in_place(change: Change, lever: str, settings: dict[str, Setting]) -> bool:
         return is_on(settings, lever)
     key = _key_of(change.setting)
     current = number(settings, key) if key else None
+    if current is not None and value is None and lever.endswith("_down") and current <= 1:
+        return True  # "lower the batch size" where it is already 1
     if current is None or value is None:
         return False
     if lever.endswith("_down"):

@@ -90,6 +90,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                      "culprit; the traceback does not show which phase", tuple(figures), (
                          Change("lower the tokens per step (batch x sequence length)", "activations grow with both: "
                                 "the lever when the weights fit"),
+                         Change("shorter sequences (max_length / the maximum sequence length)",
+                                "activations and any KV cache grow with the length"),
                          Change("a larger GPU, or split the model over more GPUs", "splits the weights")),
                      () if has_model else ("which model: --model DIR tells weights from activations; the whole "
                                            "traceback tells which phase ran out",), failing_line=quoted)

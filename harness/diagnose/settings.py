@@ -45,6 +45,7 @@ ALIASES = {
     "batch_size": "batch_size", "per_device_train_batch_size": "batch_size", "train_batch_size": "batch_size",
     "gradient_checkpointing": "gradient_checkpointing", "model": "model", "model_path": "model",
     "model_id": "model", "max_new_tokens": "max_new_tokens", "max_length": "max_length",
+    "cutoff_len": "max_length", "max_seq_length": "max_length", "max_source_length": "max_length",
     "pytorch_cuda_alloc_conf": "pytorch_cuda_alloc_conf", "pytorch_alloc_conf": "pytorch_cuda_alloc_conf",
     "cuda_visible_devices": "cuda_visible_devices", "vllm_use_v1": "vllm_use_v1",
 }
