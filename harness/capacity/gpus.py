@@ -164,7 +164,8 @@ _TABLE: tuple[Gpu, ...] = (
          "https://github.com/modelscope/DiffSynth-Studio/issues/1238"),
     _gpu("GH200-96GB", 95.00, 9.0, "96 GB HBM3", ("NVIDIA GH200 480GB", "GH200 480GB", "GH200 96GB"),
          estimated="no GH200 480GB total in a log found; its GPU carries the H20's 96 GB HBM3, logged 95.00 GiB"),
-    _gpu("H200", 139.81, 9.0, "141 GB HBM3e", ("NVIDIA H200", "H200 141GB", "H200 SXM", "H200 SXM 141GB"),
+    _gpu("H200", 150_121_545_728 / GIB, 9.0, "141 GB HBM3e",
+         ("NVIDIA H200", "H200 141GB", "H200 SXM", "H200 SXM 141GB"),
          "quantgate's own H200 run: torch total_memory 150,121,545,728 bytes (tests/test_vllm_backend.py); "
          "vLLM start-up logs show up to 140.06 GiB (docs/serving.md corpus)"),
     _gpu("GH200-144GB", 142.78, 9.0, "144 GB HBM3e", ("NVIDIA GH200 144G HBM3e", "GH200 144GB"),
@@ -200,30 +201,30 @@ def _key(name: str) -> str:
 
 # A name that stands for several cards: the common one, and why (printed where the name is used).
 _AMBIGUOUS: dict[str, tuple[str, str]] = {
-    "a100": ("A100-80GB", "the A100 comes with 40 GB and 80 GB; planned on the 80 GB SXM4 card, the common one "
+    "a100": ("A100-80GB", "the A100 comes with 40 GB and 80 GB; the 80 GB SXM4 card is the common one "
                           "(--target-gpu A100-40GB for the other)"),
-    "a100sxm4": ("A100-80GB", "the SXM4 A100 comes with 40 GB and 80 GB; planned on the 80 GB card "
+    "a100sxm4": ("A100-80GB", "the SXM4 A100 comes with 40 GB and 80 GB; the 80 GB card is the common one "
                               "(--target-gpu A100-40GB for the other)"),
-    "a100sxm": ("A100-80GB", "the SXM4 A100 comes with 40 GB and 80 GB; planned on the 80 GB card "
+    "a100sxm": ("A100-80GB", "the SXM4 A100 comes with 40 GB and 80 GB; the 80 GB card is the common one "
                              "(--target-gpu A100-40GB for the other)"),
-    "a100pcie": ("A100-40GB", "the PCIe A100 comes with 40 GB and 80 GB; planned on the 40 GB card, the smaller "
+    "a100pcie": ("A100-40GB", "the PCIe A100 comes with 40 GB and 80 GB; the 40 GB card, the smaller, is assumed "
                               "(--target-gpu 'A100 80GB PCIe' for the other)"),
-    "h100": ("H100-SXM", "the H100 comes as SXM (80 GB HBM3), PCIe (80 GB) and NVL (94 GB); planned on the SXM card, "
-                         "the common one (--target-gpu H100-NVL or H100-PCIe for the others)"),
+    "h100": ("H100-SXM", "the H100 comes as SXM (80 GB HBM3), PCIe (80 GB) and NVL (94 GB); the SXM card is the "
+                         "common one (--target-gpu H100-NVL or H100-PCIe for the others)"),
     "h100sxm": ("H100-SXM", ""),
-    "v100": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; planned on the 16 GB card, the common one "
+    "v100": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; the 16 GB card is the common one "
                           "(--target-gpu V100-32GB for the other)"),
-    "v100sxm2": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; planned on the 16 GB card "
+    "v100sxm2": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; the 16 GB card is the common one "
                               "(--target-gpu V100-32GB for the other)"),
-    "v100pcie": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; planned on the 16 GB card "
+    "v100pcie": ("V100-16GB", "the V100 comes with 16 GB and 32 GB; the 16 GB card is the common one "
                               "(--target-gpu V100-32GB for the other)"),
-    "a800": ("A800-80GB", "the A800 comes with 40 GB (PCIe) and 80 GB; planned on the 80 GB card, the common one"),
-    "gh200": ("GH200-96GB", "the GH200 comes with 96 GB (GH200 480GB) and 144 GB of GPU memory; planned on the 96 GB "
-                            "one (--target-gpu GH200-144GB for the other)"),
-    "rtx6000": ("RTX-6000-Ada", "'RTX 6000' names the RTX 6000 Ada (48 GB), the Turing Quadro RTX 6000 (24 GB, not "
-                                "in the table) and the RTX PRO 6000 Blackwell (96 GB); planned on the RTX 6000 Ada"),
-    "mi250": ("MI250X", "the MI250 is planned as the MI250X: the same 64 GB per GCD, each GCD one GPU to torch"),
-    "mi300": ("MI300X", "'MI300' planned as the MI300X (192 GB); the MI300A shares its memory with the CPU"),
+    "a800": ("A800-80GB", "the A800 comes with 40 GB (PCIe) and 80 GB; the 80 GB card is the common one"),
+    "gh200": ("GH200-96GB", "the GH200 comes with 96 GB (GH200 480GB) and 144 GB of GPU memory; the 96 GB one is "
+                            "assumed (--target-gpu GH200-144GB for the other)"),
+    "rtx6000": ("RTX-6000-Ada", "'RTX 6000' names the RTX 6000 Ada (48 GB), the Turing Quadro RTX 6000 (24 GB, not in "
+                                "the table) and the RTX PRO 6000 Blackwell (96 GB); the RTX 6000 Ada is assumed"),
+    "mi250": ("MI250X", "the MI250 has the MI250X's 64 GB per GCD, each GCD one GPU to torch"),
+    "mi300": ("MI300X", "the MI300X (192 GB) is assumed; the MI300A shares its memory with the CPU"),
 }
 
 
