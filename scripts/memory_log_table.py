@@ -35,8 +35,9 @@ def checkpoint_format_name(config: dict) -> tuple[str, int | None]:
         return "baseline", None
     method = str(quant.get("quant_method", "")).lower()
     group = quant.get("group_size") or quant.get("q_group_size")
-    if method in ("awq", "gptq"):
-        return method, group
+    if method in ("awq", "gptq"):  # the planner's awq/gptq formats are 4-bit; other widths are named as such
+        bits = quant.get("bits") or quant.get("w_bit") or 4
+        return (method if int(bits) == 4 else f"{method}-{bits}bit"), group
     if method == "bitsandbytes":
         return ("bnb-nf4" if quant.get("load_in_4bit") else "bnb-int8"), None
     if method == "compressed-tensors":
@@ -69,7 +70,7 @@ def workload(case: dict) -> Workload:
     length = flag(case, "--max-model-len", "--context-length", "--max_seq_len", "max_seq_len")
     batched = flag(case, "--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens")
     seqs = flag(case, "--max-num-seqs", "--max-running-requests", "--max_batch_size")
-    kv_dtype = flag(case, "--kv-cache-dtype") or "auto"
+    kv_dtype = flag(case, "--kv-cache-dtype", "kv_cache_dtype") or "auto"
     return Workload(max_model_len=int(length) if length else int(derived_max_len(fields)),
                     max_num_batched_tokens=int(batched) if batched else None,
                     max_num_seqs=int(seqs) if seqs else None,
