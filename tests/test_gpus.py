@@ -24,7 +24,8 @@ SMI_NAMES = {
     "Tesla V100-SXM2-16GB": "V100-16GB", "Tesla V100-SXM2-32GB": "V100-32GB", "Tesla V100-PCIE-32GB": "V100-32GB",
     "NVIDIA H200": "H200", "NVIDIA H100 PCIe": "H100-PCIe", "NVIDIA H100 NVL": "H100-NVL", "NVIDIA H20": "H20",
     "NVIDIA H800": "H800", "NVIDIA A800-SXM4-80GB": "A800-80GB", "NVIDIA L20": "L20", "NVIDIA L40": "L40",
-    "NVIDIA L4": "L4", "NVIDIA A10": "A10", "NVIDIA A40": "A40", "NVIDIA GeForce RTX 4090": "RTX-4090",
+    "NVIDIA L4": "L4", "NVIDIA A10": "A10", "NVIDIA A40": "A40", "NVIDIA A30": "A30",
+    "NVIDIA RTX A4000": "RTX-A4000", "NVIDIA GeForce RTX 4090": "RTX-4090",
     "NVIDIA GeForce RTX 5090": "RTX-5090", "NVIDIA GeForce RTX 5070 Ti": "RTX-5070-Ti",
     "NVIDIA GeForce RTX 3060": "RTX-3060", "NVIDIA GeForce RTX 4080": "RTX-4080",
     "NVIDIA RTX 6000 Ada Generation": "RTX-6000-Ada", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition":
@@ -87,7 +88,7 @@ def test_a_name_like_no_gpu_says_none_is_close():
 
 
 def test_the_table_is_torch_totals_with_their_sources():
-    assert len(GPUS) >= 36 and len({g.name for g in GPUS}) == len(GPUS)
+    assert len(GPUS) >= 40 and len({g.name for g in GPUS}) == len(GPUS)
     assert [g.memory_bytes for g in GPUS] == sorted(g.memory_bytes for g in GPUS)
     for gpu in GPUS:
         # every figure is logged (a source) or derived (the reason), and every alias is this card's
@@ -100,7 +101,7 @@ def test_the_table_is_torch_totals_with_their_sources():
         assert (gpu.vendor == "amd") == (gpu.compute_capability is None) == gpu.arch.startswith("gfx")
     # the totals logged on real GPUs (DESIGN.md's figures, and each card's source)
     logged = {"A100-80GB": 79.15, "L40S": 44.40, "RTX-3090": 23.58, "A10": 22.09, "L4": 22.03, "H100-SXM": 79.11,
-              "H200": 139.81, "RTX-4090": 23.64, "RTX-5090": 31.37, "T4": 14.56, "H20": 95.00}
+              "H200": 139.81, "RTX-4090": 23.64, "RTX-5090": 31.37, "T4": 14.56, "H20": 95.00, "H100-NVL": 93.00}
     assert {name: round(gpu_by_name(name).memory_gib, 2) for name in logged} == logged
     assert gpu_by_name("H200").memory_bytes == round(150_121_545_728 / 2**20) * 2**20  # this project's H200
 

@@ -103,6 +103,9 @@ _TABLE: tuple[Gpu, ...] = (
          estimated="no A10G total in a log found; AWS's A10G is the A10's board (24 GB GDDR6, nvidia-smi 23,028 MiB, "
                    "compute capability 8.6), so the A10's logged 22.09 GiB (\"A10G reports ~22GB\": "
                    "https://github.com/huggingface/local-gemma/pull/25)"),
+    _gpu("RTX-A4000", 15.61, 8.6, "16 GB GDDR6", ("NVIDIA RTX A4000", "RTX A4000", "A4000"),
+         "https://github.com/DengKaiCQ/VGGT-Long/issues/6"),
+    _gpu("A30", 23.53, 8.0, "24 GB HBM2", ("NVIDIA A30",), "https://github.com/google/RB-Modulation/issues/5"),
     _gpu("L4", 22.03, 8.9, "24 GB GDDR6", ("NVIDIA L4",), "https://github.com/ArcInstitute/evo2/issues/190"),
     _gpu("RTX-3090", 23.58, 8.6, "24 GB GDDR6X", ("NVIDIA GeForce RTX 3090", "RTX 3090", "3090"),
          "https://github.com/vllm-project/vllm/pull/14447 (vLLM's total_gpu_memory on RTX 3090s)"),
@@ -153,8 +156,8 @@ _TABLE: tuple[Gpu, ...] = (
          "https://github.com/vllm-project/vllm/issues/27508"),
     _gpu("H800", 79.11, 9.0, "80 GB HBM3", ("NVIDIA H800", "H800 80GB HBM3", "NVIDIA H800 80GB HBM3"),
          estimated="the H100 SXM for export (80 GB HBM3, nvidia-smi 81,559 MiB), so the H100's logged 79.11 GiB"),
-    _gpu("H100-NVL", 93.04, 9.0, "94 GB HBM3", ("NVIDIA H100 NVL", "H100 NVL 94GB"),
-         estimated="no H100 NVL total in a log found; nvidia-smi's 95,830 MiB (93.58 GiB) less " + _H100_GAP),
+    _gpu("H100-NVL", 93.00, 9.0, "94 GB HBM3", ("NVIDIA H100 NVL", "H100 NVL 94GB"),
+         "https://github.com/ali-vilab/VACE/issues/56 (RunPod H100 NVL)"),
     _gpu("RTX-PRO-6000", 94.97, 12.0, "96 GB GDDR7",
          ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell Server Edition",
           "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX PRO 6000 Blackwell", "RTX PRO 6000",
