@@ -270,6 +270,58 @@ def layer_state_bytes(state: LayerState, tp: int = 1) -> int:
     return conv + state.heads // tp * state.head_elements * state.ssm_dtype_bytes
 
 
+def vllm_block_size(attention: Attention, kv_dtype_bytes: float = 2, tp: int = 1, block_size: int = 16) -> int:
+    """vLLM's attention block size in tokens: `block_size`, or for a model with recurrent layers the smallest
+    multiple of 16 tokens whose page (one layer's K and V) holds one layer's state
+    (vllm/platforms/interface.py::_align_hybrid_block_size, logged as "Setting attention block size to N tokens";
+    the state is then padded to that page). Qwen3.5-9B on 2 GPUs: 528 tokens, the state padded by 0.76%."""
+    if not attention.states or attention.kv_layers == 0:
+        return block_size
+    state_page = layer_state_bytes(attention.states[0], tp)
+    per_token = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
+    return max(block_size, 16 * math.ceil(state_page / (16 * per_token)))
+
+
+def vllm_sequence_bytes(attention: Attention, length: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
+                        block_size: int = 16, window_extra: int = 0) -> int:
+    """Bytes of vLLM V1's KV cache one running sequence of `length` tokens takes on one GPU, as its KV cache
+    manager pages it (vllm/v1/core/kv_cache_utils.py; the hybrid page size from vllm/model_executor/models/
+    config.py::HybridAttentionMambaModelConfig).
+
+    Layers are grouped by kind (full attention, each sliding window or attention chunk, recurrent state). With more
+    than one kind, every kind is cut into groups of the same number of layers: the fewest layers of any kind, or the
+    most when that is under 1.25 x the fewest, the last group of a kind padded with empty layers
+    (_get_kv_cache_groups_uniform_page_size: Gemma-3-27B's 10 full and 52 sliding layers make groups of 10, 8
+    padding layers). A block id holds one page in each of the group-size layers of one group, so it costs group size
+    x page bytes. A sequence takes ceil(tokens kept / block_size) blocks in each attention group (a sliding or chunked
+    layer keeps at most window + window_extra tokens) and one block in each recurrent-state group (mamba_cache_mode
+    "none"). A hybrid Mamba model raises the attention block size to a multiple of 16 tokens whose page holds one
+    layer's state, and pads the state to that page (Nemotron-Nano-9B-v2: 1,312 tokens, 4 attention + 27 Mamba layers
+    in groups of 4, 32 blocks of 21.5 MB for 32,768 tokens).
+    """
+    per_token = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
+    kinds: dict[object, int] = {}
+    for window in attention.windows:
+        if window != NO_KV:
+            kinds[window] = kinds.get(window, 0) + 1
+    block_size = vllm_block_size(attention, kv_dtype_bytes, tp, block_size)
+    if attention.states:
+        kinds["state"] = len(attention.states)
+    if not kinds:
+        return 0
+    fewest, most = min(kinds.values()), max(kinds.values())
+    group = most if most < fewest * 1.25 else fewest
+    blocks = 0
+    for kind, layers in kinds.items():
+        if kind == "state":
+            per_group = 1
+        else:
+            kept = length if kind is None else min(length, int(kind) + window_extra)
+            per_group = math.ceil(kept / block_size)
+        blocks += math.ceil(layers / group) * per_group
+    return int(round(blocks * group * block_size * per_token))
+
+
 def state_bytes_per_sequence(attention: Attention, tp: int = 1) -> int:
     """The recurrent state one running sequence holds on one GPU, whatever its length: every recurrent layer's
     layer_state_bytes (0 for a model without recurrent layers). Nemotron-Nano-9B-v2: 27 Mamba2 layers of 73,728

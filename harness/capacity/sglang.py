@@ -9,7 +9,16 @@ and free memory after loading = total - weights - CUDA context, so
 The rest, total x (1 - mem_fraction_static), must hold the activations at --chunked-prefill-size tokens, the CUDA
 graphs and the headroom; the plan takes mem_fraction_static = floor2((total - activations - CUDA graphs - headroom)
 / total), then the pool SGLang's formula gives for it. Page size 1: the pool holds pool // cell_size tokens, cell
-size = the KV bytes per token (MLA: the latent). Sliding-window layers are counted as full attention (an upper bound).
+size = the KV bytes per token (MLA: the latent). Sliding-window and chunked layers (the per-sequence sizing is
+_pools) are kept whole in that one pool, except for the models model_config.py::is_hybrid_swa_model names
+(GptOssForCausalLM, Llama4ForConditionalGeneration), which get SWAKVPool: full_tokens = pool / (F + r x S) with F, S
+the full and sliding layers' bytes per token and r = --swa-full-tokens-ratio (0.8), the sliding pool r x
+full_tokens, a sequence holding its whole length in the first and at most window + a prefill chunk in the second
+(model_runner_kv_cache_mixin.py::set_num_tokens_hybrid_swa). Hybrid Mamba / linear-attention models
+(handle_max_mamba_cache): the rest is split mamba_full_memory_ratio (0.9) : 1 between the recurrent state pool (state
+per request in --mamba-ssm-dtype float32, conv bf16) and the KV pool of the attention layers only, and
+init_memory caps running requests at the state slots / 3 (MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, radix
+cache on).
 The radix cache (on unless --disable-radix-cache, srt/mem_cache/radix_cache.py) keeps a prefix requests share once,
 token by token (page size 1): common.prefix_sharing counts it.
 The checks (check_sglang_command) are server_args.py's: chunked_prefill_size % page_size == 0, context_length
@@ -20,15 +29,18 @@ most-loaded GPU's (shapes.pipeline_stage).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, replace
+
 from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
                                              pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import Gpu, has_capability
-from harness.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_sequence,
-                                             kv_bytes_per_token)
-from harness.capacity.shapes import ModelShape
+from harness.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_token,
+                                             kv_layer_token_bytes, layer_state_bytes)
+from harness.capacity.shapes import NO_KV, Attention, ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
 SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token; "
@@ -38,6 +50,11 @@ MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a p
 # Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
 QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "w8a8_int8"})
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+SWA_FULL_TOKENS_RATIO = 0.8  # server_args.py's --swa-full-tokens-ratio default
+HYBRID_SWA_TYPES = ("gpt_oss", "llama4", "llama4_text")  # model_config.py::is_hybrid_swa_model's architectures
+MAMBA_FULL_MEMORY_RATIO = 0.9  # server_args.py's --mamba-full-memory-ratio default: state pool : KV pool
+MAMBA_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache on
+MAMBA_SSM_DTYPE_BYTES = 4  # server_args.py's --mamba-ssm-dtype default float32
 _FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dtype", "--context-length", "--mem-fraction-static",
           "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
           "--quantization"}
@@ -59,8 +76,8 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     chunk = workload.max_num_batched_tokens or default_chunked_prefill_size(gpu)
     prefill_tokens = chunk if workload.chunked_prefill else max(length, MAX_PREFILL_TOKENS)
     seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    memory, fraction, formula = _memory(shape, fmt, target, workload, prefill_tokens, seq_cap)
-    kv_tokens = memory.kv_cache_bytes // memory.kv_bytes_per_token
+    memory, fraction, formula, pools = _memory(shape, fmt, target, workload, prefill_tokens, seq_cap)
+    kv_tokens = pools.kv_tokens
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
     fits = concurrency >= 1 and refusal is None and 0 < fraction < 1
     running = min(concurrency, seq_cap)
@@ -84,7 +101,7 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
 
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
-            seq_cap: int) -> tuple[MemoryBreakdown, float, str]:
+            seq_cap: int) -> tuple[MemoryBreakdown, float, str, Pools]:
     costs = fixed_costs(shape, fmt, target, workload, prefill_tokens, seq_cap)
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     weights, activation = costs.weights, costs.activation
@@ -96,14 +113,60 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                f"{fraction:.2f} x {gib(total)} - weights {gib(weights)} - CUDA context {gib(context)} = "
                f"{gib(int(fraction * total) - weights - context)}")
     attention = costs.attention
+    pools = sglang_pools(shape.model_type, attention, pool, workload.max_model_len, kv_bytes, tp, prefill_tokens)
+    if pools.note:
+        formula += f"; {pools.note}"
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
                              headroom_bytes=total - int(fraction * total) - activation - graphs,
                              kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
-                             kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,
-                                                                         tp, block_size=PAGE_SIZE, sliding=False))
-    return memory, fraction, formula
+                             kv_bytes_per_sequence=pools.per_sequence)
+    return memory, fraction, formula, pools
+
+
+@dataclass(frozen=True)
+class Pools:
+    """How SGLang divides the pool after the weights (module docstring): the full-attention tokens it holds
+    (max_total_num_tokens, what it logs), and the bytes of the pool one running sequence of max_model_len takes
+    once the pool is split as SGLang splits it, so that pool // per_sequence is the sequences that run at once."""
+
+    kv_tokens: int
+    per_sequence: int
+    note: str = ""
+
+
+def sglang_pools(model_type: str, attention: Attention, pool: int, length: int, kv_dtype_bytes: float, tp: int,
+                 prefill_tokens: int) -> Pools:
+    """SGLang's pools for a pool of `pool` bytes (module docstring): one token pool of every KV layer's cell, or the
+    SWAKVPool's full and sliding pools, and a hybrid model's Mamba state pool beside them."""
+    per_layer = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
+    windows = [w for w in attention.windows if w != NO_KV]
+    full, sliding = windows.count(None), len(windows) - windows.count(None)
+    note = ""
+    if model_type in HYBRID_SWA_TYPES and sliding:
+        ratio, window = SWA_FULL_TOKENS_RATIO, max(w for w in windows if w is not None)
+        cell = per_layer * (full + ratio * sliding)
+        # a sequence holds all its tokens in the full pool and at most window + a prefill chunk in the r-times
+        # smaller sliding pool: whichever runs out first bounds the sequences
+        kv_sequence = cell * max(length, min(length, window + prefill_tokens) / ratio)
+        note = (f"SWA pool: {full} full layers x {length:,} tokens and {sliding} sliding layers in a pool "
+                f"{ratio:g} x the full one (--swa-full-tokens-ratio)")
+    else:
+        cell = per_layer * len(windows)  # sliding and chunked layers kept whole
+        kv_sequence = cell * length
+    if not cell:
+        raise ValueError("SGLang: the model has no layer with a KV cache")
+    state = sum(layer_state_bytes(replace(s, ssm_dtype_bytes=MAMBA_SSM_DTYPE_BYTES), tp) for s in attention.states)
+    if not state:
+        return Pools(int(pool // cell), math.ceil(kv_sequence), note)
+    kv_share = 1 / (1 + MAMBA_FULL_MEMORY_RATIO)
+    slots = int(pool * (1 - kv_share)) // state
+    per_sequence = max(kv_sequence / kv_share, MAMBA_SLOTS_PER_REQUEST * state / (1 - kv_share))
+    note = ((note + "; " if note else "") +
+            f"Mamba state pool {MAMBA_FULL_MEMORY_RATIO:g}/{1 + MAMBA_FULL_MEMORY_RATIO:g} of it: {slots:,} slots of "
+            f"{gib(state)}, {slots // MAMBA_SLOTS_PER_REQUEST:,} running requests at most")
+    return Pools(int(pool * kv_share // cell), math.ceil(per_sequence), note)
 
 
 def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: float, running: int, chunk: int,
@@ -134,8 +197,16 @@ def _general_notes(shape: ModelShape, workload: Workload, chunk: int, gpu: Gpu) 
                      f"{default_chunked_prefill_size(gpu):,})")
     if needs_half_dtype(shape, gpu):
         notes.append(half_dtype_note(gpu, "SGLang", "--dtype half"))
-    if shape.attention.sliding_layers:
-        notes.append("SGLang: sliding-window layers counted as full attention (an upper bound on the pool's needs)")
+    if shape.attention.sliding_layers and shape.model_type in HYBRID_SWA_TYPES:
+        notes.append(f"SGLang: {shape.attention.sliding_layers} sliding-window layers in its SWA memory pool, "
+                     f"{SWA_FULL_TOKENS_RATIO:g} x the full layers' tokens (--swa-full-tokens-ratio)")
+    elif shape.attention.sliding_layers:
+        notes.append("SGLang: sliding-window layers kept whole in its one token pool, as full attention "
+                     "(model_config.py::is_hybrid_swa_model does not give this architecture the SWA pool)")
+    if shape.attention.states:
+        notes.append(f"SGLang: {len(shape.attention.states)} recurrent layers' state in a Mamba pool "
+                     f"{MAMBA_FULL_MEMORY_RATIO:g}:1 beside the KV pool (--mamba-full-memory-ratio), SSM state in "
+                     "float32 (--mamba-ssm-dtype); at most a third of its slots run at once")
     return notes
 
 

@@ -266,7 +266,8 @@ def layer_kinds(fields: dict[str, Any]) -> tuple[str, ...] | None:
     layer_windows).
 
     `layer_types` (Gemma 2/3, gpt-oss, Cohere 2, Qwen3-Next, Granite 4 hybrid, LFM2), `layers_block_type`,
-    Nemotron-H's `hybrid_override_pattern` (M Mamba2, * attention, - MLP, E MoE), Jamba's attention every
+    Nemotron-H's `hybrid_override_pattern` (M Mamba2, * attention, - MLP, E MoE), Qwen3-Next's
+    `full_attention_interval` (gated DeltaNet layers between), Jamba's attention every
     `attn_layer_period` layers from `attn_layer_offset`, LFM2's `full_attn_idxs`, Falcon-H1 (attention and Mamba2 in
     every layer), Gemma 3 / Cohere 2's `sliding_window_pattern` (one full-attention layer in that many: the published
     configs have it where transformers' own would write layer_types), Llama 4's chunked layers (`no_rope_layers`,
@@ -285,6 +286,10 @@ def layer_kinds(fields: dict[str, Any]) -> tuple[str, ...] | None:
         layers = positive_int(fields, "num_hidden_layers")
         period, offset = positive_int(fields, "attn_layer_period"), int(fields.get("attn_layer_offset") or 0)
         return tuple("full_attention" if i % period == offset else "recurrent" for i in range(layers))
+    if fields.get("full_attention_interval") and fields.get("linear_num_value_heads"):  # Qwen3-Next as published
+        every = positive_int(fields, "full_attention_interval")
+        return tuple("full_attention" if (i + 1) % every == 0 else "recurrent"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
     if model_type == "falcon_h1":
         return ("hybrid",) * positive_int(fields, "num_hidden_layers")
     if isinstance(fields.get("full_attn_idxs"), list):  # LFM2 without layer_types
@@ -356,11 +361,11 @@ def recurrent_state(fields: dict[str, Any]) -> LayerState:
     """The state per sequence of one recurrent layer of this hybrid model, with the fields vLLM's model class reads
     (get_mamba_state_shape_from_config) and its dtypes (get_mamba_state_dtype_from_config: the conv state in the
     model's dtype; the temporal state in mamba_ssm_cache_dtype, "auto" = the model's, except Nemotron-H whose
-    NemotronHForCausalLMConfig defaults it to float32). ConfigFieldError for a model type whose state is not
+    NemotronHForCausalLMConfig defaults it to float32, and Qwen3.5 whose config's mamba_ssm_dtype vLLM takes). ConfigFieldError for a model type whose state is not
     written out here."""
     model_type = str(fields.get("model_type") or "")
     model_bytes = _dtype_bytes(fields.get("torch_dtype") or fields.get("dtype") or "bfloat16")
-    ssm = fields.get("mamba_ssm_cache_dtype")
+    ssm = fields.get("mamba_ssm_cache_dtype") or fields.get("mamba_ssm_dtype")  # Qwen3.5 writes the latter
     ssm_bytes = _dtype_bytes(ssm) if ssm and ssm != "auto" else model_bytes
     hidden = positive_int(fields, "hidden_size")
     if model_type == "nemotron_h":

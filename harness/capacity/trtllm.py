@@ -5,8 +5,12 @@ Memory, following docs/source/reference/memory.md and tensorrt_llm/commands/serv
 runtime buffers (activations at max_num_tokens, CUDA graphs) are allocated, the KV cache takes
     KV = free_gpu_memory_fraction x (GPU memory - weights - runtime buffers - CUDA context)
 (default 0.9). The plan takes fraction = min(0.95, floor2((free - headroom) / free)), so that a fixed headroom stays
-free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window layers are counted as
-full attention (an upper bound). KV cache block reuse (KvCacheConfig.enable_block_reuse, on by default) keeps the
+free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window and chunked layers: TensorRT-LLM
+sizes each layer's cache by kv_cache_config.max_attention_window (default: max_seq_len for every layer, i.e. full
+attention); the plan writes the model's per-layer windows there (its --config YAML, as a pattern the engine repeats
+over the layers), so a sliding layer holds at most window + one block of tokens and the pool is split between the
+window sizes (variable sliding window attention). A hybrid model's Mamba layers keep their state per sequence beside
+the KV (MambaHybridCacheManager, one state per max_batch_size slot). KV cache block reuse (KvCacheConfig.enable_block_reuse, on by default) keeps the
 whole blocks of a prefix requests share once: common.prefix_sharing counts it.
 The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < free_gpu_memory_fraction <= 1,
 max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
@@ -24,7 +28,7 @@ from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBre
 from harness.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
                                              kv_bytes_per_sequence, kv_bytes_per_token)
-from harness.capacity.shapes import ModelShape
+from harness.capacity.shapes import NO_KV, ModelShape
 
 PROGRAM = "trtllm-serve MODEL"
 SOURCE = "docs/source/reference/memory.md; tensorrt_llm/commands/serve.py; tensorrt_llm/llmapi/llm_args.py"
@@ -121,7 +125,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
                              kv_cache_bytes=kv, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
                              kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,
                                                                          tp, block_size=TOKENS_PER_BLOCK,
-                                                                         sliding=False))
+                                                                         window_extra=TOKENS_PER_BLOCK))
     return memory, fraction, formula
 
 
@@ -130,11 +134,30 @@ def _config_yaml(shape: ModelShape, gpu: Gpu, workload: Workload, fraction: floa
     lines = []
     if needs_half_dtype(shape, gpu):
         lines.append("dtype: float16")
-    if workload.kv_cache_dtype == "fp8":
-        lines += ["kv_cache_config:", f"  free_gpu_memory_fraction: {fraction:.2f}", "  dtype: fp8"]
+    windows = max_attention_window(shape, workload.max_model_len)
+    if workload.kv_cache_dtype == "fp8" or windows:
+        lines += ["kv_cache_config:", f"  free_gpu_memory_fraction: {fraction:.2f}"]
+        if workload.kv_cache_dtype == "fp8":
+            lines.append("  dtype: fp8")
+        if windows:
+            lines.append(f"  max_attention_window: [{', '.join(str(w) for w in windows)}]")
     if workload.enforce_eager:
         lines.append("cuda_graph_config: null")
     return "\n".join(lines)
+
+
+def max_attention_window(shape: ModelShape, max_seq_len: int) -> list[int]:
+    """kv_cache_config.max_attention_window for a model with sliding-window or chunked layers: each layer's window
+    (max_seq_len for full attention), as the shortest pattern TensorRT-LLM repeats over the layers to give them all;
+    [] for a model whose layers all attend in full. Layers without a KV cache (a hybrid's Mamba layers) are not
+    attention layers there and are left out."""
+    windows = [min(w, max_seq_len) if w is not None else max_seq_len
+               for w in shape.attention.windows if w != NO_KV]
+    if not shape.attention.sliding_layers:
+        return []
+    period = next(p for p in range(1, len(windows) + 1)
+                  if all(windows[i] == windows[i % p] for i in range(len(windows))))
+    return windows[:period]
 
 
 def _args(tp: int, batch: int, tokens: int, length: int, fraction: float, chunked: bool,
@@ -162,7 +185,9 @@ def _general_notes(shape: ModelShape, gpu: Gpu, yaml: str) -> list[str]:
     if needs_half_dtype(shape, gpu):
         notes.append(half_dtype_note(gpu, "TensorRT-LLM", "dtype: float16"))
     if shape.attention.sliding_layers:
-        notes.append("TensorRT-LLM: sliding-window layers counted as full attention (an upper bound)")
+        notes.append(f"TensorRT-LLM: {shape.attention.sliding_layers} sliding-window layers hold at most their "
+                     "window (+ one block) through kv_cache_config.max_attention_window in the --config YAML; "
+                     "without it TensorRT-LLM keeps every layer's whole history")
     return notes
 
 

@@ -35,8 +35,8 @@ from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBre
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes, check_split,
-                                             cuda_graph_bytes, kv_bytes_per_sequence, kv_bytes_per_token,
-                                             non_torch_bytes)
+                                             cuda_graph_bytes, kv_bytes_per_token, non_torch_bytes,
+                                             vllm_sequence_bytes)
 from harness.capacity.shapes import ModelShape
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
                                             VllmRules, canonical, release_text, rules_for)
@@ -214,8 +214,8 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
         kv_flag, headroom, utilization = kv_room, margin, None
         formula = f"KV = {gib(total)} - margin {gib(margin)} - {terms} = {gib(total - margin - fixed)}"
     attention = costs.attention
-    per_sequence = kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
-                                         window_extra=batched - 1)
+    per_sequence = vllm_sequence_bytes(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
+                                       window_extra=batched - 1)
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=non_torch, cuda_graph_bytes=graphs, headroom_bytes=headroom,
