@@ -4,6 +4,7 @@ server log) is answered on its own."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -33,6 +34,9 @@ ENGINE_MARKERS = {
 }
 
 
+MARKER_SAMPLE = 1_000_000  # characters from each end of a long log to count engine markers in
+
+
 @dataclass(frozen=True)
 class FailureLine:
     line: int  # 1-based
@@ -41,15 +45,23 @@ class FailureLine:
     identity: str  # equal for the same failure repeated (each process of a server logs it again)
 
 
-def failure_lines(text: str) -> list[FailureLine]:
+_FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"", "fatal", "panicked", "dumped",
+                  "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than")
+
+
+@functools.lru_cache(maxsize=4)
+def failure_lines(text: str) -> tuple[FailureLine, ...]:
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line[:4000]
+        lowered = line.lower()
+        if not any(word in lowered for word in _FAILURE_WORDS):
+            continue
         memory = bool(_MEMORY.search(line)) and not _benign_oom_word(line)
         if not memory and (not _ERROR.search(line) or _NOISE.search(line)):
             continue
         found.append(FailureLine(number, line.strip(), memory, _identity(line) if memory else ""))
-    return found
+    return tuple(found)
 
 
 def _benign_oom_word(line: str) -> bool:
@@ -77,7 +89,8 @@ def engine_of(text: str, wanted: str | None = None) -> str | None:
     """The engine that wrote the log: --engine where given, else the one whose markers occur most."""
     if wanted in ENGINE_MARKERS:
         return wanted
-    counts = {engine: len(pattern.findall(text[:4_000_000])) for engine, pattern in ENGINE_MARKERS.items()}
+    sample = text if len(text) <= 2 * MARKER_SAMPLE else text[:MARKER_SAMPLE] + "\n" + text[-MARKER_SAMPLE:]
+    counts = {engine: len(pattern.findall(sample)) for engine, pattern in ENGINE_MARKERS.items()}
     best = max(counts, key=counts.get)
     return best if counts[best] else None
 

@@ -106,6 +106,13 @@ _V0_ONLY = re.compile(r"# (?:GPU|cuda) blocks: \d+|Initializing an? (?:V0 )?LLM 
                       r"llm_engine\.py|model_runner\.py:\d+\] Capturing|Using V0|V0 LLM engine|VLLM_USE_V1=0")
 _V1_ONLY = re.compile(r"EngineCore|Initializing a V1 LLM engine|GPU KV cache size: [\d,]+ tokens|\[gpu_model_runner\.py|"
                       r"VLLM_USE_V1=1|\(VllmWorker|v1/engine|v1/worker")
+# a line without any of these matches none of read_vllm's patterns
+_VLLM_WORDS = ("non-default", "serve", "took", "KV", "kv_cache", "oncurrency", "Graph", "No available", "To serve",
+               "max seq len", "Free memory", "version", "blocks:", "total_gpu_memory", "startup complete",
+               "throughput", "Uvicorn", "API server", "Running:", "preempted", "sampler", "initial_memory",
+               "memory profiling", "Mamba", "enc_dec", "EncoderDecoder", "cross_attention", "mllama", "V0", "V1",
+               "EngineCore", "gpu_model_runner", "VllmWorker", "v1/", "worker.py", "llm_engine", "model_runner",
+               "memory", "Memory", "Capturing", "File \"", "Error", "ERROR", "USE_V1")
 _CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
 # an OOM line without PyTorch's figures ("CUDA error: out of memory"), or a traceback through a start-up phase
 _BARE_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", re.I)
@@ -120,6 +127,12 @@ def read_vllm(text: str) -> VllmFacts | None:
     seen = False
     lines = text.splitlines()
     for number, line in enumerate(lines, 1):
+        if not any(word in line for word in _VLLM_WORDS):
+            continue  # most lines of a long log (requests, access lines) say nothing diagnose reads
+        if "Running:" in line and (match := _STATS.search(line)):
+            seen = True
+            _read_load(facts, match, None, number)
+            continue
         if (match := _NON_DEFAULT.search(line)):
             seen = True
             try:

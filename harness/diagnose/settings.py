@@ -81,6 +81,9 @@ def settings_in(text: str) -> dict[str, Setting]:
     for number, line in enumerate(text.splitlines(), 1):
         if len(line) > 20000:
             line = line[:20000]
+        if not ("--" in line or "=" in line or "Args {" in line or ": Some(" in line or "-tp" in line
+                or "non-default" in line):
+            continue
         if _ADVICE.search(line):
             continue
         if (match := _NON_DEFAULT.search(line)):
