@@ -45,7 +45,8 @@ def checkpoint_format_name(config: dict) -> tuple[str, int | None]:
         if weights.get("type") == "float" and weights.get("num_bits") == 8:
             return ("fp8-block" if weights.get("strategy") == "block" else "fp8"), None
         if weights.get("type") == "int" and weights.get("num_bits") == 8:
-            return "w8a8" if quant.get("config_groups", {}).get("group_0", {}).get("input_activations") else "int8", None
+            activations = next(iter(quant.get("config_groups", {}).values()), {}).get("input_activations")
+            return ("w8a8" if activations else "int8"), None
         if weights.get("num_bits") == 4:
             return ("nvfp4" if weights.get("type") == "float" else "w4a16"), weights.get("group_size")
         return f"compressed-tensors-{weights.get('type')}{weights.get('num_bits')}", None

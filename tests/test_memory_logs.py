@@ -17,87 +17,125 @@ from scripts.memory_log_table import CHECKS, CASES, compare, load_cases, logged_
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
     'sglang-2026-07-qwen3-30b-a3b-mi355x': {
-        'kv_tokens': "predicted 1.49x the log: plan_sglang picks its own mem_fraction_static; the run used SGLang's automatic 0.911 for this 288 GB AMD card",
-        'kv_memory': "predicted 1.49x the log: plan_sglang picks its own mem_fraction_static; the run used SGLang's automatic 0.911 for this 288 GB AMD card",
+        'kv_tokens': ('predicted 1.49x the log: plan_sglang picks its own mem_fraction_static; the run'
+                      " used SGLang's automatic 0.911 for this 288 GB AMD card"),
+        'kv_memory': ('predicted 1.49x the log: plan_sglang picks its own mem_fraction_static; the run'
+                      " used SGLang's automatic 0.911 for this 288 GB AMD card"),
     },
     'sglang-unknown-qwen3-235b-a22b-fp8-4xh100': {
         'kv_tokens': 'predicted 1.27x the log: plan_sglang takes no --mem-fraction-static; the log ran at 0.93',
         'kv_memory': 'predicted 1.27x the log: plan_sglang takes no --mem-fraction-static; the log ran at 0.93',
     },
     'trtllm-0.5-llama-2-7b-a10': {
-        'kv_tokens': "predicted 1.21x the log: the log's kv_cache_free_gpu_mem_fraction 0.95 and the A10's own memory (22.09 GiB, taken as an A10G) are not passed to plan_trtllm",
+        'kv_tokens': ("predicted 1.21x the log: the log's kv_cache_free_gpu_mem_fraction 0.95 is not "
+                      'passed to plan_trtllm, and a TensorRT-LLM 0.5 engine preallocates its build-'
+                      'time buffers'),
     },
     'trtllm-0.8-mistral-7b-4xa10g-run-py': {
-        'kv_tokens': 'predicted 2.14x the log: TensorRT-LLM 0.8 engines preallocate activation buffers sized at build time; the planner models the PyTorch backend',
-        'kv_memory': 'predicted 2.14x the log: TensorRT-LLM 0.8 engines preallocate activation buffers sized at build time; the planner models the PyTorch backend',
+        'kv_tokens': ('predicted 2.14x the log: TensorRT-LLM 0.8 engines preallocate activation '
+                      'buffers sized at build time; the planner models the PyTorch backend'),
+        'kv_memory': ('predicted 2.14x the log: TensorRT-LLM 0.8 engines preallocate activation '
+                      'buffers sized at build time; the planner models the PyTorch backend'),
     },
     'trtllm-0.8-mistral-7b-4xa10g-triton': {
-        'kv_tokens': "predicted 17.35x the log: the Triton deployment's kv_cache_free_gpu_mem_fraction is not in the thread; the planner uses its own default",
-        'kv_memory': "predicted 17.35x the log: the Triton deployment's kv_cache_free_gpu_mem_fraction is not in the thread; the planner uses its own default",
+        'kv_tokens': ("predicted 17.35x the log: the Triton deployment's "
+                      'kv_cache_free_gpu_mem_fraction is not in the thread; the planner uses its own '
+                      'default'),
+        'kv_memory': ("predicted 17.35x the log: the Triton deployment's "
+                      'kv_cache_free_gpu_mem_fraction is not in the thread; the planner uses its own '
+                      'default'),
     },
     'trtllm-1.0rc-llama31-8b-fp8-h100': {
-        'kv_tokens': "predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens are not passed to plan_trtllm",
-        'kv_memory': "predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens are not passed to plan_trtllm",
+        'kv_tokens': ("predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens "
+                      'are not passed to plan_trtllm'),
+        'kv_memory': ("predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens "
+                      'are not passed to plan_trtllm'),
     },
     'vllm-0.10.1-gpt-oss-120b-h100-marlin': {
-        'weights': "predicted 0.92x the log: Hopper has no native FP4: vLLM 0.10.1's Marlin path held 65.97 GiB against the packed MXFP4 checkpoint",
+        'weights': ("predicted 0.92x the log: Hopper has no native FP4: vLLM 0.10.1's Marlin path held"
+                    ' 65.97 GiB against the packed MXFP4 checkpoint'),
     },
     'vllm-0.11.0-gpt-oss-120b-h100': {
-        'kv_memory': "predicted 7.89x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's smaller weights (60.8 GiB) and overheads leave 8x that",
+        'kv_memory': ("predicted 6.54x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's "
+                      'smaller weights (60.8 GiB) and overheads leave 8x that'),
     },
     'vllm-0.14.1-gpt-oss-120b-h100': {
-        'weights': "predicted 0.94x the log: vLLM 0.14's Triton MXFP4 MoE backend held 64.38 GiB against the packed checkpoint",
+        'weights': ("predicted 0.94x the log: vLLM 0.14's Triton MXFP4 MoE backend held 64.38 GiB "
+                    'against the packed checkpoint'),
     },
     'vllm-0.19.0-gpt-oss-20b-a100': {
-        'weights': "predicted 0.93x the log: vLLM 0.19 on an A100 (no native FP4) loaded 13.72 GiB where 0.10.1 on a 3090 loaded 12.88: the Marlin MXFP4 path's repacked weights",
+        'weights': ('predicted 0.93x the log: vLLM 0.19 on an A100 (no native FP4) loaded 13.72 GiB '
+                    "where 0.10.1 on a 3090 loaded 12.88: the Marlin MXFP4 path's repacked weights"),
     },
     'vllm-0.5.0-qwen2-72b-gptq-int8-tp4': {
-        'weights': "unknown format 'gptq-8bit' (known: baseline, int8, gptq, awq, w8a8, fp8, fp8-block, nvfp4, mxfp4, bnb-nf4)",
+        'weights': ("unknown format 'gptq-8bit' (known: baseline, int8, gptq, awq, w8a8, fp8, "
+                    'fp8-block, nvfp4, mxfp4, bnb-nf4)'),
     },
     'vllm-0.5.3-llama31-405b-fp8-8xh100': {
-        'weights': 'predicted 0.83x the log: the published fbgemm_fp8 checkpoint keeps more modules in bf16 than the reconstructed modules_to_not_convert (lm_head only) says, or vLLM 0.5.3 upcasts part of it',
+        'weights': ('predicted 0.83x the log: the published fbgemm_fp8 checkpoint keeps more modules '
+                    'in bf16 than the reconstructed modules_to_not_convert (lm_head only) says, or '
+                    'vLLM 0.5.3 upcasts part of it'),
     },
     'vllm-0.6.6-llama3-8b-a100-40gb': {
-        'kv_tokens': "predicted 1.73x the log: V0 profiled a whole 8,192-token prefill plus the sampler at 9.37 GiB of activations; the plan's 0.6 rules count far less",
-        'kv_memory': "predicted 1.73x the log: V0 profiled a whole 8,192-token prefill plus the sampler at 9.37 GiB of activations; the plan's 0.6 rules count far less",
+        'kv_tokens': ('predicted 1.73x the log: V0 profiled a whole 8,192-token prefill plus the '
+                      "sampler at 9.37 GiB of activations; the plan's 0.6 rules count far less"),
+        'kv_memory': ('predicted 1.73x the log: V0 profiled a whole 8,192-token prefill plus the '
+                      "sampler at 9.37 GiB of activations; the plan's 0.6 rules count far less"),
     },
     'vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb': {
-        'weights': "predicted 0.78x the log: AWQ MoE in vLLM 0.7: experts and unquantized modules held wider than the checkpoint's 4-bit sizing",
-        'kv_per_token': "predicted 0.90x the log: vLLM 0.7's Triton MLA cache held 640 elements a layer and token (the 576-wide latent padded)",
+        'weights': ('predicted 0.78x the log: AWQ MoE in vLLM 0.7: experts and unquantized modules '
+                    "held wider than the checkpoint's 4-bit sizing"),
+        'kv_per_token': ("predicted 0.90x the log: vLLM 0.7's Triton MLA cache held 640 elements a "
+                         'layer and token (the 576-wide latent padded)'),
     },
     'vllm-0.7.2-r1-distill-qwen-14b-2xrtx4090': {
-        'kv_per_token': "predicted 0.86x the log: the quoted 8.69 GiB is one worker's KV room, the token count the smallest over the workers",
-        'kv_memory': "predicted 0.87x the log: the quoted 8.69 GiB is one worker's KV room; the plan gives the most-loaded GPU's",
+        'kv_per_token': ("predicted 0.86x the log: the quoted 8.69 GiB is one worker's KV room, the "
+                         'token count the smallest over the workers'),
+        'kv_memory': ("predicted 0.87x the log: the quoted 8.69 GiB is one worker's KV room; the plan "
+                      "gives the most-loaded GPU's"),
     },
     'vllm-0.7.3-qwen25-7b-bnb4-rtx4060': {
-        'weights': "predicted 1.05x the log: bitsandbytes nf4 sizing (quantized modules, absmax with double quantization) 5% above vLLM's",
+        'weights': ('predicted 1.05x the log: bitsandbytes nf4 sizing (quantized modules, absmax with '
+                    "double quantization) 5% above vLLM's"),
     },
     'vllm-0.8.3-qwen25-vl-72b-4xa100': {
-        'weights': "field 'model_type' is 'qwen2_5_vl': transformers could not build it on the meta device (Unrecognized configuration class <class 'transformers.models",
+        'weights': ("field 'model_type' is 'qwen2_5_vl': transformers could not build it on the meta "
+                    "device (Unrecognized configuration class <class 'transformers.models"),
     },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
-        'kv_tokens': "predicted 2.22x the log: bitsandbytes over two pipeline stages on V0: the plan leaves twice the KV room vLLM found (unsloth's export keeps modules in bf16; V0's profile ran at 60,000 tokens)",
+        'kv_tokens': ('predicted 2.22x the log: bitsandbytes over two pipeline stages on V0: the plan '
+                      "leaves twice the KV room vLLM found (unsloth's export keeps modules in bf16; "
+                      "V0's profile ran at 60,000 tokens)"),
     },
     'vllm-gfx906-gemma-3-27b-awq-2xmi50-len4096': {
-        'weights': 'predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ checkpoint packs to 8.3 (weights kept wider on MI50)',
-        'kv_memory': "unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size with --gpu-memory-gib",
+        'weights': ('predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ '
+                    'checkpoint packs to 8.3 (weights kept wider on MI50)'),
+        'kv_memory': ("unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size "
+                      'with --gpu-memory-gib'),
     },
     'vllm-gfx906-gemma-3-27b-awq-2xmi50-len8192': {
-        'weights': 'predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ checkpoint packs to 8.3 (weights kept wider on MI50)',
-        'kv_memory': "unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size with --gpu-memory-gib",
+        'weights': ('predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ '
+                    'checkpoint packs to 8.3 (weights kept wider on MI50)'),
+        'kv_memory': ("unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size "
+                      'with --gpu-memory-gib'),
     },
     'vllm-gfx906-qwen3-32b-awq-2xmi50': {
-        'weights': 'predicted 0.77x the log: the gfx906 fork held 11.6 GiB a GPU where the AWQ checkpoint packs to 9.0 (weights kept wider on MI50)',
+        'weights': ('predicted 0.77x the log: the gfx906 fork held 11.6 GiB a GPU where the AWQ '
+                    'checkpoint packs to 9.0 (weights kept wider on MI50)'),
     },
     'vllm-unknown-deepseek-coder-6.7b-2xt4': {
-        'kv_tokens': 'predicted 2.92x the log: a 2024-06 V0 run (version not stated) planned with the newest rules; V0 profiled an unchunked 16,384-token prefill on 15 GiB T4s',
+        'kv_tokens': ('predicted 2.92x the log: a 2024-06 V0 run (version not stated) planned with the'
+                      ' newest rules; V0 profiled an unchunked 16,384-token prefill on 15 GiB T4s'),
     },
     'vllm-unknown-llama32-11b-vision-2xa10': {
-        'weights': "predicted 1.07x the log: the plan keeps more of mllama on each GPU than vLLM's tensor-parallel split does",
+        'weights': ("predicted 1.07x the log: the plan keeps more of mllama on each GPU than vLLM's "
+                    'tensor-parallel split does'),
     },
     'vllm-unknown-qwen3-235b-a22b-fp8-4xh100': {
-        'kv_tokens': 'predicted 2.62x the log: the run used an LMCache KV connector and a version (2025-07) whose profile the thread ties to vLLM PR #19312',
-        'kv_memory': 'predicted 2.59x the log: the run used an LMCache KV connector and a version (2025-07) whose profile the thread ties to vLLM PR #19312',
+        'kv_tokens': ('predicted 2.31x the log: the run used an LMCache KV connector and a version '
+                      '(2025-07) whose profile the thread ties to vLLM PR #19312'),
+        'kv_memory': ('predicted 2.29x the log: the run used an LMCache KV connector and a version '
+                      '(2025-07) whose profile the thread ties to vLLM PR #19312'),
     },
 }
 
