@@ -93,9 +93,17 @@ class ExternalCheckpoint:
             return "w8a8"
         if self.method == "bitsandbytes" and self.bits == 8:
             return "int8"
-        stored = self.weight_format()
+        stored = self._stored_format()
         return stored.spec.name if stored is not None and stored.spec is not None and stored.spec.plan_only \
             else None
+
+    def _stored_format(self):
+        from harness.capacity.checkpoint import checkpoint_format
+
+        try:
+            return checkpoint_format({"quantization_config": self.quantization_config}, f"--candidate {self.name}")
+        except UserError:
+            return None
 
     def weight_format(self):
         """The storage the capacity planners size, read from the checkpoint's quantization_config
@@ -105,12 +113,7 @@ class ExternalCheckpoint:
         None when the config says nothing the planners can size."""
         from dataclasses import replace
 
-        from harness.capacity.checkpoint import checkpoint_format
-
-        try:
-            fmt = checkpoint_format({"quantization_config": self.quantization_config}, f"--candidate {self.name}")
-        except UserError:
-            return None
+        fmt = self._stored_format()
         if fmt is None:
             return None
         spec = (replace(fmt.spec, name=self.name, engine="external") if fmt.spec is not None and fmt.spec.plan_only

@@ -10,6 +10,7 @@ What each method stores per linear weight (in x out), as vLLM holds it after loa
   a 16-bit scale per group or channel, a packed zero when asymmetric); `ignore` stays 16-bit.
 - mxfp4 (gpt-oss): the MoE experts only, 4-bit e2m1 with an e8m0 byte per 32 weights; `modules_to_not_convert`
   (attention, router, embeddings, lm_head) 16-bit. vLLM's Mxfp4Config quantizes FusedMoE layers only.
+- fbgemm_fp8 (Meta's Llama-3.1-405B-FP8): FP8 weights with an fp32 scale per output channel.
 - modelopt (NVIDIA ModelOpt, hf_quant_config.json): `quant_algo` FP8 (per tensor) or NVFP4 (as above),
   `exclude_modules` 16-bit.
 - bitsandbytes 4-bit (nf4/fp4): packed 4-bit, an absmax per 64 weights; with double quantization the checkpoint
@@ -51,6 +52,24 @@ BNB_4BIT_DOUBLE_QUANT = replace(BNB_4BIT, scale_bytes=1 + FP32 / 256,
 BNB_8BIT = LinearStorage(8, "channel", scale_bytes=FP32, label="int8, an fp32 scale per row")
 
 
+# vLLM pads gpt-oss's MXFP4 expert weights at load to what its MoE kernels take, (hidden, inner) multiples by backend
+# (model_executor/layers/quantization/mxfp4.py create_weights): Marlin (weight-only, compute capability 8.x and
+# where FP4 is not native) rounds the hidden size to 256 and the intermediate to 128; Triton (Hopper) the hidden to
+# 256; FlashInfer (Blackwell) both to 256. gpt-oss's 2880 becomes 3072 (and 2944): +9% on the experts under Marlin
+# (vllm-project/vllm#23278: 65.97 GiB logged for gpt-oss-120b), +6.7% under Triton (#33155: 64.38 GiB). The first
+# gpt-oss image (0.10.1+gptoss) did not pad (#22331: 12.88 GiB for gpt-oss-20b on an RTX 3090): "unpadded".
+MXFP4_PADDING: dict[str, tuple[int, int] | None] = {"marlin": (256, 128), "triton": (256, 64),
+                                                    "flashinfer": (256, 256), "unpadded": None}
+
+
+def mxfp4_backend(compute_capability: float | None) -> str:
+    """The MXFP4 MoE backend vLLM picks by compute capability: FlashInfer on Blackwell, Triton on Hopper, Marlin
+    below (and for an unknown GPU, the padding the most GPUs get)."""
+    if compute_capability is None:
+        return "marlin"
+    return "flashinfer" if compute_capability >= 10.0 else "triton" if compute_capability >= 9.0 else "marlin"
+
+
 def fp8_block(block: tuple[int, int] = (128, 128)) -> LinearStorage:
     return LinearStorage(8, "block", block=(int(block[0]), int(block[1])), scale_bytes=FP32,
                          label=f"float8 e4m3, an fp32 scale per {block[0]}x{block[1]} tile")
@@ -81,21 +100,25 @@ def quantization_config_of(config: dict) -> dict | None:
     return quant if isinstance(quant, dict) and quant else None
 
 
-def checkpoint_format(config: dict, where: str = "config.json", *, undo_double_quant: bool = True
-                      ) -> WeightFormat | None:
+def checkpoint_format(config: dict, where: str = "config.json", *, undo_double_quant: bool = True,
+                      compute_capability: float | None = None, mxfp4: str | None = None) -> WeightFormat | None:
     """The WeightFormat of a quantized checkpoint, from its quantization_config; None for an unquantized one.
     UserError (one line, naming the field) for a method or scheme quantgate cannot size.
 
     undo_double_quant: bitsandbytes 4-bit with double quantization as the vLLM versions the planners follow hold
     it (fp32 absmax, BitsAndBytesModelLoader._dequantize_dq); False keeps the checkpoint's 8-bit absmax, which is
-    what vLLM 0.7's log shows (tests/test_checkpoint_sizing.py)."""
+    what vLLM 0.7's log shows (tests/test_checkpoint_sizing.py).
+    compute_capability / mxfp4: the target GPU's, or the MXFP4 backend by name (MXFP4_PADDING), for the padding
+    vLLM gives MXFP4 experts at load."""
     quant = quantization_config_of(config)
     if quant is None:
         return None
     where = f"{where} quantization_config"
     method = str(quant.get("quant_method") or "").lower()
     if method == "mxfp4":
-        return _mxfp4(quant)
+        return _mxfp4(quant, mxfp4 or mxfp4_backend(compute_capability))
+    if method == "fbgemm_fp8":
+        return _fbgemm_fp8(quant)
     if method == "modelopt" or "quant_algo" in quant or isinstance(quant.get("quantization"), dict):
         return _modelopt(quant, where)
     info = read_quantization(quant, where)
@@ -107,8 +130,8 @@ def checkpoint_format(config: dict, where: str = "config.json", *, undo_double_q
         return _gptq_awq(quant, info)
     if info.method == "compressed-tensors":
         return _compressed_tensors(quant, info, where)
-    raise UserError(f"{where}: quant_method {info.method!r}: quantgate sizes fp8, mxfp4, modelopt (FP8, NVFP4), "
-                    "compressed-tensors, bitsandbytes, gptq and awq checkpoints")
+    raise UserError(f"{where}: quant_method {info.method!r}: quantgate sizes fp8, fbgemm_fp8, mxfp4, modelopt (FP8, "
+                    "NVFP4), compressed-tensors, bitsandbytes, gptq and awq checkpoints")
 
 
 def _spec(name: str, bits: int, serving: dict[str, EngineServing] | None = None) -> FormatSpec:
@@ -134,9 +157,20 @@ def _fp8(quant: dict, info) -> WeightFormat:
                    f"fp8 checkpoint: {storage.label}; activations {quant.get('activation_scheme', 'dynamic')}")
 
 
-def _mxfp4(quant: dict) -> WeightFormat:
-    return _format("mxfp4", 4, (StorageRule(ALL_LINEAR, MXFP4),), quant.get("modules_to_not_convert"),
-                   f"mxfp4 checkpoint: MoE experts {MXFP4.label}; other layers 16-bit", experts_only=True)
+def _fbgemm_fp8(quant: dict) -> WeightFormat:
+    """FBGEMM FP8 (Meta's Llama-3.1-405B-Instruct-FP8): per-channel FP8 weights, dynamic per-token activations
+    bounded by activation_scale_ub; vLLM's FBGEMMFp8Config."""
+    return _format("fp8", 8, (StorageRule(ALL_LINEAR, FP8_CHANNEL),), quant.get("modules_to_not_convert"),
+                   f"fbgemm_fp8 checkpoint: {FP8_CHANNEL.label}")
+
+
+def _mxfp4(quant: dict, backend: str) -> WeightFormat:
+    if backend not in MXFP4_PADDING:
+        raise ValueError(f"MXFP4 backend {backend!r}: one of {', '.join(MXFP4_PADDING)}")
+    storage = replace(MXFP4, pad=MXFP4_PADDING[backend])
+    padded = f", padded at load for vLLM's {backend} MoE kernels" if storage.pad else ""
+    return _format("mxfp4", 4, (StorageRule(ALL_LINEAR, storage),), quant.get("modules_to_not_convert"),
+                   f"mxfp4 checkpoint: MoE experts {MXFP4.label}{padded}; other layers 16-bit", experts_only=True)
 
 
 def _modelopt(quant: dict, where: str) -> WeightFormat:
@@ -318,7 +352,8 @@ def plan_config(config: dict) -> dict:
 MODELOPT_CONFIG = "hf_quant_config.json"
 
 
-def checkpoint_format_at(model: str, config: dict, described: str = "config.json") -> WeightFormat | None:
+def checkpoint_format_at(model: str, config: dict, described: str = "config.json",
+                         compute_capability: float | None = None) -> WeightFormat | None:
     """checkpoint_format of `config`, or of the ModelOpt hf_quant_config.json beside it in the model directory
     `model` (NVIDIA's FP8/NVFP4 releases keep it there); None for an unquantized checkpoint."""
     import json
@@ -333,4 +368,4 @@ def checkpoint_format_at(model: str, config: dict, described: str = "config.json
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise UserError(f"{side}: not a readable JSON file ({exc})") from None
             return checkpoint_format({"quantization_config": {"quant_method": "modelopt", **quant}}, str(side))
-    return checkpoint_format(config, described)
+    return checkpoint_format(config, described, compute_capability=compute_capability)

@@ -65,8 +65,20 @@ class LinearStorage:
     g_idx: bool = False
     tensor_scales: int = 0
     label: str = ""
+    # (hidden, inner) multiples an engine pads an MoE expert's dimensions to at load (vLLM's MXFP4 backends:
+    # checkpoint.MXFP4_PADDING); None: stored as shaped
+    pad: tuple[int, int] | None = None
 
-    def nbytes(self, in_features: int, out_features: int) -> float:
+    def nbytes(self, in_features: int, out_features: int, *, row: bool = False, fused: int = 1) -> float:
+        """Bytes of one in x out weight; `row`: the input is the inner (intermediate) side (a down projection),
+        else the output is, `fused` inner projections wide (a fused gate_up: 2)."""
+        if self.pad:
+            hidden, inner = self.pad
+            if row:
+                in_features, out_features = _round_up(in_features, inner), _round_up(out_features, hidden)
+            else:
+                in_features = _round_up(in_features, hidden)
+                out_features = fused * _round_up(math.ceil(out_features / fused), inner)
         packed = in_features * out_features * self.bits / 8
         if self.strategy == "tensor":
             scales = 1
@@ -81,6 +93,10 @@ class LinearStorage:
         zeros = scales * self.bits / 8 if self.zeros else 0
         return (packed + scales * self.scale_bytes + zeros + (in_features * 4 if self.g_idx else 0)
                 + self.tensor_scales * 4)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return math.ceil(value / multiple) * multiple if multiple else value
 
 
 @dataclass(frozen=True)
@@ -140,7 +156,7 @@ class WeightFormat:
         if rule is None:
             return [(lin.count, None)]
         kept = unconverted_copies(self.unconverted, lin, layers)
-        return [(lin.count - kept, rule.storage)] + ([(kept, None)] if kept else [])
+        return [(copies, storage) for copies, storage in ((lin.count - kept, rule.storage), (kept, None)) if copies]
 
 
 def is_expert(lin: Linear) -> bool:
@@ -400,7 +416,8 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
             if storage is None:
                 kept_16bit += copies * in_features * out_features
             else:
-                linear_bytes += copies * storage.nbytes(in_features, out_features)
+                linear_bytes += copies * storage.nbytes(in_features, out_features, row=lin.split == "row",
+                                                        fused=2 if "gate_up" in lin.name else 1)
     return int(round(linear_bytes + kept_16bit * FP16_BYTES))
 
 

@@ -45,7 +45,7 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)
     notes: list[str] = []
-    refusal = _refusal(fmt, notes) or fp8_kv_refusal(gpu, workload, "TensorRT-LLM")
+    refusal = _refusal(fmt, notes, gpu) or fp8_kv_refusal(gpu, workload, "TensorRT-LLM")
     tokens, chunked = _token_budget(workload, notes)
     seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     memory, fraction, formula = _memory(shape, fmt, target, workload, tokens, seq_cap)
@@ -80,7 +80,7 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
                       max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
-def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:
+def _refusal(fmt: WeightFormat, notes: list[str], gpu=None) -> str | None:
     """Why TensorRT-LLM cannot take the format's checkpoint (WeightFormat.serving_on); its caveat goes to `notes`.
     It has no --quantization flag: it reads the quantization from its own checkpoint layout."""
     if fmt.bits >= 16:
@@ -88,6 +88,10 @@ def _refusal(fmt: WeightFormat, notes: list[str]) -> str | None:
     serving = fmt.serving_on("trtllm")
     if serving.note:
         notes.append(serving.note)
+    if serving.refusal is None and serving.quantization is None and gpu is not None:
+        from harness.capacity.common import capability_refusal  # FP8/FP4 kernels by compute capability
+
+        return capability_refusal(serving, gpu, "TensorRT-LLM", fmt.name)
     return serving.refusal_at()
 
 

@@ -82,18 +82,20 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, described = load_model_config(args.model)
-    own = checkpoint_format_at(args.model, config, described)
-    # Planning is cheap: without --format, every registered format a run can make or judge (a run makes only the
-    # default ones); a quantized checkpoint is planned as it is stored, from its own quantization_config.
-    formats = (parse_format_names(args.format.split(","), "--format") if args.format is not None
-               else [own.name] if own is not None
-               else [name for name in known_formats() if not format_spec(name).plan_only])
+    if args.format is not None:
+        parse_format_names(args.format.split(","), "--format")
     _check_numbers(args)
     try:
         shape = model_shape(plan_config(config))
     except ConfigFieldError as exc:
         raise UserError(f"{described}: {exc}") from None
     target = _target(args)
+    own = checkpoint_format_at(args.model, config, described, target.gpu.compute_capability)
+    # Planning is cheap: without --format, every registered format a run can make or judge (a run makes only the
+    # default ones); a quantized checkpoint is planned as it is stored, from its own quantization_config.
+    formats = (parse_format_names(args.format.split(","), "--format") if args.format is not None
+               else [own.name] if own is not None
+               else [name for name in known_formats() if not format_spec(name).plan_only])
     workload = Workload(max_model_len=_max_model_len(shape, args.max_model_len),
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         kv_cache_dtype=args.kv_cache_dtype, chunked_prefill=not args.no_chunked_prefill,

@@ -1,0 +1,253 @@
+"""A checkpoint's own quantization_config sizes its weights (harness/capacity/checkpoint.py), checked against what
+vLLM logged loading it ("Model loading took X GiB" / "Loading model weights took X GB", the bytes torch allocated
+for the weights), and the FP8/FP4 formats' serving flags.
+
+Ground truth: the start-up logs of tests/fixtures/memory_logs (each with its source link and the model's config),
+and the figures issue #39 recorded (Qwen3-30B-A3B-FP8 29.09 GiB) with the published configs in
+tests/fixtures/checkpoints. Weights must be within 3% of what was logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format, weights_bytes
+from harness.capacity.checkpoint import (MXFP4_PADDING, checkpoint_format, checkpoint_format_at, module_matches,
+                                         plan_config)
+from harness.capacity.memory import LinearStorage
+from harness.capacity.shapes import Linear, pipeline_stage
+from harness.commands import plan as plan_command
+from harness.errors import UserError
+from harness.formats import check_format_names
+from harness.quant_config import read_quantization
+
+GIB = 2**30
+FIXTURES = Path(__file__).parent / "fixtures"
+CHECKPOINTS = FIXTURES / "checkpoints"
+LOGS = sorted((FIXTURES / "memory_logs").glob("*.json"))
+TOLERANCE = 0.03
+
+# How vLLM held the MXFP4 experts in each logged run, from the log itself (MXFP4_PADDING says what each pads).
+MXFP4_BACKEND = {
+    "vllm-0.10.1-gpt-oss-120b-h100-marlin": "marlin",  # marlin_utils_fp4 warning in the log
+    "vllm-0.10.1-gpt-oss-20b-rtx3090": "unpadded",  # the first gpt-oss image, 0.10.1+gptoss
+    "vllm-0.14.1-gpt-oss-120b-h100": "triton",  # "[mxfp4.py:165] Using Triton backend"
+    "vllm-0.19.0-gpt-oss-20b-a100": "marlin",  # A100 (8.0): no native FP4, Marlin
+}
+# bitsandbytes double quantization: vLLM 0.7's loader kept the checkpoint's 8-bit absmax (the log's 5.20 GiB is
+# that storage; fp32 absmax would be 5.45); today's BitsAndBytesModelLoader._dequantize_dq makes it fp32 at load.
+KEEPS_DOUBLE_QUANT = {"vllm-0.7.3-qwen25-7b-bnb4-rtx4060"}
+# Logged runs whose weights depend on more than the checkpoint's storage (see the lead's report):
+KNOWN_GAPS = {
+    # V0's Triton MLA backend (0.7.2) also keeps the absorbed W_Q_UK / W_UV_O matrices in 16 bits (+2.3 GiB)
+    "vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb",
+    # a vLLM fork for AMD MI50 (gfx906) of unknown version: +2.6 GiB a GPU over the AWQ storage, cause not known
+    "vllm-gfx906-qwen3-32b-awq-2xmi50",
+    # the fixture's modules_to_not_convert is reduced to lm_head; the published one keeps attention and the first and
+    # last layers' MLP in bf16 (-17% without them)
+    "vllm-0.5.3-llama31-405b-fp8-8xh100",
+    # the same gfx906 fork, Gemma 3 27B AWQ
+    "vllm-gfx906-gemma-3-27b-awq-2xmi50-len4096", "vllm-gfx906-gemma-3-27b-awq-2xmi50-len8192",
+}
+
+
+def _quantized_logs() -> list[dict]:
+    cases = []
+    for path in LOGS:
+        case = json.loads(path.read_text())
+        config = case.get("config") or {}
+        quant = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+        if quant and case.get("logged", {}).get("weights_gib") and case["id"] not in KNOWN_GAPS:
+            cases.append(case)
+    return cases
+
+
+def _predicted_gib(config: dict, tp: int = 1, pp: int = 1, **options) -> float:
+    fmt = checkpoint_format(config, **options)
+    shape = model_shape(plan_config(config))
+    return weights_bytes(pipeline_stage(shape, pp), fmt, tp) / GIB
+
+
+def _checkpoint(name: str) -> dict:
+    return json.loads((CHECKPOINTS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("case", _quantized_logs(), ids=lambda case: case["id"])
+def test_quantized_checkpoints_weigh_what_vllm_logged(case):
+    options = {"undo_double_quant": case["id"] not in KEEPS_DOUBLE_QUANT}
+    if case["id"] in MXFP4_BACKEND:
+        options["mxfp4"] = MXFP4_BACKEND[case["id"]]
+    predicted = _predicted_gib(case["config"], case.get("tp") or 1, case.get("pp") or 1, **options)
+    logged = case["logged"]["weights_gib"]
+    assert predicted == pytest.approx(logged, rel=TOLERANCE), f"{case['id']} ({case['source']})"
+
+
+def test_the_corpus_has_the_quantized_cases_this_file_relies_on():
+    ids = {case["id"] for case in _quantized_logs()}
+    assert set(MXFP4_BACKEND) | KEEPS_DOUBLE_QUANT <= ids
+
+
+def test_qwen3_30b_a3b_fp8_block_scaled_weighs_what_vllm_logged():
+    # issue #39: vLLM logged 29.09 GiB for Qwen/Qwen3-30B-A3B-FP8 (bf16 sizing gave 56.9)
+    config = _checkpoint("Qwen3-30B-A3B-FP8")
+    fmt = checkpoint_format(config)
+    assert fmt.name == "fp8-block" and fmt.rules[0].storage.block == (128, 128)
+    assert _predicted_gib(config) == pytest.approx(29.09, rel=TOLERANCE)
+    bf16 = weights_bytes(model_shape(plan_config(config)), weight_format("baseline")) / GIB
+    assert bf16 == pytest.approx(56.9, rel=0.01)
+
+
+def test_gpt_oss_20b_quantizes_only_its_experts():
+    config = _checkpoint("gpt-oss-20b")
+    fmt = checkpoint_format(config, mxfp4="unpadded")
+    shape = model_shape(plan_config(config))
+    kept = {lin.name for lin in shape.linears for copies, storage in fmt.storage_of(lin, shape.layers)
+            if storage is None}
+    assert kept == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.router"}
+    # vllm-project/vllm#22331: 12.8848 GiB (bf16 sizing: 39 GiB)
+    assert weights_bytes(shape, fmt) / GIB == pytest.approx(12.8848, rel=TOLERANCE)
+    # the padding vLLM's backend gives the experts follows the GPU
+    assert checkpoint_format(config, compute_capability=8.0).rules[0].storage.pad == MXFP4_PADDING["marlin"]
+    assert checkpoint_format(config, compute_capability=9.0).rules[0].storage.pad == MXFP4_PADDING["triton"]
+    assert checkpoint_format(config, compute_capability=10.0).rules[0].storage.pad == MXFP4_PADDING["flashinfer"]
+
+
+def test_bnb_4bit_double_quant_as_stored_and_as_todays_vllm_holds_it():
+    config = _checkpoint("Qwen2.5-7B-Instruct-bnb-4bit")
+    stored = _predicted_gib(config, undo_double_quant=False)
+    today = _predicted_gib(config)
+    assert stored == pytest.approx(5.2032, rel=TOLERANCE)  # vllm-project/vllm#13882, vLLM 0.7.3
+    # fp32 absmax per 64 weights instead of 8-bit: 4 - (1 + 4/256) bytes more per 64 quantized weights
+    linear = sum(lin.count * lin.in_features * lin.out_features
+                 for lin in model_shape(plan_config(config)).linears if lin.quantized)
+    assert (today - stored) * GIB == pytest.approx(linear / 64 * (4 - 1 - 4 / 256), rel=1e-6)
+
+
+def test_deepseek_v3_fp8_fits_on_eight_h200():
+    config = _checkpoint("DeepSeek-V3")
+    shape, fmt = model_shape(plan_config(config)), checkpoint_format(config)
+    assert fmt.name == "fp8-block"
+    per_gpu = weights_bytes(shape, fmt, 8) / GIB
+    assert 75 < per_gpu < 82  # 671B at one byte plus fp32 128x128 scales and bf16 embeddings, over 8 GPUs
+    plans = plan_engines(shape, fmt, Target(gpu_by_name("H200"), 8), Workload(max_model_len=32768))
+    assert plans["vllm"].servable and plans["vllm"].fits, plans["vllm"].reason
+    assert plans["vllm"].arg("--quantization") is None
+
+
+def test_storage_of_each_scheme_per_weight():
+    in_f, out_f = 4096, 4096
+    n = in_f * out_f
+    assert LinearStorage(8, "block", block=(128, 128), scale_bytes=4).nbytes(in_f, out_f) == n + 32 * 32 * 4
+    assert LinearStorage(8, "tensor", scale_bytes=4).nbytes(in_f, out_f) == n + 4
+    nvfp4 = checkpoint_format({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                                       "group_size": 16}}).rules[0].storage
+    assert nvfp4.nbytes(in_f, out_f) == n / 2 + n / 16 + 2 * 4  # fp8 scale per 16, two fp32 global scales
+    assert weight_format("mxfp4").rules[0].storage.nbytes(in_f, out_f) == n / 2 + n / 32
+    gptq = checkpoint_format({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                                      "sym": True, "desc_act": False}}).rules[0].storage
+    assert gptq.nbytes(in_f, out_f) == n / 2 + 32 * out_f * 2  # Marlin drops the zeros and g_idx
+    awq = checkpoint_format({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128,
+                                                     "zero_point": True, "version": "gemm"}}).rules[0].storage
+    assert awq.nbytes(in_f, out_f) == n / 2 + 32 * out_f * 2 + 32 * out_f / 2
+
+
+def test_compressed_tensors_groups_targets_and_ignore():
+    quant = {"quant_method": "compressed-tensors", "format": "mixed", "ignore": ["lm_head", "re:.*mlp.gate$"],
+             "config_groups": {
+                 "attn": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float",
+                                                                        "strategy": "channel", "symmetric": True}},
+                 "rest": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy":
+                                                             "tensor_group", "group_size": 16, "symmetric": True},
+                          "input_activations": {"num_bits": 4, "type": "float", "dynamic": "local"}}}}
+    fmt = checkpoint_format({"quantization_config": quant})
+    q = Linear("self_attn.q_proj", 1024, 1024, 1)
+    up = Linear("mlp.up_proj", 1024, 4096, 1)
+    router = Linear("router", 1024, 64, 1, split="none")
+    assert fmt.storage_of(q, 1)[0][1].bits == 8
+    assert fmt.storage_of(up, 1)[0][1].group_size == 16
+    assert fmt.storage_of(router, 1) == [(1, None)]  # ignored by 're:.*mlp.gate$'
+    assert module_matches("model.layers.*.self_attn", q) and not module_matches("model.layers.*.self_attn", up)
+
+
+def test_modules_listed_layer_by_layer_keep_their_share():
+    quant = {"quant_method": "fp8", "weight_block_size": [128, 128],
+             "modules_to_not_convert": [f"model.layers.{i}.mlp.down_proj" for i in range(3)]}
+    fmt = checkpoint_format({"quantization_config": quant})
+    down = Linear("mlp.down_proj", 4096, 1024, 12, split="row")
+    assert fmt.storage_of(down, 12)[1] == (3, None)  # 3 of 12 layers stay 16-bit
+
+
+def test_modelopt_hf_quant_config_beside_the_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                            "exclude_modules": ["lm_head"]}}))
+    fmt = checkpoint_format_at(str(tmp_path), {"model_type": "llama"})
+    assert fmt.name == "nvfp4" and fmt.bits == 4
+
+
+def test_an_unknown_method_is_one_line_naming_it():
+    with pytest.raises(UserError, match="quant_method 'hqq'") as caught:
+        checkpoint_format({"quantization_config": {"quant_method": "hqq", "nbits": 4}})
+    assert "\n" not in str(caught.value)
+
+
+def test_plan_only_formats_are_refused_by_run_with_one_line():
+    with pytest.raises(UserError, match="planned only") as caught:
+        check_format_names(["int8", "fp8"], "--formats")
+    assert "\n" not in str(caught.value)
+
+
+def _plan(argv, capsys) -> dict:
+    parser = argparse.ArgumentParser(prog="quantgate")
+    plan_command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv, "--json"])
+    assert args.func(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_sizes_a_checkpoint_by_its_own_quantization_config(capsys):
+    result = _plan(["--model", str(CHECKPOINTS / "Qwen3-30B-A3B-FP8.json"), "--target-gpu", "H100-SXM"], capsys)
+    assert list(result["formats"]) == ["fp8-block"]
+    entry = result["formats"]["fp8-block"]
+    assert entry["weights_bytes"] / GIB == pytest.approx(29.09, rel=TOLERANCE)
+    vllm = entry["engines"]["vllm"]
+    assert vllm["fits"] and "--quantization" not in vllm["command"]  # vLLM reads fp8 from the checkpoint
+
+
+def test_fp8_on_gpus_by_compute_capability(capsys):
+    model = str(CHECKPOINTS / "Qwen3-30B-A3B-FP8.json")
+    t4 = _plan(["--model", model, "--target-gpu", "T4", "--num-gpus", "4"], capsys)["formats"]["fp8-block"]
+    assert not t4["engines"]["vllm"]["servable"] and "7.5" in t4["engines"]["vllm"]["reason"]
+    a100 = _plan(["--model", model, "--target-gpu", "A100-80GB"], capsys)["formats"]["fp8-block"]
+    assert a100["engines"]["vllm"]["servable"]
+    assert any("Marlin" in note for note in a100["engines"]["vllm"]["notes"])
+    assert not a100["engines"]["trtllm"]["servable"]  # no FP8 fallback below 8.9
+
+
+def test_plan_format_fp8_and_nvfp4_for_a_bf16_model(capsys):
+    result = _plan(["--model", "demo", "--format", "baseline,fp8,nvfp4", "--target-gpu", "H100-SXM"], capsys)
+    sizes = {name: entry["weights_bytes"] for name, entry in result["formats"].items()}
+    assert sizes["nvfp4"] < sizes["fp8"] < sizes["baseline"]
+    assert result["formats"]["fp8"]["engines"]["vllm"]["servable"]
+    nvfp4_notes = result["formats"]["nvfp4"]["engines"]["vllm"]["notes"]
+    fallback = "weights stay 4-bit, activations 16-bit"
+    assert any(fallback in note for note in nvfp4_notes)  # Hopper: no FP4 tensor cores, Marlin W4A16
+    b200 = _plan(["--model", "demo", "--format", "nvfp4", "--target-gpu", "B200"], capsys)
+    assert not any(fallback in note for note in b200["formats"]["nvfp4"]["engines"]["vllm"]["notes"])
+
+
+def test_a_candidate_checkpoint_is_planned_at_its_stored_size():
+    from harness.candidates import ExternalCheckpoint
+
+    quant = _checkpoint("Qwen3-30B-A3B-FP8")["quantization_config"]
+    candidate = ExternalCheckpoint("hub-fp8", Path("."), Path("."), "x", read_quantization(quant, "test"), quant)
+    fmt = candidate.weight_format()
+    assert fmt.name == "hub-fp8" and candidate.kind == "fp8-block"
+    assert fmt.serving_on("vllm").quantization is None
+    shape = model_shape(plan_config(_checkpoint("Qwen3-30B-A3B-FP8")))
+    assert weights_bytes(shape, fmt) / GIB == pytest.approx(29.09, rel=TOLERANCE)
