@@ -16,7 +16,8 @@ from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_
                                       read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
 from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm
-from harness.diagnose.failures import ENGINE_MARKERS, engine_of, failure_lines, last_error, memory_failures
+from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
+                                      memory_failures)
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
@@ -69,9 +70,8 @@ def diagnose_all(text: str, source: str, context: Context = Context()) -> list[D
             if any(d.figures and any(f.label == "tried to allocate" and f.value == tried for f in d.figures)
                    for d in found):
                 continue
-        elif any(abs(f.line - n) <= NEAR_LINES for f in group for n in cited) or first.text[:300] in answered \
-                or any(first.text[:120] in d.failing_line or d.failing_line[:120] in first.text for d in found
-                       if d.failing_line):
+        elif first.identity in {identity_of(d.failing_line) for d in found if d.failing_line} \
+                or first.text[:300] in answered:
             continue
         before = [n for n in cited if n < first.line]
         start = max(max(before, default=0), first.line - 1 - NEAR_LINES, 0)  # after what is already answered
@@ -80,8 +80,8 @@ def diagnose_all(text: str, source: str, context: Context = Context()) -> list[D
             extra = diagnose_text(part, source, context)
         except NotADiagnosableLog:
             continue
-        if (extra.kind, extra.failing_line) in {(d.kind, d.failing_line) for d in found}:
-            continue
+        if extra.kind == "not_recognised" or extra.kind in {d.kind for d in found}:
+            continue  # the same failure read again (a wrapper's line, another process's copy)
         found.append(replace(extra, lines=f"{start + 1}-{min(len(lines), group[-1].line + 5)}"))
         cited |= {f.line for f in group}
     return found

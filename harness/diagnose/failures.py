@@ -60,7 +60,7 @@ def failure_lines(text: str) -> tuple[FailureLine, ...]:
         memory = bool(_MEMORY.search(line)) and not _benign_oom_word(line)
         if not memory and (not _ERROR.search(line) or _NOISE.search(line)):
             continue
-        found.append(FailureLine(number, line.strip(), memory, _identity(line) if memory else ""))
+        found.append(FailureLine(number, line.strip(), memory, identity_of(line) if memory else ""))
     return tuple(found)
 
 
@@ -75,7 +75,7 @@ def _benign_oom_word(line: str) -> bool:
         re.search(r"avoid (?:an? )?OOM|prevent (?:an? )?OOM|to reduce OOM|OOM risk", line, re.I))
 
 
-def _identity(line: str) -> str:
+def identity_of(line: str) -> str:
     """The same failure logged by several processes reads the same once its prefix (time, pid, rank) is dropped."""
     figures = parse_cuda_oom(line)
     if figures is not None and (figures.tried or figures.total):

@@ -75,9 +75,9 @@ _KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _GRAPH = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB")
 _NO_KV = re.compile(r"No available memory for the cache blocks")
-_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s'? max seq len \((\d+)\), \(?([\d.]+) GiB KV "
-                        r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\.(?: "
-                        r"Based on the available memory, the estimated maximum model length is (\d+)\.)?")
+_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s?'? max seq len \((\d+)\), \(?([\d.]+) GI?B KV "
+                        r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GI?B\)\.(?: "
+                        r"Based on the available memory, the estimated maximum model length is (\d+)\.)?", re.I)
 _V0_TOO_LONG = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
                           r"stored in KV cache \((\d+)\)")
 _FREE_BELOW = re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
