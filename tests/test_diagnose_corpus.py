@@ -113,6 +113,21 @@ def test_each_engine_is_read_by_its_own_reader(case):
     assert plain.diagnoses[0].reader not in engines, (case["id"], plain.diagnoses[0].reader)
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_parts_of_a_log_and_logs_pasted_together_never_crash_nor_fit(case):
+    """A log cut anywhere, or followed by another case's log, is read without a crash, and a part with an
+    out-of-memory line or a traceback is never "fits"."""
+    lines = case["log"].splitlines()
+    other = CASES[(CASES.index(case) + 1) % len(CASES)]["log"]
+    for part in ("\n".join(lines[: len(lines) // 2]), "\n".join(lines[len(lines) // 3:]), case["log"] + "\n" + other):
+        try:
+            found = diagnose_all(part, case["id"], Context(engine=READER_OF.get(case["engine"].lower())))
+        except NotADiagnosableLog:
+            continue
+        if re.search(r"out of memory|Traceback", part, re.I):
+            assert all(d.kind != "fits" for d in found), (case["id"], [d.summary for d in found])
+
+
 def graded_table() -> tuple[list[Graded], str]:
     rows = [grade(case, with_flags=True) for case in CASES if case["failed"]]
     lines = ["| case | engine | kind | first change | confirmed | ok |", "|---|---|---|---|---|---|"]
