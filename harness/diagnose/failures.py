@@ -23,7 +23,7 @@ _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|Erro
 
 # markers of each engine in its logs (logger names, module paths, banners)
 ENGINE_MARKERS = {
-    "vllm": re.compile(r"\bvllm[./ ]|\bvLLM\b|EngineCore|\[gpu_model_runner\.py|\(VllmWorker|vllm serve|"
+    "vllm": re.compile(r"\bvllm[./ ]|\bvLLM\b|EngineCore|cumem_allocator|\[gpu_model_runner\.py|\(VllmWorker|vllm serve|"
                        r"\bLLMEngine\b|\bAsyncLLM", re.I),
     "sglang": re.compile(r"sglang|\bsgl[_-]|\bTP\d+\] (?:Load weight|Init torch|Memory pool|Capture)|ServerArgs\(|"
                          r"mem_fraction_static"),
