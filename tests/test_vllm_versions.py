@@ -174,3 +174,13 @@ def test_kv_tokens_are_whole_blocks_of_the_kv_room():
     plan = _plan(LLAMA31_8B, H100, "0.10.1.1", 8192)
     assert plan.kv_tokens == plan.memory.kv_cache_bytes // (131_072 * 16) * 16
     assert plan.source.startswith("vllm/v1/worker/gpu_worker.py:Worker.determine_available_memory@v0.9.1")
+
+
+def test_max_num_seqs_defaults_to_1024_where_the_budget_is_big():
+    """vllm/engine/arg_utils.py@v0.8.5.post1 on: 1024 sequences with the >= 70 GiB budget, 256 below it (and in
+    V0, and in 0.8.0-0.8.4); the profile's sampler runs over that many rows."""
+    assert _plan(LLAMA31_8B, H100, "0.20", 256).arg("--max-num-seqs") == "1024"
+    assert _plan(LLAMA31_8B, Gpu("NVIDIA L40S", int(44.40 * GIB), 8.9), "0.20", 256).arg("--max-num-seqs") == "256"
+    assert _plan(LLAMA31_8B, H100, "0.8.0", 256).arg("--max-num-seqs") == "256"
+    assert _plan(LLAMA31_8B, H100, "0.6.5", 256).arg("--max-num-seqs") == "256"
+    assert _plan(LLAMA31_8B, H100, "0.20", 256, max_num_seqs=64).arg("--max-num-seqs") == "64"

@@ -26,9 +26,8 @@ most-loaded GPU's (shapes.pipeline_stage), and vLLM needs tensor x pipeline para
 from __future__ import annotations
 
 import importlib.metadata
-import re
 
-from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
+from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
                                              marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
                                              prefix_sharing, prefix_sharing_note, quantization_method,
@@ -59,14 +58,6 @@ _FLAGS = {"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--ma
           "--max-num-batched-tokens", "--enable-chunked-prefill",
           "--gpu-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--enforce-eager",
           "--no-enable-chunked-prefill", "--quantization", "--load-format"}
-
-
-def minor_version(version: str) -> str:
-    """'0.33.1+cu130' -> '0.33'."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
-    if not match:
-        raise ValueError(f"vLLM version {version!r}: expected a version like 0.34")
-    return f"{int(match.group(1))}.{int(match.group(2))}"
 
 
 def installed_version() -> str | None:
@@ -128,7 +119,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
                                           version)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
     batched, chunked = _token_budget(workload, notes, rules, shape, gpu)
-    seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    seq_cap = workload.max_num_seqs or rules.default_max_num_seqs(gpu.memory_bytes, gpu.name)
     memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, rules, gpu_memory_utilization, batched,
                                              seq_cap)
     per_block = memory.kv_bytes_per_token * BLOCK_SIZE

@@ -31,9 +31,9 @@ Token budget of the profile run (max_num_batched_tokens unset)
       (CUDA, no sliding window, not multimodal). The profile samples max_num_seqs rows with top_p=0.99 and
       top_k=vocab-1 (vllm/worker/model_runner.py:profile_run@v0.6.4.post1): a sort over the whole vocabulary.
   V1 (default engine from v0.8.0, vllm/envs.py VLLM_USE_V1@v0.8.0) always chunks; vllm/engine/arg_utils.py:
-      EngineArgs._set_default_args_v1@v0.7.3 (get_batch_defaults later) for `vllm serve` (OPENAI_API_SERVER): 8192 on
-      a GPU named H100/H200 (v0.7-v0.8.4), on >= 70 GiB (@v0.8.5), not an A100 (@v0.9.0), 16384 on >= 160 GiB (@v0.28.0),
-      else 2048. max_num_seqs: 1024 where the budget is 8192 or more (@v0.8.5), else 256.
+      EngineArgs._set_default_args_v1@v0.7.3 (get_batch_defaults later) for `vllm serve` (OPENAI_API_SERVER): 8192
+      on a GPU named H100/H200 (v0.7-v0.8.4), on >= 70 GiB (@v0.8.5), not an A100 (@v0.9.0), 16384 on >= 160 GiB
+      (@v0.28.0), else 2048. max_num_seqs: 1024 where the budget is 8192 or more (@v0.8.5), else 256.
 
 GPU KV cache size (tokens) = num_blocks x block_size, num_blocks = KV bytes // (block_size x KV bytes of a token over
 all layers) (V0 CacheEngine.get_cache_block_size; V1 vllm/v1/core/kv_cache_utils.py: one page per layer and group).
@@ -81,6 +81,13 @@ class VllmRules:
         if not chunked:
             return max(max_model_len, V0_MIN_BUDGET), False
         return self.v1_budget(gpu_bytes, gpu_name), True
+
+    def default_max_num_seqs(self, gpu_bytes: int, gpu_name: str) -> int:
+        """--max-num-seqs unset: 1024 where V1 `vllm serve` takes the big-GPU budget (from 0.8.5:
+        vllm/engine/arg_utils.py@v0.8.5.post1, get_batch_defaults@v0.34.0), else 256 (SchedulerConfig)."""
+        if self.engine == "V0" or self.big_gpu_rule == "h100-h200 name":
+            return 256
+        return 1024 if self.v1_budget(gpu_bytes, gpu_name) > self.chunked_budget else 256
 
     def v1_budget(self, gpu_bytes: int, gpu_name: str) -> int:
         gib = gpu_bytes / 2**30
