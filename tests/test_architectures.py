@@ -311,7 +311,12 @@ def test_max_length_as_vllm_derives_it(config, expected):
 # --- multimodal models from their text config plus the vision tower
 
 def test_multimodal_models_plan_from_the_text_config_and_the_vision_tower(gemma3):
+    from harness.capacity.checkpoint import plan_config
+    from harness.capacity.shapes import config_fields
+
     assert parameter_count(gemma3) / 1e9 == pytest.approx(27.43, abs=0.01)  # google/gemma-3-27b-it: 27.4 B
+    # `quantgate plan` hands over the text fields merged over the top level: the same model
+    assert model_shape(plan_config(GEMMA3_27B)) == model_shape(config_fields(GEMMA3_27B)) == gemma3
     mllama = model_shape(LLAMA32_11B_VISION)  # refused before: no text config on the meta device
     assert parameter_count(mllama) / 1e9 == pytest.approx(10.67, abs=0.01)  # Llama-3.2-11B-Vision: 10.6 B
     # 32 self-attention layers cache the text; the 8 cross-attention layers attend to the image's K/V

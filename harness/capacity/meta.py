@@ -107,14 +107,38 @@ def multimodal_shape(raw: dict[str, Any]) -> ModelShape:
     vocab_size, max_position_embeddings or sliding_window_pattern) and the vision tower and projector, counted from
     the model transformers builds on the meta device. The vision weights are added as 16-bit parameters on every GPU
     (other_params: engines load the vision tower unquantized; under tensor parallelism this over-counts them)."""
-    built = _transformers_config(raw)
     given = raw["text_config"].to_dict() if hasattr(raw["text_config"], "to_dict") else dict(raw["text_config"])
-    defaults = {k: v for k, v in built.get_text_config().to_dict().items() if v is not None}
-    top = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config") and v is not None}
+    # a caller may have merged the text fields over the top level already (shapes.config_fields): the top-level
+    # fields are then those the text config does not have, and the top-level model_type is the architecture's
+    outer = {k: v for k, v in raw.items() if k not in given or k in ("text_config", "vision_config")}
+    outer["model_type"] = _multimodal_type(raw, given.get("model_type"))
+    built = _transformers_config(outer)
+    text = built.get_text_config()
+    text = text.to_dict() if hasattr(text, "to_dict") else dict(text)
+    defaults = {k: v for k, v in text.items() if v is not None}
+    top = {k: v for k, v in outer.items() if k not in ("text_config", "vision_config") and v is not None}
     fields = {**top, **defaults, **given}
     fields["model_type"] = given.get("model_type") or defaults.get("model_type")
     language = written_shape(fields) if fields["model_type"] in KNOWN_TYPES else meta_shape(fields)
     return replace(language, other_params=language.other_params + _vision_params(built))
+
+
+def _multimodal_type(raw: dict[str, Any], text_type: str | None) -> str | None:
+    """The multimodal model's own model_type: the config's, unless it is the text model's (a merged config), then
+    that of the config class of its architecture (Gemma3ForConditionalGeneration -> gemma3)."""
+    model_type = raw.get("model_type")
+    if model_type and model_type != text_type:
+        return model_type
+    from harness.quiet import quiet_imports
+
+    with quiet_imports():
+        import transformers
+
+    for architecture in raw.get("architectures") or ():
+        config_class = getattr(getattr(transformers, str(architecture), None), "config_class", None)
+        if config_class is not None and getattr(config_class, "model_type", None):
+            return config_class.model_type
+    return model_type
 
 
 def _transformers_config(raw: dict[str, Any]):
