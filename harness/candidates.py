@@ -93,9 +93,10 @@ class ExternalCheckpoint:
             return "w8a8"
         if self.method == "bitsandbytes" and self.bits == 8:
             return "int8"
+        from harness.capacity.checkpoint import FORMAT_STORAGE
+
         stored = self._stored_format()
-        return stored.spec.name if stored is not None and stored.spec is not None and stored.spec.plan_only \
-            else None
+        return stored.name if stored is not None and stored.name in FORMAT_STORAGE else None
 
     def _stored_format(self):
         from harness.capacity.checkpoint import checkpoint_format
@@ -116,7 +117,9 @@ class ExternalCheckpoint:
         fmt = self._stored_format()
         if fmt is None:
             return None
-        spec = (replace(fmt.spec, name=self.name, engine="external") if fmt.spec is not None and fmt.spec.plan_only
+        from harness.capacity.checkpoint import FORMAT_STORAGE
+
+        spec = (replace(fmt.spec, name=self.name, engine="external") if fmt.name in FORMAT_STORAGE
                 else self.format_spec())
         return replace(fmt, name=self.name, spec=spec)
 

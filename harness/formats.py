@@ -165,8 +165,8 @@ register(FormatSpec(
 # from 8.0. SGLang: FP8 natively on 8.9+, Marlin FP8 on 8.0-8.6 (fp8_utils.can_auto_enable_marlin_fp8); its
 # NVFP4 (modelopt_fp4) needs Blackwell. TensorRT-LLM: FP8 from 8.9, NVFP4 from 10.0, no Marlin fallback.
 FP8_NATIVE_CC, FP4_NATIVE_CC, WEIGHT_ONLY_FALLBACK_CC = 8.9, 10.0, 8.0
-_FP8_FALLBACK = "FP8 weight-only (W8A16) through the Marlin kernel: weights stay 8-bit, activations 16-bit"
-_FP4_FALLBACK = "FP4 weight-only (W4A16) through the Marlin kernel: weights stay 4-bit, activations 16-bit"
+_FP8_FALLBACK = "FP8 weight-only (W8A16) Marlin kernel"
+_FP4_FALLBACK = "FP4 weight-only (W4A16) Marlin kernel"
 
 
 def _from_checkpoint(engine: str, native: float, fallback: str | None, note: str) -> EngineServing:
@@ -180,7 +180,8 @@ def _fp8_serving(block: bool) -> dict[str, EngineServing]:
         "vllm": _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK,
                                  f"reads the {scheme} scheme from the checkpoint's quantization_config (no "
                                  "--quantization flag); FP8 kernels on compute capability 8.9+, Marlin weight-only "
-                                 "on 8.0-8.6"),
+                                 "on 8.0-8.6" + ("" if block else "; the bf16 checkpoint itself serves as FP8 with "
+                                                 "--quantization fp8 (per-tensor scales made at load)")),
         "sglang": _from_checkpoint("SGLang", FP8_NATIVE_CC, _FP8_FALLBACK,
                                    f"reads the {scheme} scheme from the checkpoint (no --quantization flag); FP8 "
                                    "kernels on 8.9+, Marlin FP8 on 8.0-8.6"),
@@ -205,7 +206,7 @@ def _fp4_serving(kind: str) -> dict[str, EngineServing]:
 def _mxfp4_serving() -> dict[str, EngineServing]:
     serving = _fp4_serving("MXFP4")
     # gpt-oss's MXFP4 experts run on Hopper in both SGLang and TensorRT-LLM (Triton MoE kernels, weight-only).
-    hopper = "MXFP4 weight-only (Triton MoE kernels) on Hopper"
+    hopper = "MXFP4 weight-only Triton MoE kernels"
     return {**serving,
             "sglang": _from_checkpoint("SGLang", FP4_NATIVE_CC, hopper,
                                        "reads MXFP4 from the checkpoint (gpt-oss); Blackwell natively, weight-only "

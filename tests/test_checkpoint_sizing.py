@@ -198,7 +198,7 @@ def test_an_unknown_method_is_one_line_naming_it():
 
 def test_plan_only_formats_are_refused_by_run_with_one_line():
     with pytest.raises(UserError, match="planned only") as caught:
-        check_format_names(["int8", "fp8"], "--formats")
+        check_format_names(["int8", "mxfp4"], "--formats")
     assert "\n" not in str(caught.value)
 
 
@@ -235,7 +235,7 @@ def test_plan_format_fp8_and_nvfp4_for_a_bf16_model(capsys):
     assert sizes["nvfp4"] < sizes["fp8"] < sizes["baseline"]
     assert result["formats"]["fp8"]["engines"]["vllm"]["servable"]
     nvfp4_notes = result["formats"]["nvfp4"]["engines"]["vllm"]["notes"]
-    fallback = "weights stay 4-bit, activations 16-bit"
+    fallback = "weights stay quantized, activations 16-bit"
     assert any(fallback in note for note in nvfp4_notes)  # Hopper: no FP4 tensor cores, Marlin W4A16
     b200 = _plan(["--model", "demo", "--format", "nvfp4", "--target-gpu", "B200"], capsys)
     assert not any(fallback in note for note in b200["formats"]["nvfp4"]["engines"]["vllm"]["notes"])

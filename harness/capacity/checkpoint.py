@@ -80,6 +80,7 @@ FORMAT_STORAGE: dict[str, dict] = {
     "fp8": {"rules": (StorageRule(ALL_LINEAR, FP8_CHANNEL),)},
     "fp8-block": {"rules": (StorageRule(ALL_LINEAR, fp8_block()),)},
     "nvfp4": {"rules": (StorageRule(ALL_LINEAR, NVFP4),)},
+    "nvfp4a16": {"rules": (StorageRule(ALL_LINEAR, replace(NVFP4, tensor_scales=1)),)},  # weight-only
     "mxfp4": {"rules": (StorageRule(ALL_LINEAR, MXFP4),), "experts_only": True},
     "bnb-nf4": {"rules": (StorageRule(ALL_LINEAR, BNB_4BIT),)},
 }
@@ -228,7 +229,7 @@ def _compressed_tensors(quant: dict, info, where: str) -> WeightFormat:
     main = rules[0].storage
     kind = _scheme_kind(info.schemes[0])
     bits = max(int(s.bits) for s in info.schemes)
-    if kind in FORMAT_SPECS and FORMAT_SPECS[kind].plan_only:
+    if kind in FORMAT_STORAGE and kind in FORMAT_SPECS:
         spec = FORMAT_SPECS[kind]
     elif kind == "w8a8":
         spec = FORMAT_SPECS["w8a8"]

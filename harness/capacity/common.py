@@ -325,7 +325,8 @@ def capability_tier(serving: EngineServing, gpu: Gpu, engine: str) -> str | None
         return None
     if has_capability(gpu, native) is False:
         return (f"{engine} on {gpu.name} (compute capability {gpu.compute_capability:.1f} < {native:.1f}): "
-                f"{serving.fallback}; memory as planned, speed below the native kernels'")
+                f"{serving.fallback}, weights stay quantized, activations 16-bit; memory as planned, slower than "
+                "the native kernels")
     if has_capability(gpu, native) is None:
         return f"{engine}: natively on compute capability {native:.1f}+, else {serving.fallback} (--target-gpu says)"
     return None

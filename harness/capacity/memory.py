@@ -181,11 +181,9 @@ def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
     if spec is None:
         raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMAT_SPECS)})")
     fmt = WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx, spec=spec)
-    if spec.plan_only:  # fp8, nvfp4, mxfp4, ...: their storage rules (harness.capacity.checkpoint)
-        from harness.capacity.checkpoint import with_storage
+    from harness.capacity.checkpoint import with_storage  # fp8, nvfp4, mxfp4, ...: their storage rules
 
-        return with_storage(fmt)
-    return fmt
+    return with_storage(fmt)
 
 
 def kv_heads_per_gpu(attention: Attention, tp: int = 1) -> int:

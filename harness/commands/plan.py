@@ -91,11 +91,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{described}: {exc}") from None
     target = _target(args)
     own = checkpoint_format_at(args.model, config, described, target.gpu.compute_capability)
-    # Planning is cheap: without --format, every registered format a run can make or judge (a run makes only the
-    # default ones); a quantized checkpoint is planned as it is stored, from its own quantization_config.
+    from harness.capacity.checkpoint import FORMAT_STORAGE
+
+    # Planning is cheap: without --format, every registered format but the FP8/FP4/bnb-4bit storages, which --format
+    # names (a run makes only the default ones); a quantized checkpoint is planned as it is stored, from its own
+    # quantization_config.
     formats = (parse_format_names(args.format.split(","), "--format") if args.format is not None
                else [own.name] if own is not None
-               else [name for name in known_formats() if not format_spec(name).plan_only])
+               else [name for name in known_formats()
+                     if name not in FORMAT_STORAGE and not format_spec(name).plan_only])
     workload = Workload(max_model_len=_max_model_len(shape, args.max_model_len),
                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                         kv_cache_dtype=args.kv_cache_dtype, chunked_prefill=not args.no_chunked_prefill,
