@@ -33,8 +33,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model", default="demo", metavar="PATH_OR_CONFIG_JSON",
                         help="a Hugging Face model directory, its config.json, or 'demo' (SmolLM2-135M; default)")
     parser.add_argument("--format", default=None, metavar="NAME[,NAME...]",
-                        help="format(s) to plan, comma-separated: baseline, int8, gptq, awq, w8a8 or a plugin's "
-                             "(default: every registered format)")
+                        help="format(s) to plan, comma-separated: baseline, int8, gptq, awq, w8a8, fp8, fp8-block, "
+                             "nvfp4, mxfp4, bnb-nf4 or a plugin's (default: a quantized checkpoint as its own "
+                             "quantization_config stores it, else baseline, int8, gptq, awq, w8a8 and plugins')")
     parser.add_argument("--group-size", type=int, default=None,
                         help="gptq/awq group size (default: the largest of 128/64/32 dividing the layer widths)")
     parser.add_argument("--engine", default="all", choices=(*engine_names(), "all"),
