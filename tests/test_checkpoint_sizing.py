@@ -251,3 +251,14 @@ def test_a_candidate_checkpoint_is_planned_at_its_stored_size():
     assert fmt.serving_on("vllm").quantization is None
     shape = model_shape(plan_config(_checkpoint("Qwen3-30B-A3B-FP8")))
     assert weights_bytes(shape, fmt) / GIB == pytest.approx(29.09, rel=TOLERANCE)
+
+
+def test_block_fp8_experts_cut_inside_a_block_are_refused():
+    # Qwen3-235B-A22B-FP8 at tensor parallel 8: 1,536 / 8 = 192 expert outputs per GPU against 128-wide blocks
+    config = _checkpoint("Qwen3-235B-A22B-FP8")
+    shape, fmt = model_shape(plan_config(config)), checkpoint_format(config)
+    plans = plan_engines(shape, fmt, Target(gpu_by_name("H100-SXM"), 8), Workload(max_model_len=8192))
+    assert not plans["vllm"].servable and "192 outputs per GPU" in plans["vllm"].reason
+    assert plans["vllm"].reason.count("\n") == 0
+    four = plan_engines(shape, fmt, Target(gpu_by_name("H100-SXM"), 4), Workload(max_model_len=8192))
+    assert four["vllm"].servable  # 384 per GPU: whole blocks

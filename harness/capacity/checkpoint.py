@@ -370,3 +370,30 @@ def checkpoint_format_at(model: str, config: dict, described: str = "config.json
                 raise UserError(f"{side}: not a readable JSON file ({exc})") from None
             return checkpoint_format({"quantization_config": {"quant_method": "modelopt", **quant}}, str(side))
     return checkpoint_format(config, described, compute_capability=compute_capability)
+
+
+def block_split_problem(shape, fmt: WeightFormat, tp: int) -> str | None:
+    """Why tensor parallelism over `tp` GPUs cuts a block-scaled FP8 weight inside a block (None: it does not).
+
+    vLLM (fp8_utils.validate_fp8_block_shape, Fp8MoEMethod.create_weights) and SGLang refuse a column-parallel
+    layer whose outputs per GPU, or a row-parallel one whose inputs per GPU, are not whole blocks: Qwen3-235B-A22B's
+    1,536-wide experts at tensor parallel 8 are 192 per GPU against 128-wide blocks. Expert parallelism keeps
+    experts whole."""
+    from harness.capacity.memory import _per_gpu
+
+    if tp == 1:
+        return None
+    for lin in shape.linears:
+        for _, storage in fmt.storage_of(lin, shape.layers):
+            if storage is None or storage.strategy != "block" or not storage.block:
+                continue
+            in_f, out_f = _per_gpu(lin, shape.attention, tp)
+            block_n, block_k = storage.block
+            outputs = out_f // 2 if "gate_up" in lin.name else out_f
+            if lin.split in ("column", "kv") and outputs % block_n:
+                return (f"{module_path(lin)} has {outputs} outputs per GPU at tensor parallel {tp}, not a multiple of "
+                        f"the FP8 block's {block_n} (\"is not divisible by weight quantization block_n\")")
+            if lin.split == "row" and in_f % block_k:
+                return (f"{module_path(lin)} has {in_f} inputs per GPU at tensor parallel {tp}, not a multiple of "
+                        f"the FP8 block's {block_k} (\"is not divisible by weight quantization block_k\")")
+    return None

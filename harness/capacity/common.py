@@ -277,9 +277,15 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
     if serving.refusal:
         return None, serving.refusal_at(version)
     if serving.quantization is None:  # the engine reads the scheme from the checkpoint's quantization_config
+        from harness.capacity.checkpoint import block_split_problem
+
         why = capability_refusal(serving, gpu, engine, fmt.name)
         if why:
             return None, why
+        split = block_split_problem(shape, fmt, tp)
+        if split:
+            return None, (f"{engine}: {split}; serve it on a tensor-parallel size that keeps whole blocks, or with "
+                          "expert parallelism (vLLM --enable-expert-parallel), which quantgate does not plan")
         if serving.note:
             notes.append(serving.note)
         tier = capability_tier(serving, gpu, engine)

@@ -318,7 +318,7 @@ def _details(result: dict) -> list[str]:
     lines: list[str] = []
     notes: list[str] = []
     for name, entry in result["formats"].items():
-        lines.append(entry["label"])
+        lines.append(entry["label"] + (f" ({entry['storage']})" if entry.get("storage") else ""))
         for engine, plan in entry["engines"].items():
             title = f"{engine} {plan['engine_version']}".strip()
             if plan["command"]:
