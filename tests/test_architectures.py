@@ -211,6 +211,36 @@ def test_every_hybrid_family_gets_its_attention_layers_and_state():
     assert lfm2.kv_layers == 2 and layer_state_bytes(lfm2.states[0]) == 2 * 2560 * 2  # conv_L_cache 3: 2 tokens
 
 
+def test_linear_attention_families_mla_hybrids_and_shared_attention():
+    from transformers import AutoConfig
+
+    from harness.capacity.shapes import config_fields
+
+    # Kimi Linear: MLA in the full layers (the latent only), KDA state in float32 (vLLM's kda_state_dtype)
+    kimi = attention_shape(dict(config_fields(AutoConfig.for_model("kimi_linear")), layer_types=None,
+                                linear_attn_config={"full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+                                                    "kda_layers": [], "num_heads": 32, "head_dim": 128,
+                                                    "short_conv_kernel_size": 4}))
+    assert kimi.is_mla and (kimi.kv_layers, len(kimi.states)) == (7, 20)  # 1-based layer numbers
+    assert kv_bytes_per_token(kimi) == 7 * 576 * 2
+    assert layer_state_bytes(kimi.states[0]) == 3 * (3 * 32 * 128) * 2 + 32 * 128 * 128 * 4
+    # MiniMax-Text-01's attn_type_list: lightning attention keeps heads x head_dim^2, no conv
+    minimax = attention_shape(dict(config_fields(AutoConfig.for_model("minimax")), layer_types=None,
+                                   attn_type_list=[0] * 7 + [1]))
+    assert (minimax.kv_layers, len(minimax.states)) == (1, 7) and minimax.states[0].conv_tokens == 0
+    # Zamba2: every layer has Mamba2; the hybrid ones add the shared attention block's KV
+    zamba = attention_shape(config_fields(AutoConfig.for_model("zamba2")))
+    assert len(zamba.states) == zamba.layers and zamba.kv_layers == zamba.layers // 6
+
+
+def test_a_hybrid_pipeline_stage_is_bounded_by_its_layers(nemotron):
+    from harness.capacity.shapes import pipeline_stage
+
+    stage = pipeline_stage(nemotron, 2)
+    assert stage.layers == 28 and stage.attention.kv_layers == 4  # the stage with the most KV: all 4 attention
+    assert len(stage.attention.states) == 27  # an upper bound, as for the linears: at most 28 layers have one
+
+
 def test_sglang_splits_a_hybrid_pool_between_mamba_state_and_kv(nemotron):
     plan = _plan("sglang", nemotron, max_model_len=32_768)
     pools = sglang_pools("nemotron_h", nemotron.attention, plan.memory.kv_cache_bytes, 32_768, 2, 1, 8192)

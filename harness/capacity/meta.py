@@ -6,7 +6,9 @@ Linear weights are every nn.Linear but the lm_head, and every 3-D expert paramet
 layer's experts into one [experts, ., .] tensor per projection); a 2-D parameter of any other module is a router
 (kept 16-bit, on every GPU). Everything else (norms, attention sinks, loose biases) is `other_params`. Tensor
 parallel splits follow the projection's name (q/k/v/o, gate/up/down, fc1/fc2, w1/w2/w3). The attention (KV heads,
-head size, MLA, sliding or chunked layers) comes from the config as for the hand-written shapes.
+head size, MLA, sliding or chunked layers, a hybrid's recurrent states) comes from the config as for the
+hand-written shapes. A multimodal config is its language model (the text config with transformers' defaults under
+it) plus the vision tower's parameters (multimodal_shape).
 """
 
 from __future__ import annotations

@@ -155,18 +155,16 @@ def sglang_pools(model_type: str, attention: Attention, pool: int, length: int, 
     else:
         cell = per_layer * len(windows)  # sliding and chunked layers kept whole
         kv_sequence = cell * length
-    if not cell:
-        raise ValueError("SGLang: the model has no layer with a KV cache")
     state = sum(layer_state_bytes(replace(s, ssm_dtype_bytes=MAMBA_SSM_DTYPE_BYTES), tp) for s in attention.states)
     if not state:
-        return Pools(int(pool // cell), math.ceil(kv_sequence), note)
+        return Pools(int(pool // cell) if cell else 0, math.ceil(kv_sequence), note)
     kv_share = 1 / (1 + MAMBA_FULL_MEMORY_RATIO)
     slots = int(pool * (1 - kv_share)) // state
     per_sequence = max(kv_sequence / kv_share, MAMBA_SLOTS_PER_REQUEST * state / (1 - kv_share))
     note = ((note + "; " if note else "") +
             f"Mamba state pool {MAMBA_FULL_MEMORY_RATIO:g}/{1 + MAMBA_FULL_MEMORY_RATIO:g} of it: {slots:,} slots of "
             f"{gib(state)}, {slots // MAMBA_SLOTS_PER_REQUEST:,} running requests at most")
-    return Pools(int(pool * kv_share // cell), math.ceil(per_sequence), note)
+    return Pools(int(pool * kv_share // cell) if cell else 0, math.ceil(per_sequence), note)
 
 
 def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: float, running: int, chunk: int,

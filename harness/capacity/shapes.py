@@ -1,12 +1,14 @@
-"""A model's shapes from its config.json: attention (GQA or MLA, sliding-window layers) and every linear layer.
+"""A model's shapes from its config.json: attention (GQA or MLA, sliding-window and chunked layers), the recurrent
+layers of a hybrid model (Mamba, gated DeltaNet, KDA, lightning attention, short conv: a state per sequence) and
+every linear layer.
 
 Written out here (model_type): dense Llama-style decoders (llama, mistral, qwen2, qwen2_vl, qwen3, gemma,
 gemma2), Mixtral (every expert), DeepSeek-V2/V3 (MLA attention, routed and shared experts, the first
 `first_k_dense_replace` layers dense): counted without importing torch, and cross-checked in the tests against
 the model transformers builds. Any other architecture is counted from that model, built on the meta device
 (meta.py: Gemma 3, Qwen3-MoE, gpt-oss, Phi-3, Llama 4, ...). A missing field, or a config transformers cannot
-build, raises ConfigFieldError naming the field: never a silent dense count. Works on config.json read as a dict, on a transformers PretrainedConfig, and on
-multimodal configs through their nested `text_config`.
+build, raises ConfigFieldError naming the field: never a silent dense count. Works on config.json read as a dict,
+on a transformers PretrainedConfig, and on multimodal configs through their nested `text_config`.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ class LayerState:
     kind: "mamba2" (conv channels = intermediate + 2 x n_groups x d_state, n_groups widened to tp when tp does not
     divide them; temporal heads x head_dim x d_state), "mamba1" (conv intermediate; temporal intermediate x d_state),
     "gated_deltanet" (conv 2 x key heads x key dim + value heads x value dim; temporal value heads x value dim x key
-    dim), "short_conv" (conv only, hidden channels). Bytes per element: the conv state in the model's dtype, the
-    temporal state in the engine's mamba_ssm_cache_dtype (float32 for Nemotron-H by default).
+    dim), "kda" (Kimi Linear: conv 3 x heads x head_dim, temporal heads x head_dim^2 in float32), "linear_attention"
+    (MiniMax lightning attention: no conv, heads x head_dim^2), "short_conv" (conv only, hidden channels). Bytes per
+    element: the conv state in the model's dtype, the temporal state in the engine's mamba_ssm_cache_dtype (float32
+    for Nemotron-H by default).
     """
 
     kind: str
@@ -282,6 +286,17 @@ def layer_kinds(fields: dict[str, Any]) -> tuple[str, ...] | None:
     pattern = fields.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         return tuple(_KIND_NAMES.get(char, char) for char in pattern)
+    linear = fields.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(linear.get("full_attn_layers"), list):  # Kimi Linear: 1-based
+        full = set(linear["full_attn_layers"])
+        return tuple("full_attention" if i + 1 in full else "recurrent"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
+    if isinstance(fields.get("attn_type_list"), list):  # MiniMax-Text-01: 1 softmax attention, 0 lightning
+        return tuple("full_attention" if kind == 1 else "recurrent" for kind in fields["attn_type_list"])
+    if isinstance(fields.get("attn_layer_indices"), list) or model_type == "bamba":  # Bamba: none given, all Mamba
+        full = set(fields.get("attn_layer_indices") or ())
+        return tuple("full_attention" if i in full else "recurrent"
+                     for i in range(positive_int(fields, "num_hidden_layers")))
     if fields.get("attn_layer_period"):  # Jamba
         layers = positive_int(fields, "num_hidden_layers")
         period, offset = positive_int(fields, "attn_layer_period"), int(fields.get("attn_layer_offset") or 0)
@@ -361,8 +376,8 @@ def recurrent_state(fields: dict[str, Any]) -> LayerState:
     """The state per sequence of one recurrent layer of this hybrid model, with the fields vLLM's model class reads
     (get_mamba_state_shape_from_config) and its dtypes (get_mamba_state_dtype_from_config: the conv state in the
     model's dtype; the temporal state in mamba_ssm_cache_dtype, "auto" = the model's, except Nemotron-H whose
-    NemotronHForCausalLMConfig defaults it to float32, and Qwen3.5 whose config's mamba_ssm_dtype vLLM takes). ConfigFieldError for a model type whose state is not
-    written out here."""
+    NemotronHForCausalLMConfig defaults it to float32, and Qwen3.5 whose config's mamba_ssm_dtype vLLM takes).
+    ConfigFieldError for a model type whose state is not written out here."""
     model_type = str(fields.get("model_type") or "")
     model_bytes = _dtype_bytes(fields.get("torch_dtype") or fields.get("dtype") or "bfloat16")
     ssm = fields.get("mamba_ssm_cache_dtype") or fields.get("mamba_ssm_dtype")  # Qwen3.5 writes the latter
@@ -383,6 +398,22 @@ def recurrent_state(fields: dict[str, Any]) -> LayerState:
         return LayerState("mamba2", intermediate, positive_int(fields, "mamba_d_conv") - 1, heads, dim * d_state,
                           model_bytes, ssm_bytes, n_groups=positive_int(fields, "mamba_n_groups", default=1),
                           d_state=d_state)
+    if model_type == "zamba2":
+        heads, dim = positive_int(fields, "n_mamba_heads"), positive_int(fields, "mamba_headdim")
+        d_state = positive_int(fields, "mamba_d_state")
+        return LayerState("mamba2", int((fields.get("mamba_expand") or 2) * hidden),
+                          positive_int(fields, "mamba_d_conv") - 1, heads, dim * d_state, model_bytes, ssm_bytes,
+                          n_groups=positive_int(fields, "mamba_ngroups", default=1), d_state=d_state)
+    if model_type == "kimi_linear":  # KDA: conv of q, k, v; recurrent state heads x d x d, always float32
+        linear = fields.get("linear_attn_config") or {}
+        heads = positive_int(linear, "num_heads") if linear else positive_int(fields, "linear_num_heads")
+        dim = positive_int(linear, "head_dim") if linear else positive_int(fields, "linear_head_dim")
+        kernel = (positive_int(linear, "short_conv_kernel_size") if linear
+                  else positive_int(fields, "linear_conv_kernel_dim"))
+        return LayerState("kda", 3 * heads * dim, kernel - 1, heads, dim * dim, model_bytes, 4)
+    if model_type.startswith("minimax") and model_type != "minimax_m2":  # lightning attention: no conv
+        heads, dim = positive_int(fields, "num_attention_heads"), head_dim(fields)
+        return LayerState("linear_attention", 0, 0, heads, dim * dim, model_bytes, model_bytes)
     if model_type == "jamba":
         intermediate = int(positive_int(fields, "mamba_expand") * hidden)
         return LayerState("mamba1", intermediate, positive_int(fields, "mamba_d_conv") - 1, intermediate,
@@ -399,8 +430,8 @@ def recurrent_state(fields: dict[str, Any]) -> LayerState:
                           ssm_bytes)
     raise ConfigFieldError("layer_types", f"has recurrent (Mamba / linear-attention / conv) layers, whose state per "
                                           f"sequence quantgate does not know for model_type {model_type!r} (known: "
-                                          "nemotron_h, jamba, falcon_h1, granitemoehybrid, bamba, qwen3_next, "
-                                          "qwen3_5, lfm2)")
+                                          "nemotron_h, jamba, falcon_h1, granitemoehybrid, bamba, zamba2, "
+                                          "qwen3_next, qwen3_5, kimi_linear, minimax, lfm2)")
 
 
 # vLLM's ModelConfig._get_and_verify_max_len reads the smallest of these.
@@ -415,8 +446,8 @@ def derived_max_len(fields: dict[str, Any]) -> int | None:
     it (YaRN: original_max_position_embeddings x factor); llama3, longrope and su scaling are already counted, and
     so is Gemma 3's (vLLM skips the factor for any model_type containing "gemma3": its 131,072 is already scaled).
     """
-    limits = [int(fields[key]) for key in _MAX_LEN_KEYS
-              if isinstance(fields.get(key), (int, float)) and not isinstance(fields.get(key), bool) and fields[key] > 0]
+    limits = [int(fields[key]) for key in _MAX_LEN_KEYS if isinstance(fields.get(key), (int, float))
+              and not isinstance(fields.get(key), bool) and fields[key] > 0]
     if not limits:
         return None
     limit = min(limits)

@@ -5,13 +5,14 @@ Memory, following docs/source/reference/memory.md and tensorrt_llm/commands/serv
 runtime buffers (activations at max_num_tokens, CUDA graphs) are allocated, the KV cache takes
     KV = free_gpu_memory_fraction x (GPU memory - weights - runtime buffers - CUDA context)
 (default 0.9). The plan takes fraction = min(0.95, floor2((free - headroom) / free)), so that a fixed headroom stays
-free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window and chunked layers: TensorRT-LLM
-sizes each layer's cache by kv_cache_config.max_attention_window (default: max_seq_len for every layer, i.e. full
-attention); the plan writes the model's per-layer windows there (its --config YAML, as a pattern the engine repeats
-over the layers), so a sliding layer holds at most window + one block of tokens and the pool is split between the
-window sizes (variable sliding window attention). A hybrid model's Mamba layers keep their state per sequence beside
-the KV (MambaHybridCacheManager, one state per max_batch_size slot). KV cache block reuse (KvCacheConfig.enable_block_reuse, on by default) keeps the
-whole blocks of a prefix requests share once: common.prefix_sharing counts it.
+free, and the KV cache that gives, in blocks of tokens_per_block (32) tokens. Sliding-window and chunked layers:
+TensorRT-LLM sizes each layer's cache by kv_cache_config.max_attention_window (default: max_seq_len for every layer,
+i.e. full attention); the plan writes the model's per-layer windows there (its --config YAML, as a pattern the engine
+repeats over the layers), so a sliding layer holds at most window + one block of tokens and the pool is split
+between the window sizes (variable sliding window attention). A hybrid model's Mamba layers keep their state per
+sequence beside the KV (MambaHybridCacheManager, one state per max_batch_size slot). KV cache block reuse
+(KvCacheConfig.enable_block_reuse, on by default) keeps the whole blocks of a prefix requests share once:
+common.prefix_sharing counts it.
 The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < free_gpu_memory_fraction <= 1,
 max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
 max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled otherwise).
@@ -50,7 +51,7 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     seq_cap = workload.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     memory, fraction, formula = _memory(shape, fmt, target, workload, tokens, seq_cap)
     per_block = memory.kv_bytes_per_token * TOKENS_PER_BLOCK
-    kv_tokens = memory.kv_cache_bytes // per_block * TOKENS_PER_BLOCK
+    kv_tokens = memory.kv_cache_bytes // per_block * TOKENS_PER_BLOCK if per_block else 0  # 0: no attention layer
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
     fits = concurrency >= 1 and refusal is None and fraction > 0
     batch = min(concurrency, seq_cap)
