@@ -291,6 +291,29 @@ def test_each_engine_sizes_gemma3s_sliding_layers_as_it_allocates_them(gemma3):
     assert trtllm.max_concurrency > sglang.max_concurrency * 4
 
 
+def test_vllm_before_its_hybrid_kv_cache_manager_keeps_mixed_sliding_layers_whole():
+    import json
+    from pathlib import Path
+
+    # vLLM 0.8.2 on Gemma-3-1B (https://github.com/vllm-project/vllm/issues/14696): "GPU KV cache size: 1,139,728
+    # tokens" and "Maximum concurrency for 32,768 tokens per request: 34.78x" = 1,139,728 / 32,768: every one of the
+    # 26 layers keeps all 32,768 tokens (sliding_window 512 in 22 of them notwithstanding)
+    case = json.loads((Path(__file__).parent / "fixtures/memory_logs/vllm-0.8.2-gemma-3-1b-it.json").read_text())
+    attention = attention_shape(case["config"])
+    assert (attention.layers, attention.sliding_layers) == (26, 22)
+    kv_memory = case["logged"]["kv_tokens"] * kv_bytes_per_token(attention)
+    before = vllm_sequence_bytes(attention, 32_768, window_extra=8191, hybrid_allocator=False)
+    assert before == 26 * 32_768 * 2 * 256 * 2
+    assert round(kv_memory / before, 2) == case["logged"]["max_concurrency"] == 34.78
+    # from 0.10 the sliding layers keep window + a prefill chunk: 4 full layers and 22 short ones (groups of 4)
+    after = vllm_sequence_bytes(attention, 32_768, window_extra=8191)
+    assert after == (2048 + 6 * math.ceil((512 + 8191) / 16)) * 4 * 16 * 1024 and after < before / 2.5
+    # a model whose layers all slide (Mistral-7B-v0.1) frees blocks either way
+    mistral = attention_shape({"model_type": "mistral", "num_hidden_layers": 32, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "hidden_size": 4096, "sliding_window": 4096})
+    assert vllm_sequence_bytes(mistral, 32_768, hybrid_allocator=False) == vllm_sequence_bytes(mistral, 32_768)
+
+
 def test_gpt_oss_alternates_128_token_windows_and_sglang_pools_them():
     attention = attention_shape(GPT_OSS_20B)
     assert attention.windows[:4] == (128, None, 128, None) and attention.sliding_layers == 12

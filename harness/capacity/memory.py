@@ -297,22 +297,33 @@ def vllm_block_size(attention: Attention, kv_dtype_bytes: float = 2, tp: int = 1
 
 
 def vllm_sequence_bytes(attention: Attention, length: int, kv_dtype_bytes: float = 2, tp: int = 1, *,
-                        block_size: int = 16, window_extra: int = 0) -> int:
+                        block_size: int = 16, window_extra: int = 0, hybrid_allocator: bool = True) -> int:
     """Bytes of vLLM V1's KV cache one running sequence of `length` tokens takes on one GPU, as its KV cache
     manager pages it (vllm/v1/core/kv_cache_utils.py; the hybrid page size from vllm/model_executor/models/
     config.py::HybridAttentionMambaModelConfig).
 
     Layers are grouped by kind (full attention, each sliding window or attention chunk, recurrent state). With more
     than one kind, every kind is cut into groups of the same number of layers: the fewest layers of any kind, or the
-    most when that is under 1.25 x the fewest, the last group of a kind padded with empty layers
-    (_get_kv_cache_groups_uniform_page_size: Gemma-3-27B's 10 full and 52 sliding layers make groups of 10, 8
-    padding layers). A block id holds one page in each of the group-size layers of one group, so it costs group size
+    most when that is under 1.5 x the fewest (1.25 in earlier releases), the last group of a kind padded with empty
+    layers (_get_kv_cache_groups_uniform_page_size: Gemma-3-27B's 10 full and 52 sliding layers make groups of 10,
+    8 padding layers). A block id holds one page in each of the group-size layers of one group, so it costs group size
     x page bytes. A sequence takes ceil(tokens kept / block_size) blocks in each attention group (a sliding or chunked
     layer keeps at most window + window_extra tokens) and one block in each recurrent-state group (mamba_cache_mode
     "none"). A hybrid Mamba model raises the attention block size to a multiple of 16 tokens whose page holds one
     layer's state, and pads the state to that page (Nemotron-Nano-9B-v2: 1,312 tokens, 4 attention + 27 Mamba layers
     in groups of 4, 32 blocks of 21.5 MB for 32,768 tokens).
+
+    hybrid_allocator=False: vLLM before its hybrid KV cache manager (V0, and V1 before 0.10 or with
+    --disable-hybrid-kv-cache-manager: unify_hybrid_kv_cache_specs) keeps every layer of a model that mixes full and
+    sliding or chunked attention whole (vLLM 0.8.2 logged Gemma-3-1B's 1,139,728 KV tokens as 34.78 sequences of
+    32,768: all 26 layers full), still frees the blocks of a model whose layers all slide, and holds no recurrent
+    state in the KV cache (V0's MambaCacheManager reserves max_num_seqs states beside it: state_bytes_per_sequence).
     """
+    if not hybrid_allocator:
+        kept = [w for w in attention.windows if w != NO_KV]
+        mixed = None in kept and any(w is not None for w in kept)
+        return kv_bytes_per_sequence(attention, length, kv_dtype_bytes, tp, block_size=block_size,
+                                     window_extra=window_extra, sliding=not mixed, states=False)
     per_token = kv_layer_token_bytes(attention, kv_dtype_bytes, tp)
     kinds: dict[object, int] = {}
     for window in attention.windows:
@@ -324,7 +335,7 @@ def vllm_sequence_bytes(attention: Attention, length: int, kv_dtype_bytes: float
     if not kinds:
         return 0
     fewest, most = min(kinds.values()), max(kinds.values())
-    group = most if most < fewest * 1.25 else fewest
+    group = most if most < fewest * 1.5 else fewest
     blocks = 0
     for kind, layers in kinds.items():
         if kind == "state":
