@@ -56,9 +56,12 @@ def meta_shape(fields: dict[str, Any]) -> ModelShape:
     linear_params: set[int] = set()
     import torch
 
+    kept_16bit: set[int] = set()  # a Mamba / short-conv layer's depthwise Conv1d: 3-D, but no expert, unquantized
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding):
             linear_params.update(id(p) for p in module.parameters(recurse=False))
+        elif isinstance(module, torch.nn.Conv1d):
+            kept_16bit.update(id(p) for p in module.parameters(recurse=False))
         elif isinstance(module, torch.nn.Linear):
             linear_params.update(id(p) for p in module.parameters(recurse=False))
             if name.endswith("lm_head") or module.out_features == vocab and "layers" not in name:
@@ -72,7 +75,9 @@ def meta_shape(fields: dict[str, Any]) -> ModelShape:
         if id(param) in linear_params:
             continue
         leaf = name.rpartition(".")[2]
-        if param.dim() == 3:  # fused experts: [experts, a, b], either orientation: the hidden side tells
+        if id(param) in kept_16bit:
+            other += param.numel()
+        elif param.dim() == 3:  # fused experts: [experts, a, b], either orientation: the hidden side tells
             experts, a, b = (int(d) for d in param.shape)
             down = "down" in leaf or "w2" in leaf
             in_f, out_f = ((b, a) if b == hidden else (a, b)) if down else ((a, b) if a == hidden else (b, a))
