@@ -164,6 +164,8 @@ def test_nemotron_h_keeps_kv_in_4_of_56_layers_and_a_mamba_state_per_sequence(ne
     # "Model loading took 16.5557 GiB" (the same log): 8.89 B parameters in bf16
     assert weights_bytes(nemotron, weight_format("baseline")) / GIB == pytest.approx(16.5557, rel=0.001)
     assert nemotron.max_len == 131_072
+    # the Mamba layers' depthwise conv weights stay 16-bit parameters, not a 4-bit "expert" linear
+    assert not any("conv1d" in linear.name for linear in nemotron.linears)
 
 
 def test_tensor_parallel_splits_the_state_as_vllm_shards_it(nemotron):
