@@ -127,10 +127,6 @@ KNOWN_FAILURES = {
         'kv_tokens': ('predicted 2.92x the log: a 2024-06 V0 run (version not stated) planned with the'
                       ' newest rules; V0 profiled an unchunked 16,384-token prefill on 15 GiB T4s'),
     },
-    'vllm-unknown-llama32-11b-vision-2xa10': {
-        'weights': ("predicted 1.07x the log: the plan keeps more of mllama on each GPU than vLLM's "
-                    'tensor-parallel split does'),
-    },
     'vllm-unknown-qwen3-235b-a22b-fp8-4xh100': {
         'kv_tokens': ('predicted 2.31x the log: the run used an LMCache KV connector and a version '
                       '(2025-07) whose profile the thread ties to vLLM PR #19312'),
