@@ -127,15 +127,16 @@ def multimodal_shape(raw: dict[str, Any]) -> ModelShape:
     fields = {**top, **defaults, **given}
     fields["model_type"] = given.get("model_type") or defaults.get("model_type")
     language = written_shape(fields) if fields["model_type"] in KNOWN_TYPES else meta_shape(fields)
-    return replace(language, other_params=language.other_params + _vision_params(built))
+    vision_linears, vision_other = _vision_parts(built)
+    return replace(language, linears=language.linears + vision_linears,
+                   other_params=language.other_params + vision_other)
 
 
 def _multimodal_type(raw: dict[str, Any], text_type: str | None) -> str | None:
-    """The multimodal model's own model_type: the config's, unless it is the text model's (a merged config), then
-    that of the config class of its architecture (Gemma3ForConditionalGeneration -> gemma3)."""
+    """The multimodal model's own model_type: that of the config class of its architecture
+    (Gemma3ForConditionalGeneration -> gemma3), else the config's own unless it is the text model's (the text
+    fields merged over the top level)."""
     model_type = raw.get("model_type")
-    if model_type and model_type != text_type:
-        return model_type
     from harness.quiet import quiet_imports
 
     with quiet_imports():
@@ -145,7 +146,18 @@ def _multimodal_type(raw: dict[str, Any], text_type: str | None) -> str | None:
         config_class = getattr(getattr(transformers, str(architecture), None), "config_class", None)
         if config_class is not None and getattr(config_class, "model_type", None):
             return config_class.model_type
-    return model_type
+    if model_type and model_type != text_type:
+        return model_type
+    # merged without a usable architecture (a text_config's "architectures": null over the top level's): the
+    # multimodal config class whose text sub-config is this text model
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for candidate, config_class in CONFIG_MAPPING.items():
+        text_class = (getattr(config_class, "sub_configs", None) or {}).get("text_config")
+        if text_type and getattr(text_class, "model_type", None) == text_type:
+            return candidate
+    raise ConfigFieldError("architectures", f"names no multimodal model transformers knows, and model_type "
+                                            f"{model_type!r} is the text model's")
 
 
 def _transformers_config(raw: dict[str, Any]):
@@ -162,8 +174,11 @@ def _transformers_config(raw: dict[str, Any]):
                                f"({str(exc)[:160]})") from None
 
 
-def _vision_params(config) -> int:
-    """Parameters of everything but the language model and its lm_head: the vision tower and the projector."""
+def _vision_parts(config) -> tuple[tuple[Linear, ...], int]:
+    """Everything but the language model and its lm_head (the vision tower and the projector), from the model
+    transformers builds on the meta device: its linear layers, kept 16-bit (quantized checkpoints leave the vision
+    tower unquantized) and split over tensor-parallel GPUs as vLLM shards them (column, or row for the output
+    projections), all on one pipeline stage (Linear.layers 1); and the count of its other parameters."""
     from harness.quiet import quiet_imports
 
     with quiet_imports():
@@ -180,8 +195,20 @@ def _vision_params(config) -> int:
         raise ConfigFieldError("vision_config", f"of model_type {config.model_type!r}: transformers could not build "
                                f"the vision tower on the meta device ({type(exc).__name__}: {str(exc)[:160]})") \
             from None
-    return sum(p.numel() for name, p in model.named_parameters()
-               if "language_model" not in name and not name.startswith("lm_head"))
+    counts: dict[tuple, int] = defaultdict(int)
+    in_linears: set[int] = set()
+    for name, module in model.named_modules():
+        if "language_model" in name or name.startswith("lm_head") or not isinstance(module, torch.nn.Linear):
+            continue
+        in_linears.update(id(p) for p in module.parameters(recurse=False))
+        split = "row" if _ROW.search(name) else "column"
+        counts[(f"vision.{_pattern(name)}", module.in_features, module.out_features, module.bias is not None,
+                split)] += 1
+    linears = tuple(Linear(pattern, in_f, out_f, count, bias, split, quantized=False, layers=1)
+                    for (pattern, in_f, out_f, bias, split), count in sorted(counts.items()))
+    other = sum(p.numel() for name, p in model.named_parameters() if id(p) not in in_linears
+                and "language_model" not in name and not name.startswith("lm_head"))
+    return linears, other
 
 
 def _meta_model(fields: dict[str, Any]):
