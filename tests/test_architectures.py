@@ -363,6 +363,17 @@ def test_max_length_as_vllm_derives_it(config, expected):
         assert derived_max_len(config) == expected
 
 
+def test_sglang_derives_its_own_context_length(gemma3):
+    from harness.capacity.shapes import sglang_context_length
+
+    # hf_transformers_utils.get_context_length: Gemma 3's linear factor 8 applies; YaRN with
+    # original_max_position_embeddings and llama3 scaling do not
+    assert gemma3.sglang_max_len == 1_048_576 and gemma3.max_len == 131_072
+    assert sglang_context_length(GPT_OSS_20B) == 131_072
+    assert sglang_context_length(LLAMA32_11B_VISION["text_config"]) == 131_072
+    assert sglang_context_length(dict(COMMAND_R7B, seq_length=4096)) == 4096  # the first key in SGLang's order
+
+
 # --- multimodal models from their text config plus the vision tower
 
 def test_multimodal_models_plan_from_the_text_config_and_the_vision_tower(gemma3):

@@ -19,7 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 from harness.capacity.shapes import (KNOWN_TYPES, ConfigFieldError, Linear, ModelShape, attention_shape,
-                                             config_fields, derived_max_len, positive_int, written_shape)
+                                             config_fields, derived_max_len, positive_int, sglang_context_length,
+                                             written_shape)
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 _ROW = re.compile(r"(o_proj|out_proj|down_proj|dense_4h_to_h|fc2|w2|c_proj)$")
@@ -105,6 +106,7 @@ def meta_shape(fields: dict[str, Any]) -> ModelShape:
                       attention=attention, linears=tuple(sorted(linears, key=lambda l: l.name)),
                       other_params=max(other, hidden), mlp_width=_mlp_width(linears, hidden, top_k),
                       experts=experts, experts_per_token=top_k, max_len=derived_max_len(fields),
+                      sglang_max_len=sglang_context_length(fields),
                       torch_dtype=fields.get("torch_dtype") or fields.get("dtype"))
 
 

@@ -234,9 +234,10 @@ def check_sglang_command(command: str, shape: ModelShape, fmt: WeightFormat, gpu
         errors.append("chunked_prefill_size must be divisible by page_size")
     if chunk == 0 or chunk < -1:
         errors.append(f"--chunked-prefill-size {chunk}: a positive size, or -1 to disable")
-    if shape.max_len and length > shape.max_len:
+    derived = shape.sglang_max_len or shape.max_len  # SGLang's own derivation (shapes.sglang_context_length)
+    if derived and length > derived:
         errors.append(f"User-specified context_length ({length}) is greater than the derived context_length "
-                      f"({shape.max_len})")
+                      f"({derived})")
     method = flags.get("--quantization")
     if method is None and fmt.bits < 16:
         from harness.capacity.common import scheme_from_checkpoint  # FP8/FP4: read from the checkpoint

@@ -139,6 +139,7 @@ class ModelShape:
     experts: int = 0  # routed experts per MoE layer; 0 for a dense model
     experts_per_token: int = 0
     max_len: int | None = None  # the longest max_model_len the config allows (derived_max_len)
+    sglang_max_len: int | None = None  # the longest --context-length SGLang derives (sglang_context_length)
     torch_dtype: str | None = None
 
     @property
@@ -462,6 +463,27 @@ def derived_max_len(fields: dict[str, Any]) -> int | None:
     return limit
 
 
+# SGLang's hf_transformers_utils.CONTEXT_LENGTH_KEYS: the first of these present is the context length.
+_SGLANG_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def sglang_context_length(fields: dict[str, Any]) -> int | None:
+    """The context length SGLang derives (srt/utils/hf_transformers_utils.py::get_context_length): the first of its
+    length keys, times the rope_scaling factor unless the scaling names original_max_position_embeddings or is
+    llama3. Unlike vLLM it does rescale Gemma 3 (131,072 x 8 = 1,048,576) and it does not rescale YaRN."""
+    limit = next((fields[key] for key in _SGLANG_LENGTH_KEYS if fields.get(key) is not None), None)
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+        return None
+    rope = fields.get("rope_scaling") or fields.get("rope_parameters")
+    factor = 1.0
+    if isinstance(rope, dict) and rope:
+        factor = float(rope.get("factor") or 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1.0
+    return int(factor * limit)
+
+
 def written_shape(config: Any) -> ModelShape:
     """Every linear layer, the norms and the attention of an architecture written out here (KNOWN_TYPES; the module
     docstring); meta.model_shape counts any other from the model transformers builds."""
@@ -489,7 +511,8 @@ def _common(fields: dict[str, Any], attention: Attention, model_type: str, **sha
                       vocab=positive_int(fields, "vocab_size"),
                       tied_embeddings=bool(fields.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)),
                       attention=attention,
-                      max_len=derived_max_len(fields), torch_dtype=fields.get("torch_dtype") or fields.get("dtype"),
+                      max_len=derived_max_len(fields), sglang_max_len=sglang_context_length(fields),
+                      torch_dtype=fields.get("torch_dtype") or fields.get("dtype"),
                       **shape)
 
 
