@@ -14,7 +14,10 @@ from pathlib import Path
 
 from harness.capacity import (NEWEST_VERSION, Target, Workload, gpu_by_name, gpu_of_size, kv_bytes_per_token,
                               model_shape, plan_sglang, plan_trtllm, plan_vllm, planned_weights_bytes, weight_format)
+from harness.capacity.checkpoint import checkpoint_format
 from harness.capacity.shapes import config_fields, derived_max_len
+from harness.errors import UserError
+from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "memory_logs"
 GIB = 2**30
@@ -28,35 +31,30 @@ def load_cases() -> list[dict]:
     return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(CASES.glob("*.json"))]
 
 
-def checkpoint_format_name(config: dict) -> tuple[str, int | None]:
-    """(quantgate format name, group size) of the checkpoint as published: its config.json quantization_config."""
-    quant = config.get("quantization_config") or config_fields(config).get("quantization_config")
-    if not quant:
-        return "baseline", None
-    method = str(quant.get("quant_method", "")).lower()
-    group = quant.get("group_size") or quant.get("q_group_size")
-    if method in ("awq", "gptq"):  # the planner's awq/gptq formats are 4-bit; other widths are named as such
-        bits = quant.get("bits") or quant.get("w_bit") or 4
-        return (method if int(bits) == 4 else f"{method}-{bits}bit"), group
-    if method == "bitsandbytes":
-        return ("bnb-nf4" if quant.get("load_in_4bit") else "bnb-int8"), None
-    if method == "compressed-tensors":
-        weights = next(iter(quant.get("config_groups", {}).values()), {}).get("weights", {})
-        if weights.get("type") == "float" and weights.get("num_bits") == 8:
-            return ("fp8-block" if weights.get("strategy") == "block" else "fp8"), None
-        if weights.get("type") == "int" and weights.get("num_bits") == 8:
-            activations = next(iter(quant.get("config_groups", {}).values()), {}).get("input_activations")
-            return ("w8a8" if activations else "int8"), None
-        if weights.get("num_bits") == 4:
-            return ("nvfp4" if weights.get("type") == "float" else "w4a16"), weights.get("group_size")
-        return f"compressed-tensors-{weights.get('type')}{weights.get('num_bits')}", None
-    if method == "fp8":  # vLLM's own FP8 checkpoints: per-tensor/per-channel scales, or 128 x 128 blocks
-        return ("fp8-block" if quant.get("weight_block_size") else "fp8"), None
-    if method == "fbgemm_fp8":  # Meta's per-channel FP8
-        return "fp8", None
-    if method == "modelopt":
-        return ("nvfp4" if "FP4" in str(quant.get("quant_algo", "")).upper() else "fp8"), None
-    return method, group  # mxfp4 and whatever else the planner may know by the method's name
+def vllm_version(case: dict) -> str:
+    """The vLLM release whose rules plan the case: the one the thread names, else the newest quantgate knows."""
+    return NEWEST_VERSION if case["engine_version"] == "unknown" else case["engine_version"]
+
+
+def compute_capability(case: dict) -> float | None:
+    """The case's GPU's compute capability; None where the thread names no GPU quantgate knows (weights are then
+    sized as on most GPUs; its KV room is checked, and refused, by the plan)."""
+    try:
+        return target(case).gpu.compute_capability if gpu_known(case) else None
+    except UserError:
+        return None
+
+
+def checkpoint_weight_format(case: dict):
+    """The checkpoint as published (its config.json quantization_config), held as the engine version that wrote the
+    log holds it (harness.capacity.checkpoint.checkpoint_format: bitsandbytes double quantization and MXFP4 padding
+    by vLLM release and GPU); bf16 where the checkpoint is not quantized."""
+    cc = compute_capability(case)
+    options = {"compute_capability": cc}
+    if case["engine"] == "vllm":
+        version = vllm_version(case)
+        options = {"undo_double_quant": undoes_bnb_double_quant(version), "mxfp4": mxfp4_backend_of(version, cc)}
+    return checkpoint_format(case["config"], case["id"], **options) or weight_format("baseline")
 
 
 def flag(case: dict, *names: str) -> str | None:
@@ -120,8 +118,7 @@ def plan(case: dict, shape, fmt):
     if engine == "vllm":
         util = flag(case, "--gpu-memory-utilization")
         util = float(util) if util else case["logged"].get("gpu_memory_utilization")
-        version = NEWEST_VERSION if case["engine_version"] == "unknown" else case["engine_version"]
-        return plan_vllm(shape, fmt, where, work, version=version, gpu_memory_utilization=util)
+        return plan_vllm(shape, fmt, where, work, version=vllm_version(case), gpu_memory_utilization=util)
     if engine == "sglang":
         return plan_sglang(shape, fmt, where, work)
     return plan_trtllm(shape, fmt, where, work)
@@ -135,8 +132,7 @@ def _shape(config_json: str):
 def predicted_value(case: dict, check: str) -> float:
     """quantgate's figure for one check; raises where the planner cannot give it (the error is the finding)."""
     shape = _shape(json.dumps(case["config"], sort_keys=True))
-    name, group = checkpoint_format_name(case["config"])
-    fmt = weight_format(name, group_size=group)
+    fmt = checkpoint_weight_format(case)
     if check == "weights":
         return float(planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0])
     if check == "kv_per_token":

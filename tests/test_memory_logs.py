@@ -51,25 +51,9 @@ KNOWN_FAILURES = {
         'kv_memory': ("predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens "
                       'are not passed to plan_trtllm'),
     },
-    'vllm-0.10.1-gpt-oss-120b-h100-marlin': {
-        'weights': ("predicted 0.92x the log: Hopper has no native FP4: vLLM 0.10.1's Marlin path held"
-                    ' 65.97 GiB against the packed MXFP4 checkpoint'),
-    },
     'vllm-0.11.0-gpt-oss-120b-h100': {
         'kv_memory': ("predicted 6.54x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's "
                       'smaller weights (60.8 GiB) and overheads leave 8x that'),
-    },
-    'vllm-0.14.1-gpt-oss-120b-h100': {
-        'weights': ("predicted 0.94x the log: vLLM 0.14's Triton MXFP4 MoE backend held 64.38 GiB "
-                    'against the packed checkpoint'),
-    },
-    'vllm-0.19.0-gpt-oss-20b-a100': {
-        'weights': ('predicted 0.93x the log: vLLM 0.19 on an A100 (no native FP4) loaded 13.72 GiB '
-                    "where 0.10.1 on a 3090 loaded 12.88: the Marlin MXFP4 path's repacked weights"),
-    },
-    'vllm-0.5.0-qwen2-72b-gptq-int8-tp4': {
-        'weights': ("unknown format 'gptq-8bit' (known: baseline, int8, gptq, awq, w8a8, fp8, "
-                    'fp8-block, nvfp4, mxfp4, bnb-nf4)'),
     },
     'vllm-0.5.3-llama31-405b-fp8-8xh100': {
         'weights': ('predicted 0.83x the log: the published fbgemm_fp8 checkpoint keeps more modules '
@@ -93,10 +77,6 @@ KNOWN_FAILURES = {
                          'token count the smallest over the workers'),
         'kv_memory': ("predicted 0.87x the log: the quoted 8.69 GiB is one worker's KV room; the plan "
                       "gives the most-loaded GPU's"),
-    },
-    'vllm-0.7.3-qwen25-7b-bnb4-rtx4060': {
-        'weights': ('predicted 1.05x the log: bitsandbytes nf4 sizing (quantized modules, absmax with '
-                    "double quantization) 5% above vLLM's"),
     },
     'vllm-0.8.3-qwen25-vl-72b-4xa100': {
         'weights': ("field 'model_type' is 'qwen2_5_vl': transformers could not build it on the meta "
@@ -193,3 +173,15 @@ def test_every_known_failure_names_a_check_a_case_has():
     stale = [(case, check) for case, checks in KNOWN_FAILURES.items() for check in checks
              if (case, check) not in checked]
     assert not stale, f"KNOWN_FAILURES entries with no such case or logged figure: {stale}"
+
+
+def test_checkpoint_storage_follows_the_vllm_release():
+    from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
+
+    assert not undoes_bnb_double_quant("0.7.3") and not undoes_bnb_double_quant("0.9.1")
+    assert undoes_bnb_double_quant("0.9.2") and undoes_bnb_double_quant("0.19.0")
+    assert mxfp4_backend_of("0.10.1", 9.0) == "marlin"  # torch 2.7: no Triton MXFP4 MoE
+    assert mxfp4_backend_of("0.14.1", 9.0) == "triton"
+    assert mxfp4_backend_of("0.19.0", 8.0) == "marlin"
+    assert mxfp4_backend_of("0.10.1+gptoss", 8.6) == "unpadded"
+    assert mxfp4_backend_of("0.19.0", 10.0) == "flashinfer"

@@ -198,3 +198,33 @@ def canonical(version: str) -> str:
     if note or len(release) == 2 or _rules_at(release) == _rules_at(_newest_patch(minor)) == _rules_at(minor + (0,)):
         return release_text(minor)
     return release_text(release)
+
+
+# Checkpoint storage that changed by release (harness/capacity/checkpoint.py sizes each way):
+# - bitsandbytes double quantization: from vllm-project/vllm#19742 (merged 2025-06-18, first in v0.9.2) the loader
+#   dequantizes the 8-bit absmax to fp32 at load (bitsandbytes_loader.py:dequantize_dq); before, it kept the
+#   checkpoint's 8-bit absmax and an fp32 scale per 256 (vLLM 0.7.3's Qwen2.5-7B bnb-4bit log: 5.20 GiB).
+# - MXFP4 experts (gpt-oss): model_executor/layers/quantization/mxfp4.py:get_mxfp4_backend picks FlashInfer on
+#   Blackwell, Triton on Hopper only with triton_kernels and torch >= 2.8 (is_torch_equal_or_newer("2.8.0")), else
+#   Marlin. Releases before v0.10.2 were built on torch 2.7.1, so Hopper ran Marlin there (vllm-project/vllm#23278's
+#   marlin_utils_fp4 warning on an H100 under 0.10.1). The pre-release vllm/vllm-openai:gptoss image
+#   ("0.10.1+gptoss") did not pad the experts at all.
+BNB_DOUBLE_QUANT_UNDONE_SINCE: Release = (0, 9, 2)
+MXFP4_TRITON_SINCE: Release = (0, 10, 2)
+
+
+def undoes_bnb_double_quant(version: str) -> bool:
+    """Whether this vLLM release holds bitsandbytes double-quantized absmax as fp32 (True) or as stored."""
+    return parse_release(version) >= BNB_DOUBLE_QUANT_UNDONE_SINCE
+
+
+def mxfp4_backend_of(version: str, compute_capability: float | None) -> str:
+    """The MXFP4 MoE backend (checkpoint.MXFP4_PADDING's names) this vLLM release picks on a GPU of that compute
+    capability."""
+    if "+gptoss" in version:
+        return "unpadded"
+    if compute_capability is None or compute_capability < 9.0:
+        return "marlin"
+    if compute_capability >= 10.0:
+        return "flashinfer"
+    return "triton" if parse_release(version) >= MXFP4_TRITON_SINCE else "marlin"
