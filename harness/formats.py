@@ -46,6 +46,7 @@ class FormatSpec:
     bits: int  # weight bits
     quantizer: str | None = None  # "module:Class" of its harness.quantize.base.Quantizer; None: not quantized here
     grouped: bool = False  # takes a group size (GPTQ/AWQ); the recipe picks one that divides every layer
+    calibrated: bool = False  # needs calibration texts without a group size (NVFP4's activation scales)
     g_idx: bool = False  # stores an int32 g_idx per input channel (GPTQ)
     packages: tuple[str, ...] = ()  # recorded in the artifact's provenance
     vllm_quantization: str | None = None
@@ -242,6 +243,30 @@ def _register_checkpoint_formats() -> None:
 
 
 _register_checkpoint_formats()
+
+
+def _register_compressed_tensors_formats() -> None:
+    """FP8 and NVFP4 made here as well (harness.quantize.compressed_tensors_engine writes llm-compressor's schemes):
+    the checkpoint formats above, now with an engine; nvfp4a16 is NVFP4's weight-only variant. The vLLM kernels
+    each needs on a CPU server are named for the per-device check (runtime.vllm.launch_plan.cpu_kernel_refusal)."""
+    made = dict(engine="compressed-tensors", quantizer="harness.quantize.compressed_tensors_engine:"
+                "CompressedTensorsQuantizer", packages=("compressed-tensors", "transformers", "torch"),
+                plan_only=False, default=False)
+    ignore = ["lm_head", r"re:.*mlp\.gate$"]
+    for name, base, scheme, kernel, extra in (
+            ("fp8", "fp8", "FP8_DYNAMIC", "w8a8-fp8", {"calibration": "none needed"}),
+            ("fp8-block", "fp8-block", "FP8_BLOCK", "w8a8-fp8-block", {"calibration": "none needed"}),
+            ("nvfp4", "nvfp4", "NVFP4", "w4a4-nvfp4",
+             {"activations": "float4 e2m1 per 16 at run time, an fp8 e4m3 scale per 16 under an fp32 global scale "
+                             "per layer calibrated on the calibration texts (static min-max)"}),
+            ("nvfp4a16", "nvfp4", "NVFP4A16", "w4a16-nvfp4",
+             {"activations": "16-bit (weight-only)", "calibration": "none needed"})):
+        spec = FORMAT_SPECS[base]
+        register(replace(spec, name=name, **made, calibrated=scheme == "NVFP4", recipe_extra={
+            **spec.recipe_extra, "scheme": scheme, **extra, "ignore": ignore, "vllm_linear_kernels": [kernel]}))
+
+
+_register_compressed_tensors_formats()
 
 
 def known_formats() -> tuple[str, ...]:

@@ -56,6 +56,23 @@ def choose_group_size(config: dict, requested: int | None, fmt: str, config_path
                     "pass --group-size N that divides all of them")
 
 
+def _check_fp8_block(config: dict, config_path: str | Path) -> None:
+    """fp8-block is refused before any work where its blocks cannot tile the layers, or where nothing here can
+    run it: transformers runs block-FP8's per-128 activation quantization through compressed-tensors 0.17, which
+    fails on a CPU ("The size of tensor a (256) must match the size of tensor b (2)", tests/test_fp8_nvfp4.py)."""
+    from harness.quantize.compressed_tensors_engine import block_problem
+    from harness.runtime.device import is_cuda
+
+    problem = block_problem(config)
+    if problem:
+        raise UserError(f"fp8-block: FP8_BLOCK quantizes 128x128 weight blocks, and this model's {problem} "
+                        f"({config_path}); judge fp8 (one scale per output channel) instead")
+    if not is_cuda():
+        raise UserError("fp8-block: compressed-tensors cannot run block-FP8 activations in transformers on a CPU "
+                        "(its per-128 input quantization fails at the first forward); judge it on a GPU, or judge "
+                        "fp8 (per-channel) here")
+
+
 DEFAULT_CALIBRATION_SAMPLES = 32  # GPTQ/AWQ's calibration texts when none is asked for (RunSpec's default)
 AWQ_NO_BF16_CALIBRATION_SAMPLES = 4
 
@@ -77,7 +94,10 @@ def recipe_for(fmt: str, config: dict, group_size: int | None, calibration_sampl
             extra["calibration_samples_note"] = (f"{AWQ_NO_BF16_CALIBRATION_SAMPLES} texts instead of "
                                                  f"{DEFAULT_CALIBRATION_SAMPLES}: AWQ calibrates in emulated bf16 on "
                                                  "a CPU without bf16 units (--calibration-samples sets another count)")
+    if fmt == "fp8-block":
+        _check_fp8_block(config, config_path)
     if not spec.grouped:
-        return Recipe(fmt, bits=spec.bits, calibration_samples=0, seed=seed, extra=extra)
+        return Recipe(fmt, bits=spec.bits, calibration_samples=calibration_samples if spec.calibrated else 0,
+                      seed=seed, extra=extra)
     return Recipe(fmt, bits=spec.bits, group_size=choose_group_size(config, group_size, fmt, str(config_path)),
                   calibration_samples=calibration_samples, seed=seed, extra=extra)

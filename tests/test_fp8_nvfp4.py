@@ -1,0 +1,167 @@
+"""The fp8, fp8-block, nvfp4 and nvfp4a16 formats (compressed-tensors' FP8 and NVFP4 schemes, written as
+llm-compressor writes them): the checkpoint, transformers reading it back, its planned size, the recipe checks."""
+
+import json
+import shutil
+
+import pytest
+
+from harness.formats import default_formats, format_spec
+from harness.measure.kv import DEMO_CONFIG
+from harness.quantize import recipe_for
+from harness.quantize.base import Recipe
+from harness.quantize.compressed_tensors_engine import CompressedTensorsQuantizer
+from harness.errors import UserError
+
+FORMATS = ("fp8", "fp8-block", "nvfp4", "nvfp4a16")
+CALIBRATION = ["The quick brown fox jumps over the lazy dog. " * 8, "Paris is the capital of France. " * 8]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory, demo_checkpoint):
+    """A small random Llama whose widths are whole 128-blocks (the demo model's tokenizer), and each format's
+    checkpoint as its recipe makes it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("fp8")
+    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                         max_position_embeddings=512, dtype="bfloat16")
+    torch.manual_seed(0)
+    source = root / "source"
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
+    for file in demo_checkpoint.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, source / file.name)
+    made = {}
+    for fmt in FORMATS:
+        recipe = (Recipe("fp8-block", bits=8, calibration_samples=0, extra=dict(format_spec(fmt).recipe_extra))
+                  if fmt == "fp8-block" else recipe_for(fmt, json.loads((source / "config.json").read_text()), None, 2, 0))
+        out = root / fmt
+        out.mkdir()
+        format_spec(fmt).make_quantizer().quantize(source, recipe, CALIBRATION[: recipe.calibration_samples], out)
+        made[fmt] = out
+    return source, made
+
+
+def test_recipes_calibrate_only_nvfp4_and_none_is_a_default():
+    for fmt in FORMATS:
+        spec = format_spec(fmt)
+        assert spec.engine == "compressed-tensors" and not spec.plan_only and fmt not in default_formats()
+    assert recipe_for("fp8", DEMO_CONFIG, None, 32, 0).calibration_samples == 0
+    assert recipe_for("nvfp4a16", DEMO_CONFIG, None, 32, 0).calibration_samples == 0
+    assert recipe_for("nvfp4", DEMO_CONFIG, None, 32, 0).calibration_samples == 32
+    assert format_spec("nvfp4").make_quantizer().calibration_dtype(None) == "float32"
+    assert format_spec("fp8").make_quantizer().calibration_dtype(None) == "none"
+
+
+def test_fp8_block_is_refused_before_work_where_128_blocks_do_not_tile_the_layers_or_on_a_cpu(tiny_checkpoints):
+    with pytest.raises(UserError, match=r"fp8-block: .*hidden_size 576.* not a multiple of 128.*judge fp8"):
+        recipe_for("fp8-block", DEMO_CONFIG, None, 32, 0)
+    source, made = tiny_checkpoints
+    with pytest.raises(UserError, match=r"fp8-block: .*on a CPU.*judge it on a GPU"):  # it tiles, but cannot run here
+        recipe_for("fp8-block", json.loads((source / "config.json").read_text()), None, 32, 0)
+
+
+def test_block_fp8_still_fails_in_transformers_on_a_cpu(tiny_checkpoints):
+    """The reason fp8-block is refused on a CPU: a test that fails loudly once compressed-tensors runs it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, made = tiny_checkpoints
+    model = AutoModelForCausalLM.from_pretrained(made["fp8-block"], dtype="auto")
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"), torch.no_grad():
+        model(torch.tensor([[1, 200, 300, 400]]))
+
+
+def test_nvfp4_without_calibration_texts_says_so(tmp_path, tiny_checkpoints):
+    source, _ = tiny_checkpoints
+    recipe = recipe_for("nvfp4", json.loads((source / "config.json").read_text()), None, 2, 0)
+    with pytest.raises(UserError, match="calibrates its activation scales"):
+        CompressedTensorsQuantizer("nvfp4").quantize(source, recipe, [], tmp_path)
+
+
+EXPECTED = {  # the preset's arguments, as llm-compressor's schemes of the same name write them
+    "fp8": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "channel"},
+            {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}),
+    "fp8-block": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "block",
+                                      "block_structure": [128, 128]},
+                  {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128, "dynamic": True}),
+    "nvfp4": ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+              {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "dynamic": "local"}),
+    "nvfp4a16": ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                                          "group_size": 16}, None),
+}
+TENSOR_DTYPES = {  # the tensors of one quantized Linear, as vLLM loads them
+    "fp8": {"weight": "F8_E4M3", "weight_scale": "BF16"},
+    "fp8-block": {"weight": "F8_E4M3", "weight_scale": "BF16"},
+    "nvfp4": {"weight_packed": "U8", "weight_scale": "F8_E4M3", "weight_global_scale": "F32",
+              "input_global_scale": "F32"},
+    "nvfp4a16": {"weight_packed": "U8", "weight_scale": "F8_E4M3", "weight_global_scale": "F32"},
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_checkpoint_is_the_schemes_compressed_tensors_format(tiny_checkpoints, fmt):
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from safetensors import safe_open
+
+    _, made = tiny_checkpoints
+    quant = json.loads((made[fmt] / "config.json").read_text())["quantization_config"]
+    layout, weights, inputs = EXPECTED[fmt]
+    group = quant["config_groups"]["group_0"]
+    assert quant["quant_method"] == "compressed-tensors" and quant["format"] == layout
+    assert quant["quantization_status"] == "compressed" and "lm_head" in quant["ignore"]
+    assert group["weights"].items() >= weights.items()
+    assert (group["input_activations"] is None) if inputs is None else group["input_activations"].items() >= inputs.items()
+    preset = preset_name_to_scheme(format_spec(fmt).recipe_extra["scheme"], ["Linear"])
+    assert group["weights"]["num_bits"] == preset.weights.num_bits
+    with safe_open(made[fmt] / "model.safetensors", "pt") as tensors:
+        prefix = "model.layers.1.mlp.down_proj."
+        found = {name[len(prefix):]: tensors.get_slice(name).get_dtype() for name in tensors.keys()
+                 if name.startswith(prefix)}
+        assert found == TENSOR_DTYPES[fmt]
+        assert tensors.get_slice("lm_head.weight").get_dtype() == "BF16"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "nvfp4a16"])
+def test_transformers_reloads_it_close_to_the_source(tiny_checkpoints, fmt):
+    """Loaded as the runtime loads a quantized checkpoint (its own dtype, on every CPU: runtime.device.compute_dtype),
+    the logits stay near the source model's; FP4 moves them more than FP8, and W4A4 more than weight-only."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source, made = tiny_checkpoints
+    ids = torch.tensor([[1, 200, 300, 400, 500, 600, 700, 800]])
+    with torch.no_grad():
+        reference = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)(ids).logits
+        loaded = AutoModelForCausalLM.from_pretrained(made[fmt], dtype="auto")(ids).logits.float()
+    error = float((loaded - reference).norm() / reference.norm())
+    assert 0 < error < {"fp8": 0.1, "nvfp4a16": 0.25, "nvfp4": 0.35}[fmt], error
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_planner_sizes_the_checkpoint_as_it_is_stored(tiny_checkpoints, fmt):
+    """The capacity planner reads the written quantization_config and sizes the weights at the checkpoint's own
+    size (safetensors data), not as 16-bit."""
+    from safetensors import safe_open
+
+    from harness.capacity import model_shape, weights_bytes
+    from harness.capacity.checkpoint import checkpoint_format
+    from transformers import AutoConfig
+
+    _, made = tiny_checkpoints
+    config = json.loads((made[fmt] / "config.json").read_text())
+    shape = model_shape(AutoConfig.from_pretrained(made[fmt]))
+    stored = 0
+    with safe_open(made[fmt] / "model.safetensors", "pt") as tensors:
+        for name in tensors.keys():
+            tensor = tensors.get_slice(name)
+            count = 1
+            for n in tensor.get_shape():
+                count *= n
+            stored += count * {"F8_E4M3": 1, "U8": 1, "BF16": 2, "F32": 4}[tensor.get_dtype()]
+    planned = weights_bytes(shape, checkpoint_format(config))
+    assert planned == pytest.approx(stored, rel=0.03)
