@@ -74,7 +74,20 @@ def workload(case: dict) -> Workload:
                     max_num_batched_tokens=int(batched) if batched else None,
                     max_num_seqs=int(seqs) if seqs else None,
                     kv_cache_dtype="fp8" if kv_dtype.startswith("fp8") else "auto",
-                    enforce_eager="--enforce-eager" in case["flags"] or "--disable-cuda-graph" in case["flags"])
+                    enforce_eager="--enforce-eager" in case["flags"] or "--disable-cuda-graph" in case["flags"],
+                    mem_fraction_static=_float(flag(case, "--mem-fraction-static")),
+                    kv_cache_free_gpu_memory_fraction=_float(flag(case, "kv_cache_free_gpu_mem_fraction",
+                                                                  "free_gpu_memory_fraction",
+                                                                  "--kv_cache_free_gpu_memory_fraction")),
+                    max_tokens_in_paged_kv_cache=_int(flag(case, "max_tokens_in_paged_kv_cache", "max_tokens")))
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value else None
 
 
 def target(case: dict) -> Target:

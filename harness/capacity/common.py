@@ -64,6 +64,11 @@ class Workload:
     # default in all three) keep their whole blocks once. 0: none counted.
     shared_prefix_tokens: int = 0
     shared_prefix_source: str = ""  # where the figure comes from, for the note ("--shared-prefix-tokens", ...)
+    # Memory flags a deployment already sets (None: the engine's own default, or the plan's choice):
+    # SGLang's --mem-fraction-static; TensorRT-LLM's kv_cache_free_gpu_mem_fraction and max_tokens_in_paged_kv_cache.
+    mem_fraction_static: float | None = None
+    kv_cache_free_gpu_memory_fraction: float | None = None
+    max_tokens_in_paged_kv_cache: int | None = None
 
 
 @dataclass(frozen=True)

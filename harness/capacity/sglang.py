@@ -61,9 +61,55 @@ _FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dtype", "--context-length
 
 
 def default_chunked_prefill_size(gpu: Gpu) -> int:
-    """server_args.py's default by GPU memory: 2048 under 35 GiB (A10, L4, 4090), 8192 under 160 GiB, else 16384."""
+    """server_args.py's default by GPU memory: 2048 under 35 GiB (A10, L4, 4090), 4096 under 60 GiB (A100-40GB,
+    L40S), 8192 under 160 GiB, else 16384 (SGLANG_MEMORY_BUCKETS)."""
+    return _bucket(gpu)[1]
+
+
+# server_args.py::_handle_gpu_memory_settings (sgl-project/sglang#10975 and later; the value sglang#29092 found, 0.828
+# for Qwen3-32B on an H100): by the GPU's memory in MiB, the default --chunked-prefill-size and cuda_graph_max_bs
+# (tp < 4, tp >= 4), then mem_fraction_static = round((gpu_mem - reserved) / gpu_mem, 3) with reserved (MiB) =
+# 512 + 1.5 x max(chunk, 2048) + 2 x cuda_graph_max_bs + tp x pp / 8 x 1024 [+ 3 x cuda_graph_max_bs x dp with DP
+# attention, + 1.5 x that again above 300] [+ 8 per piecewise CUDA-graph size], at least 10 GiB above 60 GiB.
+SGLANG_MEMORY_BUCKETS = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (90, 8192, 256, 512),
+                         (160, 8192, 256, 512), (math.inf, 16384, 512, 512))  # (below GiB, chunk, graph bs tp<4, >=4)
+RESERVED_FLOOR_MIB = 10 * 1024  # above 60 GiB
+MLA_PIECEWISE_MAX_TOKENS = 2048
+
+
+def _bucket(gpu: Gpu) -> tuple[int, int, int, int]:
     mib = gpu.memory_bytes / 2**20
-    return 2048 if mib < 35 * 1024 else 8192 if mib < 160 * 1024 else 16384
+    return next(bucket for bucket in SGLANG_MEMORY_BUCKETS if mib < bucket[0] * 1024)
+
+
+def piecewise_graph_sizes(max_tokens: int) -> int:
+    """How many token counts server_args.py::_generate_piecewise_cuda_graph_tokens captures up to max_tokens (the
+    list of the release sglang#29092 ran: 4..32 by 4, 48..256 by 16, 288..512 by 32, 640..4096 by 128, then by
+    256)."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(640, 4097, 128),
+             *range(4352, max_tokens + 1, 256)]
+    return sum(1 for size in sizes if size <= max_tokens)
+
+
+def sglang_mem_fraction_static(gpu: Gpu, tp: int, pp: int = 1, chunk: int | None = None, mla: bool = False,
+                               dp_size: int = 1) -> float:
+    """The --mem-fraction-static SGLang sets itself when none is given (comment above SGLANG_MEMORY_BUCKETS).
+
+    gpu_mem is the GPU's memory as torch reports it (SGLang reads nvidia-smi's total, about 0.5 GiB more on an H100:
+    the value can come out 0.001 lower). Piecewise CUDA graphs are counted on NVIDIA GPUs, as the 0.828 of
+    sglang#29092 has them; the ROCm run of sglang#18263 printed 0.911 on an MI355X, the value without them."""
+    gpu_mem = gpu.memory_bytes / 2**20
+    _, default_chunk, graph_small, graph_large = _bucket(gpu)
+    chunk = chunk or default_chunk
+    graph_bs = graph_small if tp < 4 else graph_large
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    if dp_size > 1:
+        reserved += graph_bs * dp_size * 3 + (graph_bs * dp_size * 1.5 if graph_bs > 300 else 0)
+    if gpu.vendor == "nvidia":
+        reserved += piecewise_graph_sizes(MLA_PIECEWISE_MAX_TOKENS if mla else chunk) * 8
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, RESERVED_FLOOR_MIB)
+    return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
 def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
@@ -86,6 +132,10 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     if fits:
         args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, chunk, gpu)
+        if memory.headroom_bytes < 0:
+            notes.append(f"SGLang: --mem-fraction-static {fraction:g} leaves {gib(total_rest(memory))} outside the "
+                         f"static pool, less than the activations and CUDA graphs estimated here "
+                         f"({gib(memory.activation_bytes + memory.cuda_graph_bytes)}): a lower value is safer")
         notes.append(prefix_sharing_note(sharing, workload, concurrency, running, seq_cap,
                                          "SGLang's radix cache (on by default)",
                                          "the command's --max-running-requests", PAGE_SIZE))
@@ -106,13 +156,17 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     weights, activation = costs.weights, costs.activation
     context, graphs = costs.non_torch, costs.graphs
-    fraction = max(floor2((total - activation - graphs - HEADROOM_BYTES) / total), 0.0)
-    pool = max(int(fraction * total) - weights - context, 0)
-    formula = (f"mem_fraction_static = floor2(({gib(total)} - activations {gib(activation)} - CUDA graphs "
-               f"{gib(graphs)} - headroom {gib(HEADROOM_BYTES)}) / {gib(total)}) = {fraction:.2f}; KV pool = "
-               f"{fraction:.2f} x {gib(total)} - weights {gib(weights)} - CUDA context {gib(context)} = "
-               f"{gib(int(fraction * total) - weights - context)}")
     attention = costs.attention
+    if workload.mem_fraction_static is not None:
+        fraction = workload.mem_fraction_static
+        chosen = f"mem_fraction_static = {fraction:g} (--mem-fraction-static)"
+    else:
+        fraction = sglang_mem_fraction_static(target.gpu, tp, target.pipeline_parallel_size, prefill_tokens,
+                                              attention.is_mla)
+        chosen = f"mem_fraction_static = {fraction:g} (SGLang's own for this GPU, server_args.py)"
+    pool = max(int(fraction * total) - weights - context, 0)
+    formula = (f"{chosen}; KV pool = {fraction:g} x {gib(total)} - weights {gib(weights)} - CUDA context "
+               f"{gib(context)} = {gib(int(fraction * total) - weights - context)}")
     pools = sglang_pools(shape.model_type, attention, pool, workload.max_model_len, kv_bytes, tp, prefill_tokens)
     if pools.note:
         formula += f"; {pools.note}"
@@ -176,7 +230,7 @@ def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: fl
         args.append(("--pp-size", str(pp)))
     if needs_half_dtype(shape, gpu):
         args.append(("--dtype", "half"))
-    args += [("--context-length", str(workload.max_model_len)), ("--mem-fraction-static", f"{fraction:.2f}"),
+    args += [("--context-length", str(workload.max_model_len)), ("--mem-fraction-static", f"{fraction:g}"),
              ("--max-running-requests", str(running)),
              ("--chunked-prefill-size", str(chunk) if workload.chunked_prefill else "-1")]
     if workload.kv_cache_dtype == "fp8":
@@ -206,6 +260,11 @@ def _general_notes(shape: ModelShape, workload: Workload, chunk: int, gpu: Gpu) 
                      f"{MAMBA_FULL_MEMORY_RATIO:g}:1 beside the KV pool (--mamba-full-memory-ratio), SSM state in "
                      "float32 (--mamba-ssm-dtype); at most a third of its slots run at once")
     return notes
+
+
+def total_rest(memory: MemoryBreakdown) -> int:
+    """What --mem-fraction-static leaves outside SGLang's static pool (activations, CUDA graphs, headroom)."""
+    return memory.headroom_bytes + memory.activation_bytes + memory.cuda_graph_bytes
 
 
 def _why_not(memory: MemoryBreakdown, fraction: float, kv_tokens: int, length: int) -> str:
