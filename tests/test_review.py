@@ -156,7 +156,7 @@ def test_judgments_fold_into_the_verdict_and_accumulate(run_dir: Path, tmp_path:
     policy.write_text(SPOT_POLICY.format(required="true", min_reviewed=20))
     assert cli.main(["report", str(run_dir), "--reviews", str(fine), "--policy", str(policy)]) == 1
     held = json.loads((run_dir / "report.json").read_text())["formats"]["int8"]
-    assert held["verdict"] == "INCONCLUSIVE" and "judge 12 more" in held["reasons"][0]
+    assert held["verdict"] == "INCONCLUSIVE" and "the plan holds 8 for this format: make a larger plan" in held["reasons"][0]
     other = tmp_path / "other.toml"
     other.write_text(SPOT_POLICY.format(required="true", min_reviewed=20).replace("50.0", "60.0"))
     assert cli.main(["report", str(run_dir), "--reviews", str(fine), "--policy", str(other)]) == 2

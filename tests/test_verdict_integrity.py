@@ -224,3 +224,15 @@ def test_summary_shows_the_spot_checks_of_every_format_that_has_them():
     formats = {**report.formats, "int8": report.formats["int8"].model_copy(update={"spot_checks": pending})}
     summary = render_summary(report.model_copy(update={"formats": formats}))
     assert "| Spot checks by people |" in summary and "| none judged (inconclusive) |" in summary
+
+
+def test_report_renderings_keep_their_permissions(tmp_path):
+    import os
+    import shutil
+    import stat
+
+    run = tmp_path / "run"
+    shutil.copytree(EXAMPLE, run)
+    os.chmod(run / "report.html", 0o640)
+    assert main(["report", str(run)]) in (0, 1)
+    assert stat.S_IMODE((run / "report.html").stat().st_mode) == 0o640

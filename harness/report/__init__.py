@@ -6,11 +6,10 @@ report.json itself is written by the pipeline; everything here only reads it, so
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
+from harness.cache import atomic_write_text
 from harness.report.schema import RunReport, parse_report
 from harness.report.schema import load_report
 
@@ -48,12 +47,5 @@ def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Pat
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """A reader (CI uploading junit.xml, a browser) never sees a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tmp.open("x", encoding="utf-8", newline="") as handle:  # "x": normal umask permissions
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """A reader (CI uploading junit.xml, a browser) never sees a half-written file; the file keeps its mode."""
+    atomic_write_text(path, text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from harness.decide import exit_code, recommend
+from harness.decide import empty_spot_checks, exit_code, recommend
 from harness.policy import Policy
 from harness.review.judgments import Judgment
 from harness.review.plan import ReviewPlan
@@ -27,9 +27,10 @@ def fold_reviews(report, rows: list[dict[str, Any]], plan: ReviewPlan, judgments
             continue
         verdict, rule, reasons, checks = _without_spot_checks(fmt)
         summary = summaries.get(name)
+        planned = sum(1 for item in plan.items if item.format == name and item.stratum == "random")
         judgment = judge(summary, required=rules.required, min_reviewed=rules.min_reviewed,
-                         max_increase=rules.max_unacceptable_increase, confidence=policy.confidence) \
-            if fmt.status == "ok" else None
+                         max_increase=rules.max_unacceptable_increase, confidence=policy.confidence,
+                         planned=planned) if fmt.status == "ok" else None
         update: dict[str, Any] = {"verdict": verdict, "rule": rule, "reasons": reasons, "checks": checks,
                                   "spot_checks": None}
         if judgment is not None or summary is not None:
@@ -79,14 +80,9 @@ def _fold(verdict: str, rule: str | None, reasons: list[str], judgment: SpotChec
 
 def _entry(plan: ReviewPlan, summary: SpotCheckSummary | None, judgment: SpotCheckJudgment | None, verdict: str,
            rule: str | None, reasons: list[str]) -> dict[str, Any]:
-    empty = {"count": 0, "of": 0, "value": 0.0, "ci_low": 0.0, "ci_high": 100.0}
-    figures = asdict(summary) if summary is not None else {
-        "reviewers": [], "judged": 0, "judgments": 0, "worse": empty, "candidate_unacceptable": empty,
-        "baseline_unacceptable": empty, "increase": 0.0, "increase_low": -100.0, "increase_high": 100.0,
-        "agreement": None, "multiply_judged": 0, "worst_judged": 0, "worst_unacceptable": 0,
-        "unacceptable_items": []}
-    figures.pop("format", None)
-    figures.pop("newly_unacceptable", None)
+    figures = asdict(summary) if summary is not None else empty_spot_checks()
+    for key in ("plan", "format", "newly_unacceptable"):
+        figures.pop(key, None)
     figures.pop("newly_acceptable", None)
     for item in figures["unacceptable_items"]:
         item["comments"] = list(item["comments"])
