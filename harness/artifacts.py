@@ -69,7 +69,9 @@ def ensure_artifact(inputs: RunInputs, fmt: str, devices: str | None) -> Artifac
         exit_ = run_worker(job, stage_dir(inputs.out_dir, fmt) / "quantize.job.json", inputs.out_dir / "logs" / f"{fmt}.log",
                            fmt, inputs.spec.memory_limit_bytes_for(fmt))
         if exit_.returncode != 0 or not (out_dir / "quantgate_manifest.json").is_file():
-            return Artifact(None, None, None, ("quantize",), failure_reason(failure_path, exit_, "quantization"))
+            engine = f"{manifest['engine']} {manifest['versions'].get(manifest['engine'], '')}".strip()
+            return Artifact(None, None, None, ("quantize",),
+                            failure_reason(failure_path, exit_, "quantization", engine=engine))
         seal_dir(out_dir)
         progress.say(f"{fmt}: quantized in {time.time() - started:.0f}s -> {out_dir}")
     else:

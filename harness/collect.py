@@ -3,6 +3,8 @@ worker failures turned into one readable reason."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,10 +74,13 @@ def degenerate_outputs(generations: dict[str, EvalsetGeneration | None], *, serv
     return None
 
 
-def failure_reason(failure_path: Path, exit_, stage: str) -> str:
+def failure_reason(failure_path: Path, exit_, stage: str, engine: str | None = None) -> str:
+    """One line: why the stage's subprocess failed (its own account, else the log's last exception line), with
+    `engine` ("GPTQModel 7.6.0") when it names what did the work, and what to try."""
     failure = read_json(failure_path)
+    by = f" in {engine}" if engine else ""
     if isinstance(failure, dict) and failure.get("error"):
-        return f"{stage} failed: {failure['error']} (log: {exit_.log_path})"
+        return f"{stage} failed{by}: {failure['error']} (log: {exit_.log_path})"
     if exit_.over_memory_limit:
         return (f"{stage} ran out of memory: the subprocess reached {exit_.over_memory_limit / 2**30:.2f} GiB RSS, "
                 "past its memory limit, and was killed; lower --batch-size or --max-new-tokens, use a smaller "
@@ -87,4 +92,28 @@ def failure_reason(failure_path: Path, exit_, stage: str) -> str:
                 f"{oom_reason(None, killed_signal=9, rss_peak_bytes=exit_.rss_peak_bytes)} (log: {exit_.log_path})")
     if exit_.killed_by:
         return f"{stage} subprocess was killed by {exit_.killed_by} (log: {exit_.log_path})"
+    last = last_exception(Path(exit_.log_path)) if exit_.log_path else None
+    if last:
+        return (f"{stage} failed{by}: {last} (the subprocess exited with code {exit_.returncode}); the engine "
+                "cannot handle this model or setting: try another format or engine version, and read the log "
+                f"for the traceback ({exit_.log_path})")
     return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*$")
+
+
+def last_exception(log_path: Path, tail_bytes: int = 256 * 1024) -> str | None:
+    """The last line of the log that states an exception ("TypeError: ... missing 1 required positional
+    argument: 'layer_type'"), cut to 300 characters; None when there is none or no log."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - tail_bytes))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line.strip()):
+            return line.strip()[:300]
+    return None

@@ -165,3 +165,22 @@ def test_the_planner_sizes_the_checkpoint_as_it_is_stored(tiny_checkpoints, fmt)
             stored += count * {"F8_E4M3": 1, "U8": 1, "BF16": 2, "F32": 4}[tensor.get_dtype()]
     planned = weights_bytes(shape, checkpoint_format(config))
     assert planned == pytest.approx(stored, rel=0.03)
+
+
+def test_a_subprocess_that_dies_without_its_own_account_is_explained_by_its_logs_last_exception(tmp_path):
+    """GPTQModel 7.6's AWQ on Gemma 3 dies in a worker thread; the format's reason quotes the exception, names the
+    engine and says what to try, instead of 'exited with code 1'."""
+    from harness.collect import failure_reason
+    from harness.launcher import WorkerExit
+
+    log = tmp_path / "gemma.log"
+    log.write_text("INFO  quantizing layer 0\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "TypeError: Gemma3RotaryEmbedding.forward() missing 1 required positional argument: "
+                   "'layer_type'\nINFO  shutting down workers\n", encoding="utf-8")
+    reason = failure_reason(tmp_path / "absent.json", WorkerExit(1, log), "quantization", engine="gptqmodel 7.6.0")
+    assert reason.startswith("quantization failed in gptqmodel 7.6.0: TypeError: Gemma3RotaryEmbedding.forward() "
+                             "missing 1 required positional argument: 'layer_type' (the subprocess exited with code 1)")
+    assert "try another format or engine version" in reason and str(log) in reason
+    log.write_text("nothing useful\n", encoding="utf-8")
+    assert failure_reason(tmp_path / "absent.json", WorkerExit(1, log), "quantization") == \
+        f"quantization subprocess exited with code 1 (log: {log})"
