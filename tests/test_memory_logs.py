@@ -7,7 +7,9 @@ KNOWN_FAILURES lists the checks the planner fails today and why; each is a stric
 one pass fails the suite until its entry is removed here (and the table in docs/serving.md is regenerated).
 """
 
+import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -24,9 +26,10 @@ KNOWN_FAILURES = {
         'kv_memory': SGLANG_18263,
     },
     'trtllm-0.5-llama-2-7b-a10': {
-        'kv_tokens': ("predicted 1.21x the log: the log's kv_cache_free_gpu_mem_fraction 0.95 is not "
-                      'passed to plan_trtllm, and a TensorRT-LLM 0.5 engine preallocates its build-'
-                      'time buffers'),
+        'kv_tokens': ("predicted 1.33x the log at its kv_cache_free_gpu_mem_fraction 0.95: a TensorRT-LLM 0.5 engine "
+                      'preallocates activation buffers for its build-time shapes (max_batch_size 25 x a '
+                      'max_input_len the thread does not give), where the plan sizes the PyTorch backend at 8,192 '
+                      'tokens'),
     },
     'trtllm-0.8-mistral-7b-4xa10g-run-py': {
         'kv_tokens': ('predicted 2.14x the log: TensorRT-LLM 0.8 engines preallocate activation '
@@ -41,12 +44,6 @@ KNOWN_FAILURES = {
         'kv_memory': ("predicted 17.35x the log: the Triton deployment's "
                       'kv_cache_free_gpu_mem_fraction is not in the thread; the planner uses its own '
                       'default'),
-    },
-    'trtllm-1.0rc-llama31-8b-fp8-h100': {
-        'kv_tokens': ("predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens "
-                      'are not passed to plan_trtllm'),
-        'kv_memory': ("predicted 1.18x the log: the log's free_gpu_memory_fraction 0.8 and max_tokens "
-                      'are not passed to plan_trtllm'),
     },
     'vllm-0.11.0-gpt-oss-120b-h100': {
         'kv_memory': ("predicted 6.54x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's "
@@ -195,3 +192,15 @@ def test_sglang_sets_mem_fraction_static_as_its_server_args_do():
     # DP attention reserves 3 x cuda_graph_max_bs x dp MiB more
     assert sglang_mem_fraction_static(gpu_by_name("H200"), 8, dp_size=8) < sglang_mem_fraction_static(
         gpu_by_name("H200"), 8)
+
+
+def test_trtllm_takes_the_smaller_of_fraction_and_max_tokens():
+    case = next(case for case in CASE_LIST if case["engine"] == "trtllm" and case["flags"].get("max_tokens"))
+    from harness.capacity import plan_trtllm
+    from scripts.memory_log_table import _shape, checkpoint_weight_format, target, workload
+
+    shape, fmt = _shape(json.dumps(case["config"], sort_keys=True)), checkpoint_weight_format(case)
+    capped = plan_trtllm(shape, fmt, target(case), replace(workload(case), kv_cache_free_gpu_memory_fraction=0.95))
+    assert capped.kv_tokens == -(-int(case["flags"]["max_tokens"]) // 32) * 32  # whole blocks of 32
+    looser = plan_trtllm(shape, fmt, target(case), replace(workload(case), kv_cache_free_gpu_memory_fraction=0.5))
+    assert looser.kv_tokens < capped.kv_tokens

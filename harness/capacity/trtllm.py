@@ -118,16 +118,26 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     weights, activation = costs.weights, costs.activation
     context, graphs = costs.non_torch, costs.graphs
     free = total - weights - activation - graphs - context
-    fraction = min(MAX_FRACTION, max(floor2((free - HEADROOM_BYTES) / free), 0.0)) if free > 0 else 0.0
-    kv = int(fraction * free)
-    formula = (f"KV = free_gpu_memory_fraction {fraction:.2f} x ({gib(total)} - weights {gib(weights)} - activations "
+    if workload.kv_cache_free_gpu_memory_fraction is not None:
+        fraction = workload.kv_cache_free_gpu_memory_fraction
+    else:
+        fraction = min(MAX_FRACTION, max(floor2((free - HEADROOM_BYTES) / free), 0.0)) if free > 0 else 0.0
+    kv = max(int(fraction * free), 0)
+    formula = (f"KV = free_gpu_memory_fraction {fraction:g} x ({gib(total)} - weights {gib(weights)} - activations "
                f"{gib(activation)} - CUDA graphs {gib(graphs)} - CUDA context {gib(context)} = free {gib(free)}) = "
                f"{gib(kv)}")
     attention = costs.attention
+    per_token = kv_bytes_per_token(attention, kv_bytes, tp)
+    capped = workload.max_tokens_in_paged_kv_cache
+    if capped is not None and per_token and -(-capped // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK * per_token < kv:
+        # KvCacheConfig: with both free_gpu_memory_fraction and max_tokens set, the smaller is used; max_tokens is
+        # rounded up to whole blocks ("Allocated 52.51 GiB for max tokens in paged KV cache (860320)" for 860,308)
+        kv = int(-(-capped // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK * per_token)
+        formula += f"; max_tokens {capped:,} is smaller: {gib(kv)} (whole blocks of {TOKENS_PER_BLOCK})"
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs, headroom_bytes=max(free - kv, 0),
-                             kv_cache_bytes=kv, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_cache_bytes=kv, kv_bytes_per_token=per_token,
                              kv_bytes_per_sequence=kv_bytes_per_sequence(attention, workload.max_model_len, kv_bytes,
                                                                          tp, block_size=TOKENS_PER_BLOCK,
                                                                          window_extra=TOKENS_PER_BLOCK))
@@ -173,7 +183,7 @@ def _args(tp: int, batch: int, tokens: int, length: int, fraction: float, chunke
     if pp > 1:
         args.append(("--pp_size", str(pp)))
     args += [("--max_batch_size", str(batch)), ("--max_num_tokens", str(tokens)), ("--max_seq_len", str(length)),
-             ("--kv_cache_free_gpu_memory_fraction", f"{fraction:.2f}")]
+             ("--kv_cache_free_gpu_memory_fraction", f"{fraction:g}")]
     if chunked:
         args.append(("--enable_chunked_prefill", ""))
     if extra:
