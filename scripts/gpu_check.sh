@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of quantgate's memory predictions (see scripts/gpu_check/): offline, at most 8 minutes.
 # Direct measurements of a random-weight TinyLlama-shaped model (baseline, int8, gptq when GPTQModel's kernels work),
-# then `quantgate run` itself on that model (baseline,int8) with its report.json figures checked.
+# then `quantgate run` itself on that model (baseline,int8,fp8,nvfp4: FP8 and NVFP4 as a GPU runs them), with its
+# report.json figures checked.
 # Exit codes: 0 all checks passed; 1 a check failed or a format errored; 3 no CUDA device (nothing to check);
 # 124 the 8-minute timeout hit. Extra arguments go to `python -m scripts.gpu_check` (e.g. --formats baseline,int8,
 # --harness-formats baseline, --keep-model DIR to keep the random model for a rerun).

@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--formats", default=None, help="measured directly by this check (default "
                         "baseline,int8,gptq; with --cpu-smoke baseline,int8); 'none' for none")
-    parser.add_argument("--harness-formats", default="baseline,int8",
-                        help="run through `quantgate run` in the final step (default baseline,int8); 'none' skips it")
+    parser.add_argument("--harness-formats", default=None,
+                        help="run through `quantgate run` in the final step (default baseline,int8,fp8,nvfp4 on a "
+                        "GPU: the FP8 and NVFP4 formats as a GPU serves them; with --cpu-smoke baseline,int8); "
+                        "'none' skips it")
     parser.add_argument("--keep-model", metavar="DIR", help="build the random model into DIR and keep it there (a "
                         "gptq checkpoint goes to DIR-gptq); a DIR that already holds one of the same shape is reused")
     parser.add_argument("--budget-s", type=float, default=470.0, help="stop starting formats after this long")
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_GPU
     deadline = time.monotonic() + args.budget_s
     formats = _format_list(args.formats or ("baseline,int8" if args.cpu_smoke else "baseline,int8,gptq"))
-    harness_formats = _format_list(args.harness_formats)
+    harness_formats = _format_list(args.harness_formats or ("baseline,int8" if args.cpu_smoke
+                                                            else "baseline,int8,fp8,nvfp4"))
     shape = SMOKE_SHAPE if args.cpu_smoke else TINYLLAMA_SHAPE
     device = "cpu" if args.cpu_smoke else "cuda"
     batch, prompt_len = (2, 16) if args.cpu_smoke else (BATCH, PROMPT_LEN)
