@@ -7,7 +7,7 @@ from harness.capacity import (ConfigFieldError, EnginePlan, ModelShape, Target, 
                               Workload, gpu_by_name, model_shape, plan_engine, plan_engines, resolve_version,
                               weight_format)
 from harness.capacity.common import DEFAULT_MAX_NUM_SEQS
-from harness.capacity.vllm import token_budget
+from harness.capacity.vllm_versions import rules_for
 from harness.decide import ServingFit
 from harness.evalsets.prompts import shared_prefix_tokens
 from harness.measure.kv import text_config
@@ -41,12 +41,17 @@ def max_model_len_of(inputs: RunInputs) -> int:
 
 
 def profile_budget(inputs: RunInputs) -> tuple[int, int]:
-    """(tokens, sequences) of the profile forward (harness.measure.profile): vLLM's --max-num-batched-tokens for the
-    run's capacity target (max(max_model_len, 8192) with chunked prefill, capacity.vllm.token_budget) over
-    min(--max-num-seqs or DEFAULT_MAX_NUM_SEQS, tokens) sequences. Other engines' budgets differ; their planners
-    scale the figure (capacity.common.measured_activation)."""
-    tokens = token_budget(Workload(max_model_len=max_model_len_of(inputs)))
-    return tokens, min(inputs.spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)
+    """(tokens, sequences) of the profile forward (harness.measure.profile): the --max-num-batched-tokens the vLLM
+    release that plans the run (vllm_rules_of) picks for `vllm serve` on the report's target GPU
+    (VllmRules.default_token_budget: 2048 / 8192 / 16384 by GPU and release in V1, max(max_model_len, 2048)
+    unchunked in V0), so the measured peak is the one the vLLM plan reads unscaled; over min(--max-num-seqs or
+    DEFAULT_MAX_NUM_SEQS, tokens) sequences. Other engines' budgets differ; their planners scale the figure
+    (capacity.common.measured_activation)."""
+    spec = inputs.spec
+    gpu = report_capacity(inputs).settings.target(spec.tensor_parallel_size, spec.pipeline_parallel_size).gpu
+    rules = rules_for(vllm_rules_of(inputs))[0]
+    tokens, _ = rules.default_token_budget(max_model_len_of(inputs), gpu.memory_bytes, gpu.name, chunked=True)
+    return tokens, min(spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)
 
 
 
@@ -73,10 +78,15 @@ def serving_sizes(run: FormatRun) -> tuple[int | None, int | None]:
 
 
 def weight_format_of(inputs: RunInputs, name: str) -> WeightFormat:
-    """The storage the planners size, with how each engine serves it: a registered format's, or a candidate's from
-    its quantization_config (its real bits and group size; the registered format of the same storage where there is
-    one, else its own FormatSpec, its method counting as its bits per weight)."""
+    """The storage the planners size, with how each engine serves it: a registered format's, or a candidate's as its
+    checkpoint stores it (Candidate.weight_format: its quantization_config read by harness.capacity.checkpoint, as
+    `quantgate plan` sizes it); where that config says nothing the planners can size, its bits and group size (the
+    registered format of the same storage where there is one, else its own FormatSpec)."""
     recipe = inputs.recipes.get(name)
+    candidate = inputs.candidates.get(name) if recipe is not None and recipe.extra.get("external") else None
+    stored = candidate.weight_format() if candidate is not None else None
+    if stored is not None:  # the checkpoint as stored (Candidate.weight_format), as `plan` sizes it
+        return stored
     if recipe is not None and recipe.extra.get("external"):
         kind = recipe.extra.get("kind")
         if kind in ("gptq", "awq") and recipe.bits == 4:
