@@ -73,6 +73,7 @@ class FidelitySummary:
 
 
 POSITION_BAND = 16
+SMALL_N = 4  # the far end's inflation at few clusters (skewed_far_end), fitted by benchmarks/fidelity_coverage.py
 LARGEST = 5
 
 
@@ -88,6 +89,19 @@ def position_profile(items: list[FidelityItem]) -> tuple[dict, ...]:
                   "kl": total / count, "tokens": count} for band, (total, count) in sorted(sums.items()))
 
 
+def skewed_far_end(value: float, half: float, bound: float, clusters: int) -> float:
+    """The end away from `bound` (the limit a figure cannot cross: KL's 0, agreement's 100%) of a t interval taken
+    on the log of the distance from it, by the delta method, d * exp(half / d), its half-width inflated by
+    sqrt(1 + SMALL_N / clusters). Per-item KL is right-skewed with a heavy tail (a few items diverge far more than
+    the rest), so a small sample mostly misses the tail, understates its own spread, and a symmetric interval ends
+    too close to the bound on the far side: KL's upper end and agreement's lower, the ends a GO rests on. The near
+    ends (a NO-GO's) held without it (benchmarks/fidelity_coverage.py; docs/fidelity.md) and stay as they were."""
+    distance = value - bound
+    if distance == 0:
+        return value
+    return bound + distance * math.exp(min(half * math.sqrt(1 + SMALL_N / clusters) / abs(distance), 50.0))
+
+
 def summarize_fidelity(items: Mapping[str, FidelityItem], clusters: Mapping[str, str] | None = None, *,
                        confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> FidelitySummary:
     ids = [i for i, item in items.items() if item.positions > 0]
@@ -100,7 +114,7 @@ def summarize_fidelity(items: Mapping[str, FidelityItem], clusters: Mapping[str,
     method = (f"token-weighted means, intervals by cluster bootstrap BCa ({resamples}) ∪ cluster-robust t over "
               f"{'clusters of items that share a context' if clustered else 'items'}")
 
-    def interval(per_item: np.ndarray, low_limit: float, high_limit: float) -> Interval:
+    def interval(per_item: np.ndarray, low_limit: float, high_limit: float, bound: float) -> Interval:
         if not ids:
             return Interval(None, None, None)
         sums, sizes = np.bincount(groups, weights=per_item), np.bincount(groups, weights=positions)
@@ -109,9 +123,11 @@ def summarize_fidelity(items: Mapping[str, FidelityItem], clusters: Mapping[str,
             return Interval(value, None, None)
         if float(np.ptp(per_item / positions)) <= 1e-12:
             return Interval(value, value, value)
-        half = t_quantile(0.5 + confidence / 2, sums.size - 1) * cluster_se(sums, sizes)
+        t, se = t_quantile(0.5 + confidence / 2, sums.size - 1), cluster_se(sums, sizes)
         b_low, b_high = cluster_bca_interval(sums, sizes, confidence, resamples, seed)
-        low, high = min(value - half, b_low), max(value + half, b_high)
+        low, high = min(value - t * se, b_low), max(value + t * se, b_high)
+        far = skewed_far_end(value, t * se, bound, sums.size)
+        low, high = (low, max(high, far)) if far >= value else (min(low, far), high)
         return Interval(value, max(low, low_limit), min(high, high_limit))
 
     kl_sums = np.array([items[i].kl_sum for i in ids], dtype=float)
@@ -119,7 +135,7 @@ def summarize_fidelity(items: Mapping[str, FidelityItem], clusters: Mapping[str,
     total = float(positions.sum())
     return FidelitySummary(
         items=len(ids), positions=int(total),
-        kl=interval(kl_sums, 0.0, math.inf), top1_agreement=interval(agree, 0.0, 100.0),
+        kl=interval(kl_sums, 0.0, math.inf, 0.0), top1_agreement=interval(agree, 0.0, 100.0, 100.0),
         target_logprob=(sum(items[i].target_logprob_sum for i in ids) / total) if total else None,
         flipped_items=len(flips), median_first_flip=float(np.median(flips)) if flips else None,
         clusters=len(numbers) if clustered else None, method=method,
