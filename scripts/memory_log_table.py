@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.capacity import (NEWEST_VERSION, Target, Workload, gpu_by_name, gpu_of_size, kv_bytes_per_token,
                               model_shape, plan_sglang, plan_trtllm, plan_vllm, planned_weights_bytes, weight_format)
 from harness.capacity.checkpoint import checkpoint_format
+from harness.capacity.vllm import vllm_kv_bytes_per_token
 from harness.capacity.shapes import config_fields, derived_max_len
 from harness.errors import UserError
 from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
@@ -41,8 +42,16 @@ def compute_capability(case: dict) -> float | None:
     sized as on most GPUs; its KV room is checked, and refused, by the plan)."""
     try:
         return target(case).gpu.compute_capability if gpu_known(case) else None
-    except UserError:
+    except (UserError, ValueError):  # a GPU quantgate does not know by name
         return None
+
+
+def gpu_vendor(case: dict) -> str:
+    """"nvidia" or "amd": the case's GPU's maker (NVIDIA where the thread names no GPU quantgate knows)."""
+    try:
+        return target(case).gpu.vendor if gpu_known(case) else "nvidia"
+    except (UserError, ValueError):
+        return "nvidia"
 
 
 def checkpoint_weight_format(case: dict):
@@ -148,8 +157,11 @@ def predicted_value(case: dict, check: str) -> float:
     fmt = checkpoint_weight_format(case)
     if check == "weights":
         return float(planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0])
-    if check == "kv_per_token":
+    if check == "kv_per_token":  # as the engine version allocates them (vLLM 0.7.2-0.7.3 pads an MLA entry)
         kv_bytes = 1 if workload(case).kv_cache_dtype == "fp8" else 2
+        if case["engine"] == "vllm":
+            return float(vllm_kv_bytes_per_token(shape.attention, kv_bytes, case["tp"], vllm_version(case),
+                                                 gpu_vendor(case)))
         return float(kv_bytes_per_token(shape.attention, kv_bytes, case["tp"]))
     planned = plan(case, shape, fmt)
     if check == "kv_memory":

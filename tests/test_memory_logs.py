@@ -63,8 +63,6 @@ KNOWN_FAILURES = {
     'vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb': {
         'weights': ('predicted 0.78x the log: AWQ MoE in vLLM 0.7: experts and unquantized modules '
                     "held wider than the checkpoint's 4-bit sizing"),
-        'kv_per_token': ("predicted 0.90x the log: vLLM 0.7's Triton MLA cache held 640 elements a "
-                         'layer and token (the 576-wide latent padded)'),
     },
     'vllm-0.7.2-r1-distill-qwen-14b-2xrtx4090': {
         'kv_per_token': ("predicted 0.86x the log: the quoted 8.69 GiB is one worker's KV room, the "
@@ -204,3 +202,13 @@ def test_trtllm_takes_the_smaller_of_fraction_and_max_tokens():
     assert capped.kv_tokens == -(-int(case["flags"]["max_tokens"]) // 32) * 32  # whole blocks of 32
     looser = plan_trtllm(shape, fmt, target(case), replace(workload(case), kv_cache_free_gpu_memory_fraction=0.5))
     assert looser.kv_tokens < capped.kv_tokens
+
+
+def test_vllm_v0_pads_an_mla_cache_entry_from_0_7_2():
+    from harness.capacity.shapes import Attention
+    from harness.capacity.vllm import vllm_kv_bytes_per_token
+
+    mla = Attention(heads=16, kv_heads=1, head_dim=0, latent_dim=576, windows=(None,) * 27)
+    assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.2") == 27 * 640 * 2  # the 0.7.2 log's 34,560
+    assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.1") == vllm_kv_bytes_per_token(mla, 2, 1, "0.8.5") == 27 * 576 * 2
+    assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.3", vendor="amd") == 27 * 576 * 2

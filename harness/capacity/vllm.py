@@ -38,7 +38,7 @@ from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, activati
                                              vllm_sequence_bytes)
 from harness.capacity.shapes import ModelShape
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
-                                            VllmRules, canonical, release_text, rules_for)
+                                            VllmRules, canonical, mla_entry_align_bytes, release_text, rules_for)
 
 KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
 NEWEST_VERSION = KNOWN_VERSIONS[-1]
@@ -104,11 +104,23 @@ def quantization_methods(version: str) -> frozenset[str]:
     return QUANTIZATION_METHODS.get(canonical(version), CORE_METHODS | frozenset(PLUGIN_METHODS))
 
 
+def vllm_kv_bytes_per_token(attention, kv_dtype_bytes: float, tp: int, version: str, vendor: str = "nvidia") -> int:
+    """KV bytes of one token on one GPU as this vLLM release allocates them: memory.kv_bytes_per_token, with an MLA
+    entry padded as V0's CacheEngine pads it from 0.7.2 (vllm_versions.mla_entry_align_bytes: 576 -> 640 in 16 bits)."""
+    plain = kv_bytes_per_token(attention, kv_dtype_bytes, tp)
+    align = mla_entry_align_bytes(version, vendor) if attention.is_mla else 0
+    if not align:
+        return plain
+    entry = attention.latent_dim * kv_dtype_bytes
+    return int(attention.kv_layers * (-(-entry // align) * align))
+
+
 def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
               version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
     """vLLM `version`'s flags for `fmt` on `target` (formulas in the module docstring); a release quantgate has no
     rules for is planned with the nearest one's, and a note says so."""
-    rules, _, version_note = rules_for(version)
+    rules, planned, version_note = rules_for(version)
+    release = version if not version_note else planned  # a patch release can matter (mla_entry_align_bytes)
     version = canonical(version)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -121,7 +133,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     batched, chunked = _token_budget(workload, notes, rules, shape, gpu)
     seq_cap = workload.max_num_seqs or rules.default_max_num_seqs(gpu.memory_bytes, gpu.name)
     memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, rules, gpu_memory_utilization, batched,
-                                             seq_cap)
+                                             seq_cap, release)
     per_block = memory.kv_bytes_per_token * BLOCK_SIZE
     kv_tokens = memory.kv_cache_bytes // per_block * BLOCK_SIZE
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
@@ -176,8 +188,8 @@ def _token_budget(workload: Workload, notes: list[str], rules: VllmRules, shape:
 
 
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, rules: VllmRules,
-            utilization: float | None, batched: int,
-            seq_cap: int) -> tuple[MemoryBreakdown, int | None, float | None, str]:
+            utilization: float | None, batched: int, seq_cap: int,
+            release: str = NEWEST_VERSION) -> tuple[MemoryBreakdown, int | None, float | None, str]:
     """The breakdown, the --kv-cache-memory-bytes value (None: the plan sets utilization), the utilization, the
     formula with its numbers. The activation (unless measured), non-torch (unless given) and CUDA-graph terms are
     the release's (`rules`)."""
@@ -207,10 +219,13 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     attention = costs.attention
     per_sequence = vllm_sequence_bytes(attention, workload.max_model_len, kv_bytes, tp, block_size=BLOCK_SIZE,
                                        window_extra=batched - 1)
+    per_token = vllm_kv_bytes_per_token(attention, kv_bytes, tp, release, target.gpu.vendor)
+    if per_token != kv_bytes_per_token(attention, kv_bytes, tp):  # a padded MLA entry: every layer alike
+        per_sequence = -(-per_sequence * per_token // kv_bytes_per_token(attention, kv_bytes, tp))
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=non_torch, cuda_graph_bytes=graphs, headroom_bytes=headroom,
-                             kv_cache_bytes=kv_room, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_cache_bytes=kv_room, kv_bytes_per_token=per_token,
                              kv_bytes_per_sequence=per_sequence)
     return memory, kv_flag, utilization, formula
 

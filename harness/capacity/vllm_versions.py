@@ -228,3 +228,19 @@ def mxfp4_backend_of(version: str, compute_capability: float | None) -> str:
     if compute_capability >= 10.0:
         return "flashinfer"
     return "triton" if parse_release(version) >= MXFP4_TRITON_SINCE else "marlin"
+
+
+# V0's CacheEngine pads an MLA model's cache entry (the kv_lora_rank + qk_rope_head_dim latent of one token and
+# layer) to a multiple of 256 bytes on CUDA (vllm/worker/cache_engine.py: align_cache for use_mla with
+# VLLM_CUDA_MEM_ALIGN_KV_CACHE, on by default; get_cache_block_size sizes blocks with the padded entry). First in
+# v0.7.2, the V0 engine `vllm serve` ran by default until 0.8.0: DeepSeek's 576-wide latent takes 640 elements
+# (vLLM 0.7.2's DeepSeek-Coder-V2-Lite log: 34,560 bytes a token over 27 layers). V1's MLA cache is not padded.
+MLA_ALIGNED_SINCE: Release = (0, 7, 2)
+MLA_ALIGN_BYTES = 256
+
+
+def mla_entry_align_bytes(version: str, vendor: str = "nvidia") -> int:
+    """The bytes an MLA cache entry is padded to a multiple of in this release's default engine (0: not padded)."""
+    rules = rules_for(version)[0]
+    aligned = rules.engine == "V0" and parse_release(version) >= MLA_ALIGNED_SINCE and vendor == "nvidia"
+    return MLA_ALIGN_BYTES if aligned else 0
