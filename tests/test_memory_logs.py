@@ -20,6 +20,8 @@ from scripts.memory_log_table import CHECKS, CASES, compare, load_cases, logged_
 SGLANG_18263 = ("predicted 1.34x the log: at the log's 0.911 the plan gives SGLang main's pool, 204.98 GiB (the log's "
                 "own 'initial available_bytes ... 204.63 GB'); the run is sglang#18263's unmerged branch, which then "
                 "takes the AITER attention workspace (51.75 GB there) out of it")
+GFX906_WEIGHTS = ("predicted {ratio}x the log: the vllm-gfx906 fork (a vLLM for AMD MI50, version not stated) held "
+                  "{logged} GiB a GPU where the AWQ checkpoint packs to {packed}: what it keeps wider is not in the thread")
 KNOWN_FAILURES = {
     'sglang-2026-07-qwen3-30b-a3b-mi355x': {
         'kv_tokens': SGLANG_18263,
@@ -46,8 +48,9 @@ KNOWN_FAILURES = {
                       'default'),
     },
     'vllm-0.11.0-gpt-oss-120b-h100': {
-        'kv_memory': ("predicted 6.54x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's "
-                      'smaller weights (60.8 GiB) and overheads leave 8x that'),
+        'kv_memory': ("predicted 4.33x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's weights "
+                      '(64.55 GiB, Triton-padded MXFP4 experts) and 3.07 GiB profile at 1,024 tokens leave 7.41: '
+                      "5.7 GiB of vLLM 0.11's gpt-oss profile peak is not modelled"),
     },
     'vllm-0.5.3-llama31-405b-fp8-8xh100': {
         'weights': ('predicted 0.83x the log: the published fbgemm_fp8 checkpoint keeps more modules '
@@ -80,24 +83,23 @@ KNOWN_FAILURES = {
                       "V0's profile ran at 60,000 tokens)"),
     },
     'vllm-gfx906-gemma-3-27b-awq-2xmi50-len4096': {
-        'weights': ('predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ '
-                    'checkpoint packs to 8.3 (weights kept wider on MI50)'),
-        'kv_memory': ("unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size "
-                      'with --gpu-memory-gib'),
+        'weights': GFX906_WEIGHTS.format(ratio='0.71', logged='11.1', packed='7.9'),
+        'kv_memory': ("predicted 1.53x the log: the fork's 3.2 GiB of extra weights a GPU, and its Gemma-3 "
+                      'profile peak (2.87 GiB logged at 4,096 tokens), are not modelled'),
     },
     'vllm-gfx906-gemma-3-27b-awq-2xmi50-len8192': {
-        'weights': ('predicted 0.75x the log: the gfx906 fork held 11.1 GiB a GPU where the AWQ '
-                    'checkpoint packs to 8.3 (weights kept wider on MI50)'),
-        'kv_memory': ("unknown GPU 'MI50'; nearest: MI250X, MI300X, MI210, MI355X; or give its size "
-                      'with --gpu-memory-gib'),
+        'weights': GFX906_WEIGHTS.format(ratio='0.71', logged='11.1', packed='7.9'),
+        'kv_memory': ("predicted 3.24x the log: as at 4,096 tokens, and the fork's profile at 8,192 tokens "
+                      'left 6.63 GiB where 4,096 left 14.08 (a peak the plan does not model)'),
     },
     'vllm-gfx906-qwen3-32b-awq-2xmi50': {
-        'weights': ('predicted 0.77x the log: the gfx906 fork held 11.6 GiB a GPU where the AWQ '
-                    'checkpoint packs to 9.0 (weights kept wider on MI50)'),
+        'weights': GFX906_WEIGHTS.format(ratio='0.77', logged='11.6', packed='9.0'),
     },
     'vllm-unknown-deepseek-coder-6.7b-2xt4': {
-        'kv_tokens': ('predicted 2.92x the log: a 2024-06 V0 run (version not stated) planned with the'
-                      ' newest rules; V0 profiled an unchunked 16,384-token prefill on 15 GiB T4s'),
+        'kv_tokens': ('predicted 2.92x the log: a 2024-06 V0 run (0.4.3 or 0.5.0, not stated) planned with the '
+                      "newest rules; under V0's unchunked profile at vLLM's derived 65,536 tokens (16,384 x the "
+                      'linear rope factor 4) the plan gives 12,016 tokens (1.48x): neither version nor profile is '
+                      'in the thread'),
     },
     'vllm-unknown-qwen3-235b-a22b-fp8-4xh100': {
         'kv_tokens': ('predicted 2.31x the log: the run used an LMCache KV connector and a version '
