@@ -217,10 +217,23 @@ def table(cases: list[dict]) -> str:
         gpus = f"{case['tp'] * case['pp']} x " if case["tp"] * case["pp"] > 1 else ""
         rows.append(f"| [{case['id']}]({case['source']}) | {gpus}{case['gpu']} | {case['engine']} "
                     f"{case['engine_version']} | " + " | ".join(cells) + " |")
-    errors = sorted({c.error for case in cases for check in CHECKS if (c := compare(case, check)).error})
+    comparisons = [compare(case, check) for case in cases for check in CHECKS]
+    errors = sorted({c.error for c in comparisons if c.error})
     notes = ["", "A cell is logged / predicted (predicted over logged); **x**: outside the tolerance (weights 3%, KV "
              "bytes per token 2%, KV tokens and KV memory 10%); error: the planner refused, for these reasons:", ""]
-    return "\n".join(rows + notes + [f"- {error}" for error in errors])
+    return "\n".join(rows + notes + [f"- {error}" for error in errors] + ["", summary(comparisons, len(cases))])
+
+
+def summary(comparisons: list[Comparison], cases: int) -> str:
+    """How many logged figures each check passes, of the cases that logged one."""
+    parts = []
+    for check, label in (("weights", "weights"), ("kv_per_token", "KV bytes per token"), ("kv_tokens", "KV tokens"),
+                         ("kv_memory", "KV memory")):
+        logged = [c for c in comparisons if c.check == check and c.logged is not None]
+        parts.append(f"{label} {sum(c.within for c in logged)} of {len(logged)}")
+    passed = sum(c.within for c in comparisons if c.logged is not None)
+    total = sum(1 for c in comparisons if c.logged is not None)
+    return f"{cases} logs, {total} logged figures, {passed} within the tolerance: " + ", ".join(parts) + "."
 
 
 def main() -> int:

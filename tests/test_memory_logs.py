@@ -214,3 +214,12 @@ def test_vllm_v0_pads_an_mla_cache_entry_from_0_7_2():
     assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.2") == 27 * 640 * 2  # the 0.7.2 log's 34,560
     assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.1") == vllm_kv_bytes_per_token(mla, 2, 1, "0.8.5") == 27 * 576 * 2
     assert vllm_kv_bytes_per_token(mla, 2, 1, "0.7.3", vendor="amd") == 27 * 576 * 2
+
+
+def test_the_docs_table_is_the_scripts_output():
+    from pathlib import Path
+
+    from scripts.memory_log_table import table
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
+    assert table(CASE_LIST) in docs, "docs/serving.md's table is stale: python -m scripts.memory_log_table"
