@@ -223,3 +223,20 @@ def test_the_docs_table_is_the_scripts_output():
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text(encoding="utf-8")
     assert table(CASE_LIST) in docs, "docs/serving.md's table is stale: python -m scripts.memory_log_table"
+
+
+def test_sglang_dp_attention_replicates_attention_over_the_dp_groups():
+    from harness.capacity import plan_sglang
+    from harness.capacity.sglang import dp_attention_extra_bytes
+    from scripts.memory_log_table import _shape, checkpoint_weight_format, target, workload
+
+    case = next(case for case in CASE_LIST if case["id"] == "sglang-unknown-qwen3-235b-a22b-fp8-4xh100")
+    shape, fmt = _shape(json.dumps(case["config"], sort_keys=True)), checkpoint_weight_format(case)
+    plain = plan_sglang(shape, fmt, target(case), workload(case))
+    dp4 = plan_sglang(shape, fmt, target(case), replace(workload(case), dp_attention=4))
+    # attention whole on every GPU (attn_tp 1): its weights 4x a tensor-parallel GPU's, all 4 KV heads per GPU
+    assert dp4.memory.weights_bytes - plain.memory.weights_bytes == dp_attention_extra_bytes(shape, fmt, 4, 4) > 0
+    assert dp4.memory.kv_bytes_per_token == 4 * plain.memory.kv_bytes_per_token
+    assert "--enable-dp-attention" in dp4.command or not dp4.fits
+    with pytest.raises(ValueError, match="divisor"):
+        plan_sglang(shape, fmt, target(case), replace(workload(case), dp_attention=3))

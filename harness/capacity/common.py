@@ -69,6 +69,8 @@ class Workload:
     mem_fraction_static: float | None = None
     kv_cache_free_gpu_memory_fraction: float | None = None
     max_tokens_in_paged_kv_cache: int | None = None
+    # SGLang's --enable-dp-attention --dp N: attention (its weights and KV heads) over tp / N GPUs, the rest over tp.
+    dp_attention: int = 1
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,16 @@ from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBre
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import Gpu, has_capability
 from harness.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_token,
-                                             kv_layer_token_bytes, layer_state_bytes)
-from harness.capacity.shapes import NO_KV, Attention, ModelShape
+                                             kv_layer_token_bytes, layer_state_bytes, weights_bytes)
+from harness.capacity.shapes import NO_KV, Attention, ModelShape, pipeline_stage
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
 SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token; "
           "srt/mem_cache/kv_cache_configurator.py; srt/server_args.py")
 PAGE_SIZE = 1
+# The attention projections DP attention splits over tp / dp GPUs (GQA and MLA's; the names shapes.py gives them).
+ATTENTION_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_a_proj", "q_b_proj",
+                                   "kv_a_proj_with_mqa", "kv_b_proj"})
 MAX_PREFILL_TOKENS = 16384  # server_args.py's --max-prefill-tokens default: a prefill batch without chunking
 # Those of server_args.py's QUANTIZATION_CHOICES a quantgate format maps to.
 QUANTIZATION_CHOICES = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "w8a8_int8"})
@@ -55,8 +58,8 @@ HYBRID_SWA_TYPES = ("gpt_oss", "llama4", "llama4_text")  # model_config.py::is_h
 MAMBA_FULL_MEMORY_RATIO = 0.9  # server_args.py's --mamba-full-memory-ratio default: state pool : KV pool
 MAMBA_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache on
 MAMBA_SSM_DTYPE_BYTES = 4  # server_args.py's --mamba-ssm-dtype default float32
-_FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dtype", "--context-length", "--mem-fraction-static",
-          "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
+_FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dp-size", "--enable-dp-attention", "--dtype",
+          "--context-length", "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
           "--quantization"}
 
 
@@ -116,6 +119,8 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     """SGLang's flags for `fmt` on `target` (formula in the module docstring)."""
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)
+    if workload.dp_attention < 1 or tp % workload.dp_attention:
+        raise ValueError(f"--dp-size {workload.dp_attention}: SGLang's DP attention needs a divisor of --tp-size {tp}")
     notes: list[str] = []
     method, refusal = quantization_method(shape, fmt, gpu, tp, "sglang", QUANTIZATION_CHOICES, notes)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "SGLang")
@@ -150,31 +155,52 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
                       max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
+def dp_attention_extra_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, dp: int, pp: int = 1) -> int:
+    """Bytes a GPU holds beyond the tensor-parallel split under SGLang's DP attention (--enable-dp-attention --dp
+    dp): the attention projections are split over attn_tp = tp / dp GPUs (layers/dp_attention.py), the MLP and
+    experts over all tp. Embeddings and lm_head are left as tensor parallelism splits them."""
+    if dp <= 1:
+        return 0
+    stage = pipeline_stage(shape, pp)
+    projections = tuple(lin for lin in stage.linears if lin.name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS)
+    attention_only = replace(stage, linears=projections)
+
+    def linear_bytes(gpus: int) -> int:
+        return weights_bytes(attention_only, fmt, gpus) - weights_bytes(replace(attention_only, linears=()), fmt, gpus)
+
+    return linear_bytes(tp // dp) - linear_bytes(tp)
+
+
 def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, prefill_tokens: int,
             seq_cap: int) -> tuple[MemoryBreakdown, float, str, Pools]:
     costs = fixed_costs(shape, fmt, target, workload, prefill_tokens, seq_cap)
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
-    weights, activation = costs.weights, costs.activation
+    dp = workload.dp_attention
+    weights = costs.weights + dp_attention_extra_bytes(shape, fmt, tp, dp, target.pipeline_parallel_size)
+    activation = costs.activation
     context, graphs = costs.non_torch, costs.graphs
     attention = costs.attention
+    attn_tp = tp // dp  # KV heads per GPU follow the attention split
     if workload.mem_fraction_static is not None:
         fraction = workload.mem_fraction_static
         chosen = f"mem_fraction_static = {fraction:g} (--mem-fraction-static)"
     else:
         fraction = sglang_mem_fraction_static(target.gpu, tp, target.pipeline_parallel_size, prefill_tokens,
-                                              attention.is_mla)
+                                              attention.is_mla, dp)
         chosen = f"mem_fraction_static = {fraction:g} (SGLang's own for this GPU, server_args.py)"
     pool = max(int(fraction * total) - weights - context, 0)
     formula = (f"{chosen}; KV pool = {fraction:g} x {gib(total)} - weights {gib(weights)} - CUDA context "
                f"{gib(context)} = {gib(int(fraction * total) - weights - context)}")
-    pools = sglang_pools(shape.model_type, attention, pool, workload.max_model_len, kv_bytes, tp, prefill_tokens)
+    pools = sglang_pools(shape.model_type, attention, pool, workload.max_model_len, kv_bytes, attn_tp,
+                         prefill_tokens)
     if pools.note:
         formula += f"; {pools.note}"
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
                              headroom_bytes=total - int(fraction * total) - activation - graphs,
-                             kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes, tp),
+                             kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes,
+                                                                                        attn_tp),
                              kv_bytes_per_sequence=pools.per_sequence)
     return memory, fraction, formula, pools
 
@@ -228,6 +254,8 @@ def _args(shape: ModelShape, gpu: Gpu, tp: int, workload: Workload, fraction: fl
         args.append(("--tp-size", str(tp)))
     if pp > 1:
         args.append(("--pp-size", str(pp)))
+    if workload.dp_attention > 1:
+        args += [("--dp-size", str(workload.dp_attention)), ("--enable-dp-attention", "")]
     if needs_half_dtype(shape, gpu):
         args.append(("--dtype", "half"))
     args += [("--context-length", str(workload.max_model_len)), ("--mem-fraction-static", f"{fraction:g}"),
