@@ -88,7 +88,9 @@ def workload(case: dict) -> Workload:
                     kv_cache_free_gpu_memory_fraction=_float(flag(case, "kv_cache_free_gpu_mem_fraction",
                                                                   "free_gpu_memory_fraction",
                                                                   "--kv_cache_free_gpu_memory_fraction")),
-                    max_tokens_in_paged_kv_cache=_int(flag(case, "max_tokens_in_paged_kv_cache", "max_tokens")))
+                    max_tokens_in_paged_kv_cache=_int(flag(case, "max_tokens_in_paged_kv_cache", "max_tokens")),
+                    dp_attention=(_int(flag(case, "--dp-size", "--dp")) or 1) if "--enable-dp-attention" in case["flags"]
+                    else 1)
 
 
 def _float(value: str | None) -> float | None:
