@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.cache import atomic_write_text
 from harness.report.schema import RunReport, parse_report
 from harness.report.schema import load_report
 
@@ -48,4 +47,6 @@ def write_reports(run_dir: Path, report: RunReport | dict[str, Any]) -> list[Pat
 
 def _write_atomic(path: Path, text: str) -> None:
     """A reader (CI uploading junit.xml, a browser) never sees a half-written file; the file keeps its mode."""
+    from harness.cache import atomic_write_text  # here: importing the schema (this package) loads nothing else
+
     atomic_write_text(path, text)
