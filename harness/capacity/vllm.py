@@ -38,7 +38,8 @@ from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, activati
                                              vllm_sequence_bytes)
 from harness.capacity.shapes import ModelShape
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
-                                            VllmRules, canonical, mla_entry_align_bytes, release_text, rules_for)
+                                            VllmRules, canonical, engine_rules, mla_entry_align_bytes, release_text,
+                                            rules_for)
 
 KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
 NEWEST_VERSION = KNOWN_VERSIONS[-1]
@@ -121,12 +122,13 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     rules for is planned with the nearest one's, and a note says so."""
     rules, planned, version_note = rules_for(version)
     release = version if not version_note else planned  # a patch release can matter (mla_entry_align_bytes)
+    rules, engine_note = engine_rules(release, target.pipeline_parallel_size)
     version = canonical(version)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)  # TensorParallelError when the model cannot be split
-    notes: list[str] = [version_note] if version_note else []
+    notes: list[str] = [note for note in (version_note, engine_note) if note]
     method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", quantization_methods(version), notes,
                                           version)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")

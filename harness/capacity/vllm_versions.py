@@ -244,3 +244,21 @@ def mla_entry_align_bytes(version: str, vendor: str = "nvidia") -> int:
     rules = rules_for(version)[0]
     aligned = rules.engine == "V0" and parse_release(version) >= MLA_ALIGNED_SINCE and vendor == "nvidia"
     return MLA_ALIGN_BYTES if aligned else 0
+
+
+# V1 before 0.9 ran pipeline parallelism only on Ray (vllm/engine/arg_utils.py:EngineArgs._is_v1_supported_oracle@
+# v0.8.5: "PP is supported on V1 with Ray distributed executor, but off for MP distributed executor for now"), so
+# `vllm serve --pipeline-parallel-size N` fell back to V0 (vllm-project/vllm#14452's 0.8.5 log: "Initializing a V0
+# LLM engine" with pipeline_parallel_size=2).
+V1_PP_WITHOUT_RAY_SINCE: Release = (0, 9, 0)
+
+
+def engine_rules(version: str, pipeline_parallel_size: int = 1) -> tuple[VllmRules, str]:
+    """(the rules of the engine this release runs for the deployment, a note when that is not its default engine)."""
+    rules = rules_for(version)[0]
+    release = parse_release(version)
+    if rules.engine == "V1" and pipeline_parallel_size > 1 and release < V1_PP_WITHOUT_RAY_SINCE:
+        v0 = _rules_at((0, 7, 99))
+        return v0, (f"vLLM {release_text(release)} runs pipeline parallelism on its V0 engine (V1 took it only with "
+                    "Ray before 0.9): planned with V0's accounting")
+    return rules, ""
