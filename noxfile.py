@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,7 +111,23 @@ def tests(session: nox.Session) -> None:
         # Two xdist workers: most tests compute on one thread, so the second core would otherwise idle.
         # loadgroup keeps the tests that share the demo recipe's runs on one worker (tests/conftest.py).
         args += ["-n", "2", "--dist", "loadgroup"]
-    session.run(str(PYTHON), "-m", "pytest", *args, env={"PYTHONPATH": str(ROOT)})
+    env = {"PYTHONPATH": str(ROOT)}
+    if _ensure_ray(session, args):
+        env["QUANTGATE_REQUIRE_RAY"] = "1"  # installed for them: the Ray cluster tests may not skip
+    session.run(str(PYTHON), "-m", "pytest", *args, env=env)
+
+
+def _ensure_ray(session: nox.Session, args: list[str]) -> bool:
+    """Ray for tests/test_ray_executor.py's real cluster, when the tests selected include it (a run of other test
+    files installs nothing): the quantgate[ray] extra's version, core Ray only (4 small dependencies; 7.5 s to
+    install here), not the extra's dashboard packages. Not in the "test" extra: the local executor needs no Ray."""
+    files = [arg for arg in args if arg.split("::")[0].endswith(".py") or arg.rstrip("/").endswith("tests")]
+    if files and not any("test_ray_executor" in arg or arg.rstrip("/").endswith("tests") for arg in files):
+        return False
+    if subprocess.call([str(PYTHON), "-c", "import ray"], stderr=subprocess.DEVNULL) != 0:
+        pin = re.search(r'"ray\[default\]==([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+        session.run(*_pip(PYTHON), f"ray=={pin.group(1)}")
+    return True
 
 
 @nox.session

@@ -143,6 +143,20 @@ class RunSpec(BaseModel):
     pipeline_parallel_size: int = Field(default=1, gt=0)
     vllm_startup_timeout_s: float = Field(default=900.0, gt=0)
     devices: list[int] | None = None  # CUDA devices to spread formats over, in groups of TP x PP devices
+    # How the formats' chains run (harness.executors.registry): "local" (this machine: one after another, or lanes
+    # with devices), "ray" (one Ray task a format, on the cluster at ray_address: None is RAY_ADDRESS, else a local
+    # Ray started for the run).
+    executor: str = "local"
+    ray_address: str | None = None
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        from harness.executors.registry import EXECUTORS
+
+        if value not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
+        return value
 
     @model_validator(mode="after")
     def _devices_split_into_groups(self) -> "RunSpec":

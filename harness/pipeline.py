@@ -25,6 +25,8 @@ from harness.device_plan import device_job, pending_evaluation
 from harness.errors import Terminated, UserError, interrupted_exit_code
 from harness.evalsets import load_evalsets
 from harness.evalsets.prompts import check_prompt_lengths, render_prompts
+from harness.executors.base import Placement, run_chains
+from harness.executors.registry import executor_for
 from harness.candidates import check_baseline_is_full_precision, read_candidates
 from harness.jobs import stage_dir
 from harness.launcher import run_worker
@@ -50,8 +52,9 @@ def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
         raise
     runs: dict[str, FormatRun] = {}
     interrupted = 0
+    placement = Placement()
     try:
-        run_all_formats(inputs, runs)
+        placement = run_all_formats(inputs, runs)
     except KeyboardInterrupt as exc:
         interrupted = interrupted_exit_code(exc)
         progress.say(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: writing a partial report; "
@@ -59,11 +62,12 @@ def run_pipeline(spec: RunSpec) -> tuple[RunReport, int]:
         for fmt in spec.all_formats():
             runs.setdefault(fmt, FormatRun(fmt, status="interrupted", error="not run: the run was interrupted"))
     runs = {fmt: runs[fmt] for fmt in spec.all_formats()}  # report order, whichever lane finished first
-    report = finish(inputs, runs, started)
+    report = finish(inputs, runs, started, placement)
     return report, interrupted or report.exit_code
 
 
-def finish(inputs: RunInputs, runs: dict[str, FormatRun], started: float) -> RunReport:
+def finish(inputs: RunInputs, runs: dict[str, FormatRun], started: float,
+           placement: Placement | None = None) -> RunReport:
     """Score, decide, plan, build and write the report. Should any of that fail, a report is still written, every
     format in it failed with that reason (the stages' results stay in the cache for --resume), before the error
     goes on to the CLI (exit 3)."""
@@ -72,7 +76,7 @@ def finish(inputs: RunInputs, runs: dict[str, FormatRun], started: float) -> Run
 
     try:
         evaluation = evaluate_formats(inputs, runs)
-        report = build_report(inputs, runs, evaluation, wall_s=time.time() - started)
+        report = build_report(inputs, runs, evaluation, wall_s=time.time() - started, placement=placement)
     except Exception as exc:
         reason = (f"the report could not be built ({type(exc).__name__}: {exc}); every finished stage is kept in "
                   f"the cache: `quantgate run --resume --out {inputs.out_dir}` rebuilds it once this is fixed")
@@ -89,46 +93,12 @@ def finish(inputs: RunInputs, runs: dict[str, FormatRun], started: float) -> Run
     return report
 
 
-def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> None:
-    """Each format's stages, one format after another; with --devices split into several device groups, one lane
-    per group runs the next format not yet started (its workers and server see only that group's GPUs)."""
-    formats = inputs.spec.all_formats()
-    groups = inputs.spec.device_groups()
-    if len(groups) <= 1:
-        for fmt in formats:
-            runs[fmt] = run_format(inputs, fmt, groups[0] if groups else None)
-        return
-    import threading
-
-    waiting = list(formats)
-    lock = threading.Lock()
-
-    def lane(devices: str) -> None:
-        while True:
-            with lock:
-                if not waiting:
-                    return
-                fmt = waiting.pop(0)
-            try:
-                runs[fmt] = run_format(inputs, fmt, devices)
-            except Exception as exc:  # noqa: BLE001 - one lane's failure must not lose the other formats
-                runs[fmt] = FormatRun(fmt, status="failed", error=f"internal error on devices {devices}: {exc}")
-
-    progress.say(f"running formats in parallel on device groups {' | '.join(groups)}")
-    lanes = [threading.Thread(target=lane, args=(group,), daemon=True) for group in groups]
-    for thread in lanes:
-        thread.start()
-    for thread in lanes:
-        while thread.is_alive():
-            thread.join(0.5)  # a short join keeps Ctrl-C deliverable to this thread
-    # A format that ran beside the baseline found no reference to compare with: its fidelity runs now (all else
-    # of it is cached, so only the comparison loads the model).
-    for fmt in formats:
-        run = runs.get(fmt)
-        if fmt != "baseline" and run is not None and run.status == "ok" and run.fidelity_note \
-                and run.fidelity_note.startswith("no baseline reference") and runs.get("baseline") \
-                and runs["baseline"].status == "ok":
-            runs[fmt] = run_format(inputs, fmt, run.devices)
+def run_all_formats(inputs: RunInputs, runs: dict[str, FormatRun]) -> Placement:
+    """Every format's chain (run_format), run by the executor --executor names (harness.executors); where the
+    chains ran comes back for the report."""
+    with executor_for(inputs, run_format) as executor:
+        run_chains(executor, inputs.spec.all_formats(), runs)
+        return executor.placement()
 
 
 def prepare_inputs(spec: RunSpec) -> RunInputs:

@@ -96,6 +96,14 @@ def add_parser(subparsers) -> None:
     served.add_argument("--pipeline-parallel-size", type=int, help="vLLM --pipeline-parallel-size (default 1)")
     served.add_argument("--devices", help="CUDA devices to run formats on in parallel, e.g. 0,1,2,3: one lane (and "
                         "one vLLM server) per group of tensor x pipeline parallel size devices")
+    from harness.executors.registry import EXECUTORS
+
+    control.add_argument("--executor", choices=list(EXECUTORS), help="how the formats run: local (default: on this "
+                         "machine, one after another or in --devices lanes) or ray (one Ray task a format, placed on "
+                         "any node of the cluster with room; needs pip install 'quantgate[ray]')")
+    control.add_argument("--ray-address", metavar="ADDRESS", help="the Ray cluster of --executor ray, e.g. "
+                         "ray://head:10001 or head:6379 (default: RAY_ADDRESS, else a local Ray started for the run "
+                         "and stopped after it)")
     control.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     control.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     inputs.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -115,7 +123,9 @@ def spec_from_args(args):
             raise UserError("--resume needs --out DIR: the run directory to continue")
         spec = saved_spec(Path(args.out) / "run.json")
         refuse_conflicting_flags(spec, overrides, capacity, args.config, Path(args.out) / "run.json")
-        return spec
+        # where the chains run is no setting of the run: a cluster run may be resumed here, or on another cluster
+        placed = {k: overrides[k] for k in RESUMABLE_ELSEWHERE if overrides.get(k) is not None}
+        return spec.model_copy(update=placed) if placed else spec
     spec = build_spec(args.config, overrides)
     if capacity:
         spec = spec.model_copy(update={"capacity": validated_capacity(spec.capacity, capacity)})
@@ -166,6 +176,7 @@ def flag_values(args) -> tuple[dict, dict]:
         "latency_requests": args.latency_requests, "memory_limit_gib": args.memory_limit_gib,
         "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
         "trust_remote_code": True if args.trust_remote_code else None,
+        "executor": getattr(args, "executor", None), "ray_address": getattr(args, "ray_address", None),
         **vllm_values(args), **candidate_values(args),
     }
     return overrides, capacity
@@ -213,6 +224,9 @@ def vllm_values(args) -> dict:
             "pipeline_parallel_size": args.pipeline_parallel_size, "devices": devices}
 
 
+RESUMABLE_ELSEWHERE = ("executor", "ray_address")
+
+
 def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str | None, saved_path: Path) -> None:
     """--resume continues a run exactly as it was started: a flag that would change it is refused, not dropped."""
     if config:
@@ -221,7 +235,7 @@ def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str
     values = saved.model_dump()
     differ = []
     for key, given in overrides.items():
-        if given is None or key in ("out", "fresh_after"):
+        if given is None or key in ("out", "fresh_after", *RESUMABLE_ELSEWHERE):
             continue
         if given != values[key]:
             differ.append(f"--{key.replace('_', '-')} {_shown(given)} (saved: {_shown(values[key])})")
@@ -271,6 +285,9 @@ def run(args) -> int:
 
     progress.configure(quiet=args.quiet)
     spec = spec_from_args(args)
+    from harness.executors.registry import check_executor
+
+    check_executor(spec.executor)  # e.g. --executor ray without Ray installed: one line, exit 2, before any work
     if args.reviews:
         from harness.review.session import check_review_files
 

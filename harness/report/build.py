@@ -19,10 +19,13 @@ from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, 
 from harness.report.schema import Policy as SchemaPolicy
 
 
-def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Evaluation, wall_s: float) -> RunReport:
+def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Evaluation, wall_s: float,
+                 placement=None) -> RunReport:
     """The report as report.json will hold it, built block by block as the schema's objects (each block keeps the
     order its fields are given in: schema.report_json writes it back byte for byte). A value that is not what its
-    field declares fails here, naming the block, rather than being written as a string."""
+    field declares fails here, naming the block, rather than being written as a string. `placement`
+    (harness.executors.base.Placement): where the chains ran; a cluster's adds its entries to `environment`
+    (cluster_environment), which a run on one machine leaves as it was, byte for byte."""
     from harness.metrics import tokenizer_name
     from harness.runtime.device import device_info
 
@@ -42,7 +45,7 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
                     num_parameters=_num_parameters(runs),
                     dtype=inputs.model_config.get("dtype") or inputs.model_config.get("torch_dtype")),
         device=Device.model_validate(device_info(spec.threads)),
-        environment=environment(),
+        environment={**environment(), **cluster_environment(placement, runs)},
         settings=Settings(seed=spec.seed, batch_size=spec.batch_size, max_items=spec.max_items,
                           max_new_tokens=spec.max_new_tokens, formats=list(spec.formats),
                           candidates=dict(spec.candidates), dtype=spec.dtype, threads=spec.threads,
@@ -64,6 +67,21 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
         or int(baseline.status != "ok"),
         samples="samples.jsonl",
     )
+
+
+def cluster_environment(placement, runs: dict[str, FormatRun]) -> dict[str, str]:
+    """The cluster a run's formats ran on, as `environment` entries: "executor", "ray" (its version), "cluster" (its
+    nodes: "ADDRESS (NODE-ID) C CPU G GPU", "; " between them) and "node FORMAT" (the node the format ran on). Nothing
+    for a run on one machine."""
+    cluster = placement.cluster if placement is not None else None
+    if not cluster:
+        return {}
+    entries = {"executor": cluster["executor"]}
+    if cluster.get("ray_version"):
+        entries["ray"] = cluster["ray_version"]
+    entries["cluster"] = "; ".join(f"{n['node']} {n['cpus']:g} CPU {n['gpus']:g} GPU" for n in cluster["nodes"])
+    entries.update({f"node {name}": placement.nodes[name] for name in runs if name in placement.nodes})
+    return entries
 
 
 def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max_model_len: int) -> FormatResult:

@@ -1,0 +1,1 @@
+"""How the formats' chains run: harness.executors.base (the interface), .registry (by name), .local, .ray."""

@@ -1,0 +1,189 @@
+"""The Ray executor (`--executor ray`): each format's chain is one Ray task, placed by Ray on any node with room.
+
+A task asks for GPUs = tensor x pipeline parallel size when the cluster has GPUs (else one CPU), and for the
+format's --memory-limit-gib as Ray memory when one is set. The run's inputs go to the cluster once (ray.put); each
+task's FormatRun comes back through the object store (a few KB). Stage results, artifacts and the baseline's fidelity
+references are written to the cache directory this process uses (QUANTGATE_CACHE): on more than one machine that
+must be storage every node mounts at the same path (docs/scale.md), and its content-hash keys hold on any node.
+
+Faults: a task whose node or worker dies is retried once (max_retries=1), its finished stages reused from the
+shared cache, then the format fails with Ray's reason. A Ctrl-C or SIGTERM cancels every task (the task kills its
+worker subprocesses first) and a local Ray started for the run is stopped, leaving no raylet or worker behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+from harness import progress
+from harness.cache import CACHE_ENV, cache_root
+from harness.errors import UserError
+from harness.executors.base import Executor, Placement
+from harness.records import FormatRun
+
+INSTALL = "pip install 'quantgate[ray]'"
+# A task's results are small (FormatRun records): a local Ray needs no more object store than this.
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
+RAY_TEMP_DIR_MAX = 40
+CANCEL_GRACE_S = 15.0  # for a cancelled task to kill its worker subprocesses before Ray kills the task
+
+
+def check_installed() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError(f"--executor ray: Ray is not installed here; install it with {INSTALL}") from None
+
+
+class RayExecutor(Executor):
+    name = "ray"
+
+    def __init__(self, inputs, chain) -> None:
+        super().__init__(inputs, chain)
+        check_installed()
+        import ray
+
+        self._ray = ray
+        address = inputs.spec.ray_address or os.environ.get("RAY_ADDRESS") or None
+        sigterm = signal.getsignal(signal.SIGTERM)
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every format's progress lines, not "[repeated 2x]"
+        if address is None:  # "local": a new instance, never one that happens to run on this machine already
+            progress.say("starting a local Ray instance for this run (--ray-address or RAY_ADDRESS: a cluster)")
+            ray.init(address="local", include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                     configure_logging=False, log_to_driver=True, _temp_dir=local_ray_temp_dir())
+        else:
+            ray.init(address=address, configure_logging=False, log_to_driver=True)
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)  # ray.init's own handler exits; ours writes the partial report
+        self._pending: dict[object, str] = {}
+        self._nodes: dict[str, str] = {}
+        self._cluster = describe_cluster(ray)
+        self._gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self._inputs = ray.put(inputs)
+        self._task = ray.remote(run_chain_task)
+        progress.say(f"Ray {ray.__version__} cluster of {len(self._cluster['nodes'])} node(s): " + ", ".join(
+            f"{n['node']} ({n['cpus']:g} CPU, {n['gpus']:g} GPU)" for n in self._cluster["nodes"]))
+
+    def submit(self, fmt: str, devices: str | None = None) -> None:
+        spec = self.inputs.spec
+        resources: dict = {"num_gpus": spec.tensor_parallel_size * spec.pipeline_parallel_size} if self._gpus \
+            else {"num_cpus": 1}
+        memory = spec.memory_limit_bytes_for(fmt)
+        if memory:
+            resources["memory"] = memory
+        ref = self._task.options(**resources, max_retries=1, retry_exceptions=False, name=f"quantgate {fmt}").remote(
+            self.chain, self._inputs, fmt, str(cache_root()), bool(getattr(progress, "_quiet", False)))
+        self._pending[ref] = fmt
+
+    def wait(self) -> Iterator[tuple[str, FormatRun]]:
+        while self._pending:
+            done, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=0.5)
+            for ref in done:
+                fmt = self._pending.pop(ref)
+                yield fmt, self._result(fmt, ref)
+
+    def _result(self, fmt: str, ref) -> FormatRun:
+        exceptions = self._ray.exceptions
+        try:
+            run, node = self._ray.get(ref)
+        except exceptions.TaskCancelledError:
+            return FormatRun(fmt, status="interrupted", error="not run: the run was interrupted")
+        except exceptions.RayTaskError as exc:  # the chain itself raised: as a lane's internal error
+            return FormatRun(fmt, status="failed", error=f"internal error in its Ray task: {_first_line(exc.cause)}")
+        except exceptions.RayError as exc:  # its node or worker died, twice (retried once)
+            return FormatRun(fmt, status="failed", error=f"its Ray task was lost, and again when retried once: "
+                                                         f"{type(exc).__name__}: {_first_line(exc)}")
+        self._nodes[fmt] = node
+        return run
+
+    def cancel(self) -> None:
+        refs = list(self._pending)
+        if not refs:
+            return
+        progress.say(f"cancelling {len(refs)} Ray task(s)")
+        for ref in refs:
+            self._ray.cancel(ref)  # a KeyboardInterrupt in the task: it kills its worker subprocesses, then ends
+        _, left = self._ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+        for ref in left:
+            self._ray.cancel(ref, force=True)
+        self._pending.clear()
+
+    def close(self) -> None:
+        self._ray.shutdown()  # a local Ray started here stops with it; a cluster is only disconnected from
+
+    def placement(self) -> Placement:
+        return Placement(self._cluster, dict(self._nodes))
+
+
+def local_ray_temp_dir() -> str:
+    """Where a local Ray keeps its session (sockets, logs): TMPDIR's ray/ (which the sandbox puts in the cache), unless
+    that path is too long for the Unix sockets under it (107 bytes, with ~62 of Ray's own after it): then /tmp/ray."""
+    temp = os.path.join(tempfile.gettempdir(), "ray")
+    return temp if len(temp) <= RAY_TEMP_DIR_MAX else os.path.join("/tmp", "ray")
+
+
+def describe_cluster(ray) -> dict:
+    nodes = [{"node": node_name(n["NodeManagerAddress"], n["NodeID"]), "cpus": float(n["Resources"].get("CPU", 0)),
+              "gpus": float(n["Resources"].get("GPU", 0))} for n in ray.nodes() if n.get("Alive")]
+    return {"executor": "ray", "ray_version": ray.__version__, "nodes": nodes}
+
+
+def node_name(address: str, node_id: str) -> str:
+    return f"{address} ({node_id[:8]})"
+
+
+def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool) -> tuple[FormatRun, str]:
+    """The body of one format's Ray task, on whichever node Ray chose: the chain, with this run's cache and the
+    GPUs Ray gave the task. The chain runs in a thread so that a cancel (a KeyboardInterrupt in this, the task's
+    main thread) is seen at once, and the worker subprocesses it started are killed before the task ends."""
+    import ray
+
+    os.environ[CACHE_ENV] = cache
+    progress.configure(quiet=quiet)
+    context = ray.get_runtime_context()
+    node = node_name(ray.util.get_node_ip_address(), context.get_node_id())
+    gpus = ",".join(str(g) for g in ray.get_gpu_ids()) or None
+    progress.say(f"{fmt}: running on node {node}" + (f", GPUs {gpus}" if gpus else ""))
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["run"] = chain(inputs, fmt, gpus)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the task's main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"quantgate {fmt}", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except BaseException:
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while thread.is_alive() and time.monotonic() < deadline:
+            _kill_children()  # the chain may be between two workers: keep killing until it has returned
+            thread.join(0.2)
+        raise
+    if "error" in box:
+        raise box["error"]
+    progress.say(f"{fmt}: finished on node {node}")
+    return box["run"], node
+
+
+def _kill_children() -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc or "").strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -1,0 +1,252 @@
+"""`--executor ray` on a real Ray cluster on this machine: a head and two worker nodes (ray.cluster_utils.Cluster,
+each worker with one CPU and a resource of its own), the tiny random Llama's baseline and int8 spread over them.
+The scores and verdicts are the local executor's; a worker node killed mid-run is survived (the format reruns on the
+other node) or named; SIGTERM cancels every task and stops the local Ray the run started, leaving no raylet or
+worker; `--resume` on the same cache finishes on the cluster. No mock of Ray: without it installed the cluster tests
+skip (QUANTGATE_REQUIRE_RAY=1 makes that a failure).
+
+The executor seam itself (registry, flags, pipeline.py naming no executor) is checked without Ray.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, ours, quantgate
+from test_faults import SIZES, comparable, write_sets
+
+try:
+    import ray
+except ImportError:
+    ray = None
+
+
+def _need_ray():
+    if ray is None:
+        if os.environ.get("QUANTGATE_REQUIRE_RAY") == "1":
+            pytest.fail("ray is not installed but QUANTGATE_REQUIRE_RAY=1 (pip install 'quantgate[ray]')")
+        pytest.skip("ray is not installed (pip install 'quantgate[ray]')")
+
+
+# ---------------------------------------------------------------- the seam, without Ray
+
+
+def test_pipeline_names_no_executor_and_stays_short():
+    text = (ROOT / "harness" / "pipeline.py").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 260
+    for name in ("LocalExecutor", "RayExecutor", "executors.local", "executors.ray", "threading", "import ray"):
+        assert name not in text, name
+    assert "executor_for(" in text
+
+
+def test_a_new_executor_is_one_registry_line():
+    from harness.config import RunSpec
+    from harness.executors.base import Executor
+    from harness.executors.registry import EXECUTORS, executor_class
+
+    assert set(EXECUTORS) == {"local", "ray"}
+    assert issubclass(executor_class("local"), Executor)
+    assert RunSpec().executor == "local" and RunSpec().ray_address is None
+    with pytest.raises(ValueError, match="executor must be one of local, ray"):
+        RunSpec(executor="slurm")
+
+
+def test_ray_without_ray_installed_is_one_line_exit_2_before_any_work(tmp_path):
+    """Ray made unimportable in the child (sys.modules['ray'] = None, as when it is not installed)."""
+    code = ("import sys; sys.modules['ray'] = None; from harness.cli import main; "
+            f"sys.exit(main(['run', '--executor', 'ray', '--out', {str(tmp_path / 'out')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), QUANTGATE_CACHE=str(tmp_path / "cache")))
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'quantgate[ray]'" in lines[0], result.stderr
+    assert not (tmp_path / "out" / "run.json").exists()  # refused before the inputs were even saved
+
+
+def test_resume_may_move_to_another_executor(tmp_path):
+    from harness.commands.run import spec_from_args
+    from harness.config import RunSpec
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps(RunSpec(out=str(out)).model_dump()))
+    args = _run_args(["--resume", "--out", str(out), "--executor", "ray", "--ray-address", "head:6379"])
+    spec = spec_from_args(args)
+    assert (spec.executor, spec.ray_address) == ("ray", "head:6379")
+
+
+def _run_args(argv):
+    import argparse
+
+    from harness.commands import run as run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["run", *argv])
+
+
+# ---------------------------------------------------------------- a real cluster (slow)
+
+NODE_LINE = re.compile(r"(\w+): running on node (\S+) \((\w{8})\)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    _need_ray()
+    from ray.cluster_utils import Cluster
+
+    small = dict(object_store_memory=80 * 2**20)
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=0, include_dashboard=False, **small))
+    for name in ("node_a", "node_b"):
+        cluster.add_node(num_cpus=1, resources={name: 1}, **small)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny(demo_checkpoint, tmp_path_factory):
+    from conftest import tiny_llama
+
+    model = tiny_llama(demo_checkpoint, tmp_path_factory.mktemp("tiny") / "model")
+    sets = write_sets(tmp_path_factory.mktemp("sets"), summaries=2)
+    return ("--model", str(model), "--formats", "baseline,int8", "--evalsets", str(sets), *SIZES)
+
+
+@pytest.fixture(scope="module")
+def local_reference(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    quantgate("run", *tiny, "--out", str(out), cache=tmp_path_factory.mktemp("local-cache"))
+    report = json.loads((out / "report.json").read_text())
+    assert {f["status"] for f in report["formats"].values()} == {"ok"}, report["formats"]
+    assert not {"executor", "ray", "cluster"} & set(report["environment"])  # one machine: no cluster entries
+    return report
+
+
+def _no_ray_address() -> dict:
+    return {"RAY_ADDRESS": None}  # removed: the run starts a Ray of its own
+
+
+@pytest.mark.slow
+def test_formats_spread_over_the_cluster_score_as_locally(cluster, tiny, local_reference, tmp_path):
+    out = tmp_path / "ray"
+    result = quantgate("run", *tiny, "--out", str(out), "--executor", "ray", "--ray-address", cluster.address,
+                       cache=tmp_path / "cache")
+    report = json.loads((out / "report.json").read_text())
+    assert comparable(report) == comparable(local_reference)
+    environment = report["environment"]
+    assert environment["executor"] == "ray" and environment["ray"] == ray.__version__
+    nodes = environment["cluster"].split("; ")
+    assert len(nodes) == 3 and sorted(n.split()[-4] for n in nodes) == ["0", "1", "1"]  # "... C CPU G GPU"
+    for fmt in ("baseline", "int8"):
+        assert any(node.startswith(environment[f"node {fmt}"] + " ") for node in nodes), environment
+    started = {(m.group(1), m.group(3)) for m in NODE_LINE.finditer(result.stderr)}
+    assert {fmt for fmt, _ in started} == {"baseline", "int8"}
+    assert len({node for _, node in started}) == 2, result.stderr  # one CPU a node: the two ran side by side
+
+
+def _start(args, cache: Path, env: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
+    """The CLI in the background, its stderr collected line by line as it comes."""
+    env = {**os.environ, "QUANTGATE_CACHE": str(cache), "PYTHONPATH": str(ROOT), **(env or {})}
+    child = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, text=True,
+                             env={k: v for k, v in env.items() if v is not None},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(child.stderr.readline, "")), daemon=True).start()
+    threading.Thread(target=lambda: child.stdout.read(), daemon=True).start()
+    return child, lines
+
+
+def _wait_for(lines: list[str], pattern: re.Pattern, count: int, child, timeout: float = 300) -> list[re.Match]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [m for line in list(lines) if (m := pattern.search(line))]
+        if len({m.group(1) for m in found}) >= count:
+            return found
+        assert child.poll() is None, "".join(lines)
+        time.sleep(0.2)
+    raise AssertionError("".join(lines))
+
+
+def _workers_of(out: Path) -> list[str]:
+    """Worker subprocesses still running for the run in `out` (their job files are under it)."""
+    left = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or ())
+        if "harness.worker" in cmdline and str(out) in cmdline:
+            left.append(cmdline)
+    return left
+
+
+def _raylets() -> set[int]:
+    """This test worker's raylets (`pgrep -af raylet`, less another xdist worker's)."""
+    return {p.pid for p in psutil.process_iter(["name", "cmdline"])
+            if ("raylet" in (p.info["name"] or "") or "raylet/raylet" in " ".join(p.info["cmdline"] or ())) and ours(p)}
+
+
+def _settled(check, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return value
+
+
+@pytest.mark.slow
+def test_sigterm_cancels_every_task_stops_the_local_ray_and_resume_finishes_on_the_cluster(
+        cluster, tiny, local_reference, tmp_path):
+    before = _raylets()
+    out, cache = tmp_path / "run", tmp_path / "shared-cache"
+    child, lines = _start(["run", *tiny, "--out", str(out), "--executor", "ray"], cache, _no_ray_address())
+    _wait_for(lines, NODE_LINE, 1, child)
+    assert _raylets() - before, "no local Ray was started for the run"
+    time.sleep(3)  # into the chain's worker subprocesses
+    child.send_signal(signal.SIGTERM)
+    code = child.wait(timeout=120)
+    assert code != 0, "".join(lines)
+    assert any("cancelling" in line for line in lines), "".join(lines)
+    assert _settled(lambda: _raylets() - before) == set(), "the local Ray's raylet was left running"
+    assert _settled(lambda: _workers_of(out)) == [], "a worker subprocess was left running"
+    partial = json.loads((out / "report.json").read_text())
+    assert "interrupted" in {f["status"] for f in partial["formats"].values()}
+
+    # the same shared cache, resumed on the cluster: what finished is reused, the rest runs there
+    quantgate("run", "--resume", "--out", str(out), "--executor", "ray", "--ray-address", cluster.address,
+              cache=cache)
+    report = json.loads((out / "report.json").read_text())
+    assert comparable(report) == comparable(local_reference)
+    assert {"node baseline", "node int8"} <= set(report["environment"])
+
+
+@pytest.mark.slow
+def test_a_worker_node_killed_mid_run_is_survived_or_named(cluster, tiny, local_reference, tmp_path):
+    out = tmp_path / "run"
+    child, lines = _start(["run", *tiny, "--out", str(out), "--executor", "ray", "--ray-address", cluster.address],
+                          tmp_path / "cache")
+    found = _wait_for(lines, NODE_LINE, 2, child)
+    victim_id = next(m.group(3) for m in found if m.group(1) == "int8")
+    victim = next(n for n in cluster.worker_nodes if n.node_id.startswith(victim_id))
+    time.sleep(2)  # into int8's chain
+    cluster.remove_node(victim, allow_graceful=False)
+    try:
+        child.wait(timeout=600)
+        report = json.loads((out / "report.json").read_text())
+        int8 = report["formats"]["int8"]
+        if int8["status"] == "ok":  # retried once, on the node left
+            assert comparable(report) == comparable(local_reference)
+            assert len({m.group(3) for m in NODE_LINE.finditer("".join(lines)) if m.group(1) == "int8"}) == 2
+        else:
+            assert "Ray task was lost" in (int8.get("error") or ""), int8
+        assert report["formats"]["baseline"]["status"] == "ok"
+        assert _settled(lambda: _workers_of(out)) == [], "a worker subprocess was left running"
+    finally:
+        cluster.add_node(num_cpus=1, resources={"node_b2": 1}, object_store_memory=80 * 2**20)
+        cluster.wait_for_nodes()
