@@ -89,8 +89,12 @@ def workload(case: dict) -> Workload:
                                                                   "free_gpu_memory_fraction",
                                                                   "--kv_cache_free_gpu_memory_fraction")),
                     max_tokens_in_paged_kv_cache=_int(flag(case, "max_tokens_in_paged_kv_cache", "max_tokens")),
-                    dp_attention=(_int(flag(case, "--dp-size", "--dp")) or 1) if "--enable-dp-attention" in case["flags"]
-                    else 1)
+                    dp_attention=_dp_attention(case))
+
+
+def _dp_attention(case: dict) -> int:
+    """SGLang's DP attention size: --dp-size (or --dp) with --enable-dp-attention, else 1."""
+    return (_int(flag(case, "--dp-size", "--dp")) or 1) if "--enable-dp-attention" in case["flags"] else 1
 
 
 def _float(value: str | None) -> float | None:

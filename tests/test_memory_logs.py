@@ -21,7 +21,8 @@ SGLANG_18263 = ("predicted 1.34x the log: at the log's 0.911 the plan gives SGLa
                 "own 'initial available_bytes ... 204.63 GB'); the run is sglang#18263's unmerged branch, which then "
                 "takes the AITER attention workspace (51.75 GB there) out of it")
 GFX906_WEIGHTS = ("predicted {ratio}x the log: the vllm-gfx906 fork (a vLLM for AMD MI50, version not stated) held "
-                  "{logged} GiB a GPU where the AWQ checkpoint packs to {packed}: what it keeps wider is not in the thread")
+                  "{logged} GiB a GPU where the AWQ checkpoint packs to {packed}: what it keeps wider is not in the "
+                  "thread")
 KNOWN_FAILURES = {
     'sglang-2026-07-qwen3-30b-a3b-mi355x': {
         'kv_tokens': SGLANG_18263,

@@ -6,9 +6,10 @@ sized in srt/mem_cache/kv_cache_configurator.py): after loading the weights SGLa
     rest = free memory after loading - total x (1 - mem_fraction_static)
 and free memory after loading = total - weights - CUDA context, so
     mem_fraction_static = (weights + CUDA context + KV pool) / GPU memory.
-The rest, total x (1 - mem_fraction_static), must hold the activations at --chunked-prefill-size tokens, the CUDA
-graphs and the headroom; the plan takes mem_fraction_static = floor2((total - activations - CUDA graphs - headroom)
-/ total), then the pool SGLang's formula gives for it. Page size 1: the pool holds pool // cell_size tokens, cell
+The rest, total x (1 - mem_fraction_static), must hold the activations at --chunked-prefill-size tokens and the CUDA
+graphs; the plan takes the deployment's --mem-fraction-static, else the one SGLang sets itself by GPU memory
+(sglang_mem_fraction_static, server_args.py::_handle_gpu_memory_settings), notes when that rest is short of its
+estimate, and gives the pool SGLang's formula gives for it. Page size 1: the pool holds pool // cell_size tokens, cell
 size = the KV bytes per token (MLA: the latent). Sliding-window and chunked layers (the per-sequence sizing is
 _pools) are kept whole in that one pool, except for the models model_config.py::is_hybrid_swa_model names
 (GptOssForCausalLM, Llama4ForConditionalGeneration), which get SWAKVPool: full_tokens = pool / (F + r x S) with F, S
@@ -33,12 +34,12 @@ import math
 from dataclasses import dataclass, replace
 
 from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
-                                             device_errors, fixed_costs, floor2, fp8_kv_refusal, gib,
+                                             device_errors, fixed_costs, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
                                              pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import Gpu, has_capability
-from harness.capacity.memory import (HEADROOM_BYTES, WeightFormat, check_split, kv_bytes_per_token,
+from harness.capacity.memory import (WeightFormat, check_split, kv_bytes_per_token,
                                              kv_layer_token_bytes, layer_state_bytes, weights_bytes)
 from harness.capacity.shapes import NO_KV, Attention, ModelShape, pipeline_stage
 
@@ -59,8 +60,8 @@ MAMBA_FULL_MEMORY_RATIO = 0.9  # server_args.py's --mamba-full-memory-ratio defa
 MAMBA_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO with the radix cache on
 MAMBA_SSM_DTYPE_BYTES = 4  # server_args.py's --mamba-ssm-dtype default float32
 _FLAGS = {"--model-path", "--tp-size", "--pp-size", "--dp-size", "--enable-dp-attention", "--dtype",
-          "--context-length", "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size", "--kv-cache-dtype", "--disable-cuda-graph",
-          "--quantization"}
+          "--context-length", "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size",
+          "--kv-cache-dtype", "--disable-cuda-graph", "--quantization"}
 
 
 def default_chunked_prefill_size(gpu: Gpu) -> int:
@@ -137,9 +138,10 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     if fits:
         args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
         notes += _general_notes(shape, workload, chunk, gpu)
-        if memory.headroom_bytes < 0:
-            notes.append(f"SGLang: --mem-fraction-static {fraction:g} leaves {gib(total_rest(memory))} outside the "
-                         f"static pool, less than the activations and CUDA graphs estimated here "
+        rest = memory.gpu_memory_bytes - int(fraction * memory.gpu_memory_bytes)
+        if rest < memory.activation_bytes + memory.cuda_graph_bytes:
+            notes.append(f"SGLang: --mem-fraction-static {fraction:g} leaves {gib(rest)} outside the static pool, "
+                         f"less than the activations and CUDA graphs estimated here "
                          f"({gib(memory.activation_bytes + memory.cuda_graph_bytes)}): a lower value is safer")
         notes.append(prefix_sharing_note(sharing, workload, concurrency, running, seq_cap,
                                          "SGLang's radix cache (on by default)",
@@ -198,7 +200,7 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     memory = MemoryBreakdown(gpu_memory_bytes=total, weights_bytes=weights, activation_bytes=activation,
                              activation_source=costs.activation_source, weights_source=costs.weights_source,
                              non_torch_bytes=context, cuda_graph_bytes=graphs,
-                             headroom_bytes=total - int(fraction * total) - activation - graphs,
+                             headroom_bytes=max(total - int(fraction * total) - activation - graphs, 0),
                              kv_cache_bytes=pool, kv_bytes_per_token=kv_bytes_per_token(attention, kv_bytes,
                                                                                         attn_tp),
                              kv_bytes_per_sequence=pools.per_sequence)
@@ -288,11 +290,6 @@ def _general_notes(shape: ModelShape, workload: Workload, chunk: int, gpu: Gpu) 
                      f"{MAMBA_FULL_MEMORY_RATIO:g}:1 beside the KV pool (--mamba-full-memory-ratio), SSM state in "
                      "float32 (--mamba-ssm-dtype); at most a third of its slots run at once")
     return notes
-
-
-def total_rest(memory: MemoryBreakdown) -> int:
-    """What --mem-fraction-static leaves outside SGLang's static pool (activations, CUDA graphs, headroom)."""
-    return memory.headroom_bytes + memory.activation_bytes + memory.cuda_graph_bytes
 
 
 def _why_not(memory: MemoryBreakdown, fraction: float, kv_tokens: int, length: int) -> str:
