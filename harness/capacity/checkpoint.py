@@ -23,73 +23,17 @@ What each method stores per linear weight (in x out), as vLLM holds it after loa
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
-from harness.capacity.memory import LinearStorage, StorageRule, WeightFormat, is_expert
+from harness.capacity.memory import WeightFormat
+from harness.capacity.storage import (ALL_LINEAR, BNB_4BIT, BNB_4BIT_DOUBLE_QUANT, BNB_8BIT,  # noqa: F401
+                                      FORMAT_STORAGE, FP8_CHANNEL, FP8_TENSOR, FP16, FP32, MXFP4, MXFP4_PADDING,
+                                      NVFP4, LinearStorage, StorageRule, fp8_block, is_expert, module_matches,
+                                      module_path, mxfp4_backend)
 from harness.capacity.shapes import Linear, config_fields
 from harness.errors import UserError
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
-from harness.quant_config import BNB_4BIT_BLOCKSIZE, WeightScheme, read_quantization
-
-FP32, FP16, FP8 = 4, 2, 1
-ALL_LINEAR = ("Linear",)
-_ATTENTION = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-                        "kv_b_proj"})
-_PREFIX = re.compile(r"^(model\.)?(language_model\.)?(model\.)?")
-_LAYER = re.compile(r"^(?:layers|h|blocks)\.(\d+|\*)\.(.*)$")
-
-FP8_TENSOR = LinearStorage(8, "tensor", scale_bytes=FP32, label="float8 e4m3, one fp32 scale per tensor")
-FP8_CHANNEL = LinearStorage(8, "channel", scale_bytes=FP32, label="float8 e4m3, an fp32 scale per output channel")
-NVFP4 = LinearStorage(4, "group", 16, scale_bytes=FP8, tensor_scales=2,
-                      label="float4 e2m1, an fp8 scale per 16, fp32 global scales")
-MXFP4 = LinearStorage(4, "group", 32, scale_bytes=FP8, label="float4 e2m1, an e8m0 scale per 32")
-BNB_4BIT = LinearStorage(4, "flat", BNB_4BIT_BLOCKSIZE, scale_bytes=FP32,
-                         label="4-bit, an fp32 absmax per 64 (double quantization undone at load)")
-# double quantization as stored: the absmax in 8 bits, with an fp32 scale per 256 of them
-BNB_4BIT_DOUBLE_QUANT = replace(BNB_4BIT, scale_bytes=1 + FP32 / 256,
-                                label="4-bit, an 8-bit absmax per 64 and an fp32 scale per 256 absmax")
-BNB_8BIT = LinearStorage(8, "channel", scale_bytes=FP32, label="int8, an fp32 scale per row")
-
-
-# vLLM pads gpt-oss's MXFP4 expert weights at load to what its MoE kernels take, (hidden, inner) multiples by backend
-# (model_executor/layers/quantization/mxfp4.py create_weights): Marlin (weight-only, compute capability 8.x and
-# where FP4 is not native) rounds the hidden size to 256 and the intermediate to 128; Triton (Hopper) the hidden to
-# 256; FlashInfer (Blackwell) both to 256. gpt-oss's 2880 becomes 3072 (and 2944): +9% on the experts under Marlin
-# (vllm-project/vllm#23278: 65.97 GiB logged for gpt-oss-120b), +6.7% under Triton (#33155: 64.38 GiB). The first
-# gpt-oss image (0.10.1+gptoss) did not pad (#22331: 12.88 GiB for gpt-oss-20b on an RTX 3090): "unpadded".
-MXFP4_PADDING: dict[str, tuple[int, int] | None] = {"marlin": (256, 128), "triton": (256, 64),
-                                                    "flashinfer": (256, 256), "unpadded": None}
-
-
-def mxfp4_backend(compute_capability: float | None) -> str:
-    """The MXFP4 MoE backend vLLM picks by compute capability: FlashInfer on Blackwell, Triton on Hopper, Marlin
-    below (and for an unknown GPU, the padding the most GPUs get)."""
-    if compute_capability is None:
-        return "marlin"
-    return "flashinfer" if compute_capability >= 10.0 else "triton" if compute_capability >= 9.0 else "marlin"
-
-
-def fp8_block(block: tuple[int, int] = (128, 128)) -> LinearStorage:
-    return LinearStorage(8, "block", block=(int(block[0]), int(block[1])), scale_bytes=FP32,
-                         label=f"float8 e4m3, an fp32 scale per {block[0]}x{block[1]} tile")
-
-
-# The registered plan-only formats (harness.formats) as a bf16 model quantized to them would be stored.
-FORMAT_STORAGE: dict[str, dict] = {
-    "fp8": {"rules": (StorageRule(ALL_LINEAR, FP8_CHANNEL),)},
-    "fp8-block": {"rules": (StorageRule(ALL_LINEAR, fp8_block()),)},
-    "nvfp4": {"rules": (StorageRule(ALL_LINEAR, NVFP4),)},
-    "nvfp4a16": {"rules": (StorageRule(ALL_LINEAR, replace(NVFP4, tensor_scales=1)),)},  # weight-only
-    "mxfp4": {"rules": (StorageRule(ALL_LINEAR, MXFP4),), "experts_only": True},
-    "bnb-nf4": {"rules": (StorageRule(ALL_LINEAR, BNB_4BIT),)},
-}
-
-
-def with_storage(fmt: WeightFormat) -> WeightFormat:
-    """A registered plan-only format with its storage rules (FORMAT_STORAGE); any other unchanged."""
-    storage = FORMAT_STORAGE.get(fmt.name)
-    return replace(fmt, **storage) if storage and not fmt.rules else fmt
+from harness.quant_config import WeightScheme, read_quantization
 
 
 def quantization_config_of(config: dict) -> dict | None:
@@ -276,64 +220,6 @@ def _scheme_storage(scheme: WeightScheme, where: str) -> LinearStorage:
                          g_idx=scheme.actorder == "group",
                          label=f"int{bits}, a {8 * scale}-bit scale per "
                                f"{f'{group} inputs' if grouped else strategy}")
-
-
-def module_path(lin: Linear) -> str:
-    """The module path of a linear layer inside a decoder layer, as checkpoints and engines name it
-    ('self_attn.q_proj', 'mlp.experts.gate_up_proj', 'mlp.gate' for a router)."""
-    name = lin.name
-    if name in _ATTENTION:
-        return f"self_attn.{name}"
-    if name == "router":
-        return "mlp.gate"
-    if name.startswith(("experts.", "shared_experts.")):
-        return f"mlp.{name}"
-    return name
-
-
-def _matches(entry: str, path: str) -> tuple[bool, str | None]:
-    """(whether a module-list entry names the layer at `path`, the decoder layer index it is limited to or None)."""
-    if entry.startswith("re:"):
-        pattern = entry[3:]
-        return bool(re.fullmatch(pattern, f"model.layers.0.{path}") or re.search(pattern, path)), None
-    if entry in ("Linear", "*"):
-        return True, None
-    rest = _PREFIX.sub("", entry)
-    layer = None
-    match = _LAYER.match(rest)
-    if match:
-        layer, rest = (None if match.group(1) == "*" else match.group(1)), match.group(2)
-    wanted, parts = rest.split("."), path.split(".")
-    found = any(parts[i:i + len(wanted)] == wanted for i in range(len(parts) - len(wanted) + 1))
-    return found, layer
-
-
-def module_matches(entry: str, lin: Linear) -> bool:
-    """Whether a targets/ignore entry (a module name, a path with layer index or '*', or 're:REGEX') names `lin`
-    in any layer."""
-    return _matches(entry, module_path(lin))[0]
-
-
-def rule_for(rules: tuple[StorageRule, ...], lin: Linear) -> StorageRule | None:
-    """The first rule whose targets name the layer (compressed-tensors' config_groups order); None: none does."""
-    return next((rule for rule in rules if any(module_matches(t, lin) for t in rule.targets)), None)
-
-
-def unconverted_copies(entries: tuple[str, ...], lin: Linear, layers: int) -> int:
-    """How many of `lin`'s copies a modules_to_not_convert / ignore list keeps 16-bit: all of them when an entry
-    names the module in every layer, else the share of its layers the entries list one by one (Qwen's FP8
-    checkpoints list each layer's router)."""
-    listed: set[str] = set()
-    for entry in entries:
-        found, layer = _matches(entry, module_path(lin))
-        if found and layer is None:
-            return lin.count
-        if found:
-            listed.add(layer)
-    if not listed:
-        return 0
-    held = lin.layers or layers
-    return min(lin.count, round(lin.count * len(listed) / held))
 
 
 def expert_layers(fmt: WeightFormat, lin: Linear) -> bool:

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
+from harness.capacity.storage import (LinearStorage, StorageRule, is_expert, rule_for,  # noqa: F401
+                                      unconverted_copies, with_storage)
 from harness.capacity.shapes import NO_KV, Attention, LayerState, Linear, ModelShape, pipeline_stage
 
 GIB = 2**30
@@ -43,69 +45,6 @@ SAMPLER_BYTES_PER_LOGIT = 8
 class TensorParallelError(ValueError):
     """The model cannot be split over the requested GPUs: its heads over the tensor-parallel degree, or its layers
     over the pipeline-parallel stages."""
-
-
-@dataclass(frozen=True)
-class LinearStorage:
-    """How an engine holds one quantized linear weight (in x out on one GPU), as the checkpoint stores it:
-    `bits` per weight (packed), and its scales by `strategy`:
-      tensor: one fp32 scale per weight tensor; channel: one per output row; group: one per `group_size` inputs of
-      each row; block: one per `block` (rows, inputs) tile; flat: one per `group_size` consecutive weights
-      (bitsandbytes' blocks over the flattened tensor).
-    `scale_bytes` is one scale's size (fp16/bf16 2, fp32 4, fp8/e8m0 1), `zeros` a packed `bits`-wide zero per
-    scale (asymmetric GPTQ/AWQ), `g_idx` GPTQ's int32 per input channel, `tensor_scales` further fp32 scalars per
-    tensor (NVFP4's global scale, static input scales)."""
-
-    bits: float
-    strategy: str = "channel"
-    group_size: int | None = None
-    block: tuple[int, int] | None = None
-    scale_bytes: float = 2
-    zeros: bool = False
-    g_idx: bool = False
-    tensor_scales: int = 0
-    label: str = ""
-    # (hidden, inner) multiples an engine pads an MoE expert's dimensions to at load (vLLM's MXFP4 backends:
-    # checkpoint.MXFP4_PADDING); None: stored as shaped
-    pad: tuple[int, int] | None = None
-
-    def nbytes(self, in_features: int, out_features: int, *, row: bool = False, fused: int = 1) -> float:
-        """Bytes of one in x out weight; `row`: the input is the inner (intermediate) side (a down projection),
-        else the output is, `fused` inner projections wide (a fused gate_up: 2)."""
-        if self.pad:
-            hidden, inner = self.pad
-            if row:
-                in_features, out_features = _round_up(in_features, inner), _round_up(out_features, hidden)
-            else:
-                in_features = _round_up(in_features, hidden)
-                out_features = fused * _round_up(math.ceil(out_features / fused), inner)
-        packed = in_features * out_features * self.bits / 8
-        if self.strategy == "tensor":
-            scales = 1
-        elif self.strategy == "block" and self.block:
-            scales = math.ceil(out_features / self.block[0]) * math.ceil(in_features / self.block[1])
-        elif self.strategy == "flat" and self.group_size:
-            scales = math.ceil(in_features * out_features / self.group_size)
-        elif self.strategy == "group" and self.group_size and self.group_size > 0:
-            scales = math.ceil(in_features / self.group_size) * out_features
-        else:
-            scales = out_features
-        zeros = scales * self.bits / 8 if self.zeros else 0
-        return (packed + scales * self.scale_bytes + zeros + (in_features * 4 if self.g_idx else 0)
-                + self.tensor_scales * 4)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return math.ceil(value / multiple) * multiple if multiple else value
-
-
-@dataclass(frozen=True)
-class StorageRule:
-    """The layers a storage applies to: `targets` are module paths or "re:REGEX" (checkpoint.module_matches);
-    ("Linear",) is every linear layer."""
-
-    targets: tuple[str, ...]
-    storage: LinearStorage
 
 
 @dataclass(frozen=True)
@@ -148,8 +87,6 @@ class WeightFormat:
             return [(lin.count, None)]
         if not self.rules:
             return [(lin.count, _default_storage(self))]
-        from harness.capacity.checkpoint import unconverted_copies, rule_for
-
         if self.experts_only and not is_expert(lin):
             return [(lin.count, None)]
         rule = rule_for(self.rules, lin)
@@ -157,11 +94,6 @@ class WeightFormat:
             return [(lin.count, None)]
         kept = unconverted_copies(self.unconverted, lin, layers)
         return [(copies, storage) for copies, storage in ((lin.count - kept, rule.storage), (kept, None)) if copies]
-
-
-def is_expert(lin: Linear) -> bool:
-    """A routed expert's weight (an MoE layer's experts, not its shared expert)."""
-    return "experts" in lin.name and "shared_expert" not in lin.name
 
 
 def _default_storage(fmt: WeightFormat) -> LinearStorage:
@@ -181,8 +113,6 @@ def weight_format(name: str, group_size: int | None = None) -> WeightFormat:
     if spec is None:
         raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMAT_SPECS)})")
     fmt = WeightFormat(spec.name, spec.bits, group_size if spec.grouped else None, g_idx=spec.g_idx, spec=spec)
-    from harness.capacity.checkpoint import with_storage  # fp8, nvfp4, mxfp4, ...: their storage rules
-
     return with_storage(fmt)
 
 
