@@ -22,7 +22,6 @@ _PREFIX = re.compile(r"^(model\.)?(language_model\.)?(model\.)?")
 _LAYER = re.compile(r"^(?:layers|h|blocks)\.(\d+|\*)\.(.*)$")
 
 
-
 @dataclass(frozen=True)
 class LinearStorage:
     """How an engine holds one quantized linear weight (in x out on one GPU), as the checkpoint stores it:
