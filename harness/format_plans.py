@@ -54,14 +54,12 @@ def profile_budget(inputs: RunInputs) -> tuple[int, int]:
     return tokens, min(spec.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens)
 
 
-
 def shape_of(inputs: RunInputs) -> ModelShape | None:
     """The planners' shape of the run's model; None when its config is not one they read (no plan, no guess)."""
     try:
         return model_shape(text_config(inputs.model_config))
     except ConfigFieldError:
         return None
-
 
 
 def serving_sizes(run: FormatRun) -> tuple[int | None, int | None]:

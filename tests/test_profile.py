@@ -162,13 +162,15 @@ def test_the_measure_task_asks_for_vllms_token_budget(monkeypatch):
     monkeypatch.delenv(PROFILE_ON_CPU_ENV, raising=False)
     assert not profile_wanted() and profile_request(_inputs()) is None  # a CPU: no profile by default
     monkeypatch.setattr(device, "is_cuda", lambda: True)
-    assert profile_wanted() and profile_request(_inputs()) == (8192, 256)  # max(600, 8192) over vLLM's 256
-    assert profile_request(_inputs(capacity=CapacitySettings(max_model_len=20_000))) == (20_000, 256)
+    # vLLM V1 chunks prefill: `vllm serve` batches 8,192 tokens on a GPU of 70 GiB or more (the report's default
+    # 80 GiB target), 2,048 on a smaller one, whatever --max-model-len (VllmRules.default_token_budget)
+    assert profile_wanted() and profile_request(_inputs()) == (8192, 256)
+    assert profile_request(_inputs(capacity=CapacitySettings(max_model_len=20_000))) == (8192, 256)
     assert profile_request(_inputs(max_num_seqs=8)) == (8192, 8)
-    # the policy's serving length, when the run names none: the plans are for it, so the profile is too
     long_context = Policy(serving=ServingTarget(target_gpu="H100-SXM", max_model_len=32_768))
-    assert profile_request(_inputs(long_context)) == (32_768, 256)
-    assert profile_request(_inputs(long_context, capacity=CapacitySettings(max_model_len=1024))) == (8192, 256)
+    assert profile_request(_inputs(long_context)) == (8192, 256)
+    small_gpu = Policy(serving=ServingTarget(target_gpu="L4", max_model_len=32_768))
+    assert profile_request(_inputs(small_gpu)) == (2048, 256)
     monkeypatch.setattr(device, "is_cuda", lambda: False)
     monkeypatch.setenv(PROFILE_ON_CPU_ENV, "1")
     assert profile_request(_inputs()) == (8192, 256)
@@ -194,12 +196,12 @@ def test_the_planners_use_the_profile_and_scale_it_to_their_own_budget():
     plans = plan_engines(shape, weight_format("baseline"), Target(gpu_by_name("L4")), workload)
     label = "measured (profile forward of 8,192 tokens over 256 sequences)"
     vllm, sglang, trtllm = (plans[e] for e in ("vllm", "sglang", "trtllm"))
-    assert vllm.token_budget == 8192 and vllm.memory.activation_bytes == 1_000_000_000
-    assert vllm.memory.activation_source == label
     assert trtllm.token_budget == 8192 and trtllm.memory.activation_bytes == 1_000_000_000
-    # SGLang prefills 2,048-token chunks on an L4: a quarter of the tokens, a quarter of the activations
-    assert sglang.token_budget == 2048 and sglang.memory.activation_bytes == 250_000_000
-    assert sglang.memory.activation_source == label[:-1] + ", scaled linearly to 2,048 tokens)"
+    assert trtllm.memory.activation_source == label
+    # vLLM V1 and SGLang prefill 2,048-token chunks on an L4: a quarter of the tokens, a quarter of the activations
+    for plan in (vllm, sglang):
+        assert plan.token_budget == 2048 and plan.memory.activation_bytes == 250_000_000
+        assert plan.memory.activation_source == label[:-1] + ", scaled linearly to 2,048 tokens)"
     assert measured_activation(Workload(max_model_len=1, activation_bytes=7), 100) == (7, "measured")
 
 
@@ -225,9 +227,14 @@ def test_cpu_plans_without_a_profile_estimate_from_the_config_not_from_the_gener
     from harness.capacity import activation_peak_bytes
     from harness.measure.kv import DEMO_CONFIG
 
+    from harness.capacity.vllm import NEWEST_VERSION
+    from harness.capacity.vllm_versions import rules_for
+
     memory = _vllm_memory(_run(None, "float32"))
     assert memory.activation_source == "estimated from the config"
-    assert memory.activation_bytes == activation_peak_bytes(model_shape(DEMO_CONFIG), 8192, 256) != 30 * 2**20
+    sampler = rules_for(NEWEST_VERSION)[0].sampler_bytes_per_logit  # V1's sampler, at L4's 2,048-token budget
+    assert memory.activation_bytes == activation_peak_bytes(model_shape(DEMO_CONFIG), 2048, 256,
+                                                            sampler_bytes_per_logit=sampler) != 30 * 2**20
     failed = {"profile_tokens": 8192, "profile_sequences": 256, "activation_profile_bytes": None,
               "profile_error": "RuntimeError: CUDA out of memory"}
     assert _vllm_memory(_run(failed)).activation_source == "estimated from the config"
@@ -236,7 +243,8 @@ def test_cpu_plans_without_a_profile_estimate_from_the_config_not_from_the_gener
 def test_a_profiled_run_plans_with_its_profile_at_the_16_bit_size():
     profile = {"profile_tokens": 8192, "profile_sequences": 256, "activation_profile_bytes": 400 * 2**20}
     memory = _vllm_memory(_run(profile, "float32"))  # a float32 host measured twice the 16-bit bytes
-    assert memory.activation_bytes == 200 * 2**20
-    assert memory.activation_source == "measured (profile forward of 8,192 tokens over 256 sequences)"
-    longer = _vllm_memory(_run(profile), max_model_len=16_384)  # vLLM's budget grows to max_model_len
-    assert longer.activation_bytes == 800 * 2**20 and "scaled linearly to 16,384 tokens" in longer.activation_source
+    assert memory.activation_bytes == 50 * 2**20  # 200 MiB at 8,192 tokens, scaled to the L4's 2,048
+    assert memory.activation_source == ("measured (profile forward of 8,192 tokens over 256 sequences, scaled "
+                                        "linearly to 2,048 tokens)")
+    longer = _vllm_memory(_run(profile), max_model_len=16_384)  # V1 chunks prefill: the budget stays 2,048
+    assert longer.activation_bytes == 100 * 2**20 and "scaled linearly to 2,048 tokens" in longer.activation_source
