@@ -163,13 +163,14 @@ def _load_measure_generate(job: DeviceJob, runtime: type[Runtime], timeline) -> 
         result["profile"] = _profile(model, job.measure, timeline)
         atomic_write_json(Path(job.measure.result_path), result)
     if job.fidelity:
-        _fidelity(model, job.fidelity, timeline)
+        _fidelity(model, job.fidelity, timeline, job.batch_size)
     return result
 
 
-def _fidelity(model, tasks, timeline) -> None:
+def _fidelity(model, tasks, timeline, batch_size: int) -> None:
     """The fidelity tasks (harness.fidelity), last and outside the timeline: their full-vocabulary forwards are
-    not the evaluated workload, and must not raise the peaks its memory budget is judged on."""
+    not the evaluated workload, and must not raise the peaks its memory budget is judged on. They are batched as
+    generation is (--batch-size), the reference and every comparison alike."""
     from harness.fidelity import TOP_K
     from harness.fidelity.teacher import compare_to_reference, write_reference
 
@@ -177,9 +178,9 @@ def _fidelity(model, tasks, timeline) -> None:
         timeline.stop()
     for task in tasks:
         if task.mode == "reference":
-            write_reference(model, task, TOP_K)
+            write_reference(model, task, TOP_K, batch_size)
         else:
-            compare_to_reference(model, task)
+            compare_to_reference(model, task, batch_size)
 
 
 def _profile(model, measure, timeline) -> dict:

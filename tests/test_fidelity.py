@@ -247,3 +247,76 @@ def test_a_held_back_fidelity_rule_says_what_held_it_back():
     assert decision.verdict == "INCONCLUSIVE" and decision.fidelity["faq"]["status"] == "pass"
     assert decision.reasons[-1].startswith("fidelity holds on every gated evalset, but the fidelity rule cannot "
                                            "carry a GO past faq/f1")
+
+
+# --- batched teacher forcing (issue #42 item 6) ---------------------------------------------------
+
+
+class _TinyRuntime:
+    """tests/conftest.py tiny_llama's model (same shape, seeding and sharpening) with a small vocabulary, in memory,
+    behind the transformers backend's own next_token_logprobs: no checkpoint or tokenizer needed."""
+
+    def __init__(self, noise: float = 0.0):
+        import types
+
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from harness.runtime.transformers_backend import LoadedModel
+
+        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(config).eval()
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for parameter in self.model.parameters():
+                parameter.mul_(4.0)
+                parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
+        self.device = torch.device("cpu")
+        self.tokenizer = types.SimpleNamespace(pad_token_id=0)
+        self.next_token_logprobs = types.MethodType(LoadedModel.next_token_logprobs, self)
+
+
+def _fidelity_figures(tmp_path, base, fmt, batch_size, name):
+    from harness.fidelity.teacher import compare_to_reference, write_reference
+    from harness.jobs import FidelityTask
+
+    rng = np.random.default_rng(7)
+    shared = rng.integers(1, 512, size=40).tolist()  # an instruction every prompt starts with: run once a batch
+    prompts = {f"q{i}": shared + rng.integers(1, 512, size=int(rng.integers(1, 40))).tolist() for i in range(9)}
+    outputs = [{"id": i, "token_ids": rng.integers(1, 512, size=int(rng.integers(2, 24))).tolist()} for i in prompts]
+    outputs[3]["token_ids"] = []  # an item without a continuation is left out on both sides
+    (tmp_path / "gen.json").write_text(json.dumps({"outputs": outputs}))
+    reference = tmp_path / f"ref-{name}.npz"
+    write_reference(base, FidelityTask("faq", "r", "reference", str(reference), generation_path=str(tmp_path / "gen.json"),
+                                       items=tuple((i, tuple(p)) for i, p in prompts.items())), 32, batch_size)
+    out = tmp_path / f"{name}.json"
+    compare_to_reference(fmt, FidelityTask("faq", name, "compare", str(reference), result_path=str(out)), batch_size)
+    return {row["id"]: row for row in json.loads(out.read_text())["items"]}
+
+
+def test_batched_teacher_forcing_moves_the_figures_by_float_noise_only(tmp_path, monkeypatch):
+    """Left-padded batches of mixed lengths, their shared prompt prefix run once, give each item the KL, agreement
+    and first flip of batch 1 (KL within 1e-4 relative); the baseline against itself stays exactly 0 when batched;
+    a logits budget that splits the batches changes nothing either."""
+    import harness.fidelity.teacher as teacher
+
+    base, noisy = _TinyRuntime(), _TinyRuntime(noise=0.1)
+    assert teacher.shared_prefix(base.model, [([5] * 50 + [1, 2], 51), ([5] * 50 + [3], 50)]) == 49
+    assert teacher.shared_prefix(base.model, [([5] * 20 + [1, 2], 21), ([5] * 20 + [3], 20)]) == 0  # too short to pay
+    single = _fidelity_figures(tmp_path, base, noisy, 1, "single")
+    batched = _fidelity_figures(tmp_path, base, noisy, 4, "batched")
+    assert sorted(single) == sorted(batched) and len(single) == 8 and "q3" not in single
+    for item_id, row in single.items():
+        other = batched[item_id]
+        assert row["positions"] == other["positions"] and row["kl_sum"] > 0
+        assert other["kl_sum"] == pytest.approx(row["kl_sum"], rel=1e-4)
+        assert (other["agree"], other["first_flip"]) == (row["agree"], row["first_flip"])
+        assert other["target_logprob_sum"] == pytest.approx(row["target_logprob_sum"], rel=1e-4)
+    itself = _fidelity_figures(tmp_path, base, base, 4, "self")
+    assert all(row["kl_sum"] == 0.0 and row["agree"] == row["positions"] for row in itself.values())
+    monkeypatch.setattr(teacher, "LOGITS_BYTES", 3 * 30 * 512 * 4)  # about 3 items a batch here
+    split = _fidelity_figures(tmp_path, base, noisy, 8, "split")
+    for item_id, row in single.items():
+        assert split[item_id]["kl_sum"] == pytest.approx(row["kl_sum"], rel=1e-4)

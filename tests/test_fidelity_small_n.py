@@ -48,8 +48,8 @@ def test_the_lower_end_a_no_go_rests_on_holds_on_real_figures_at_three_and_four_
 
 
 def test_the_far_end_is_the_log_scale_t_end_inflated_at_few_items():
-    assert skewed_far_end(0.1, 0.05, 0.0, 4) == pytest.approx(0.1 * np.exp(0.5 * np.sqrt(2)))  # KL: above value + half
-    assert skewed_far_end(95.0, 2.0, 100.0, 400) == pytest.approx(100 - 5 * np.exp(0.4 * np.sqrt(1.01)))  # below
+    assert skewed_far_end(0.1, 0.05, 0.0, 10) == pytest.approx(0.1 * np.exp(0.5 * np.sqrt(2)))  # KL: past value + half
+    assert skewed_far_end(95.0, 2.0, 100.0, 1000) == pytest.approx(100 - 5 * np.exp(0.4 * np.sqrt(1.01)))  # below
     assert skewed_far_end(100.0, 1.0, 100.0, 30) == 100.0
 
 

@@ -19,6 +19,6 @@ context, as for the task metrics): harness.fidelity.summary. The verdict's fidel
 from harness.fidelity.summary import FidelityItem, FidelitySummary, summarize_fidelity
 
 TOP_K = 32
-VERSION = 1  # of the reference and comparison files: a change reruns the fidelity stage
+VERSION = 2  # of the reference and comparison files: a change reruns the fidelity stage (2: batched forwards)
 
 __all__ = ["TOP_K", "VERSION", "FidelityItem", "FidelitySummary", "summarize_fidelity"]

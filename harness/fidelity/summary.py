@@ -73,7 +73,7 @@ class FidelitySummary:
 
 
 POSITION_BAND = 16
-SMALL_N = 4  # the far end's inflation at few clusters (skewed_far_end), fitted by benchmarks/fidelity_coverage.py
+SMALL_N = 10  # the far end's inflation at few clusters (skewed_far_end), fitted by benchmarks/fidelity_coverage.py
 LARGEST = 5
 
 

@@ -2,12 +2,17 @@
 
 write_reference (the baseline's worker) keeps, per output position, the top-k token ids and log-probabilities and
 the baseline's own token; compare_to_reference (every other format's worker) reads that file and measures the
-format against it without the baseline in memory. Both run batch 1, so no padding enters the comparison.
+format against it without the baseline in memory. Both run the forwards in batches (teacher_forced_logprobs:
+longest first, left-padded with position ids from the attention mask, as generation is), the same items in the
+same batches on both sides, so the baseline against itself is exactly 0; batching moves a figure by float noise
+only (tests/test_fidelity.py checks batched against batch 1 on a real model).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -15,30 +20,32 @@ from harness import progress
 from harness.cache import atomic_write_json, read_json
 
 TINY = 1e-12
+LOGITS_BYTES = 256 * 2**20  # float32 logits one batched forward may keep: bounds the batch on long answers
 
 
-def write_reference(model, task, top_k: int) -> None:
+def write_reference(model, task, top_k: int, batch_size: int = 1) -> None:
     """task: harness.jobs.FidelityTask in mode "reference"; its generation_path holds the baseline's outputs."""
     import torch
 
+    started, cpu_started = time.time(), time.process_time()
     generated = read_json(Path(task.generation_path)) or {}
     continuation = {o["id"]: o.get("token_ids") or [] for o in generated.get("outputs") or []}
-    item_ids, inputs, prompt_lengths, tops, top_lps, targets = [], [], [], [], [], []
+    kept = [(item_id, list(prompt_ids), list(continuation.get(item_id) or [])) for item_id, prompt_ids in task.items]
+    kept = [entry for entry in kept if entry[2]]
+    item_ids = [item_id for item_id, _, _ in kept]
+    inputs = [np.asarray(prompt + following, dtype=np.int64) for _, prompt, following in kept]
+    prompt_lengths = [len(prompt) for _, prompt, _ in kept]
+    targets = [np.asarray(following, dtype=np.int64) for _, _, following in kept]
+    tops: list = [None] * len(kept)
+    top_lps: list = [None] * len(kept)
     label = f"fidelity reference {task.evalset}"
-    progress.step(label, 0, len(task.items))
-    for done, (item_id, prompt_ids) in enumerate(task.items, 1):
-        following = list(continuation.get(item_id) or [])
-        if following:
-            ids = list(prompt_ids) + following
-            logprobs = model.next_token_logprobs(ids, len(prompt_ids))
-            values, indices = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
-            item_ids.append(item_id)
-            inputs.append(np.asarray(ids, dtype=np.int64))
-            prompt_lengths.append(len(prompt_ids))
-            tops.append(indices.numpy().astype(np.int64))
-            top_lps.append(values.numpy().astype(np.float32))
-            targets.append(np.asarray(following, dtype=np.int64))
-        progress.step(label, done, len(task.items))
+    progress.step(label, 0, len(kept))
+    sequences = [(ids, first) for ids, first in zip(inputs, prompt_lengths)]
+    for done, (index, logprobs) in enumerate(teacher_forced_logprobs(model, sequences, batch_size), 1):
+        values, indices = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
+        tops[index] = indices.numpy().astype(np.int64)
+        top_lps[index] = values.numpy().astype(np.float32)
+        progress.step(label, done, len(kept))
     path = Path(task.reference_path)
     partial = path.with_name(path.name + ".part.npz")
     np.savez_compressed(
@@ -47,32 +54,113 @@ def write_reference(model, task, top_k: int) -> None:
         position_offsets=_offsets(targets), targets=_concat(targets, np.int64),
         top_ids=np.concatenate(tops) if tops else np.zeros((0, top_k), np.int64),
         top_logprobs=np.concatenate(top_lps) if top_lps else np.zeros((0, top_k), np.float32),
-        key=np.asarray(task.key))
+        key=np.asarray(task.key), wall_s=np.asarray(time.time() - started),
+        cpu_s=np.asarray(time.process_time() - cpu_started))
     partial.replace(path)
 
 
-def compare_to_reference(model, task) -> None:
+def compare_to_reference(model, task, batch_size: int = 1) -> None:
     """task: harness.jobs.FidelityTask in mode "compare"; writes the per-item figures to task.result_path."""
     import torch
 
+    started, cpu_started = time.time(), time.process_time()
     reference = read_reference(Path(task.reference_path))
-    items = []
+    item_ids = reference["item_ids"]
+    offsets = reference["input_offsets"]
+    sequences = [(reference["input_ids"][offsets[i]:offsets[i + 1]], int(reference["prompt_lengths"][i]))
+                 for i in range(len(item_ids))]
+    figures_of: list = [None] * len(item_ids)
     label = f"fidelity {task.evalset}"
-    total = len(reference["item_ids"])
-    progress.step(label, 0, total)
-    for index, item_id in enumerate(reference["item_ids"]):
-        ids = reference["input_ids"][reference["input_offsets"][index]:reference["input_offsets"][index + 1]]
-        first = int(reference["prompt_lengths"][index])
+    progress.step(label, 0, len(item_ids))
+    for done, (index, logprobs) in enumerate(teacher_forced_logprobs(model, sequences, batch_size), 1):
         rows = slice(reference["position_offsets"][index], reference["position_offsets"][index + 1])
-        logprobs = model.next_token_logprobs(ids.tolist(), first)
-        figures = position_figures(logprobs, torch.from_numpy(reference["top_ids"][rows]),
-                                   torch.from_numpy(reference["top_logprobs"][rows]),
-                                   torch.from_numpy(reference["targets"][rows]))
-        items.append({"id": str(item_id), **figures})
-        progress.step(label, index + 1, total)
+        figures_of[index] = position_figures(logprobs, torch.from_numpy(reference["top_ids"][rows]),
+                                             torch.from_numpy(reference["top_logprobs"][rows]),
+                                             torch.from_numpy(reference["targets"][rows]))
+        progress.step(label, done, len(item_ids))
+    items = [{"id": str(item_id), **figures} for item_id, figures in zip(item_ids, figures_of)]
     atomic_write_json(Path(task.result_path), {"evalset": task.evalset, "key": task.key,
                                                "reference_key": str(reference["key"]),
-                                               "top_k": int(reference["top_ids"].shape[-1]), "items": items})
+                                               "top_k": int(reference["top_ids"].shape[-1]), "items": items,
+                                               "wall_s": round(time.time() - started, 3),
+                                               "cpu_s": round(time.process_time() - cpu_started, 3)})
+
+
+def teacher_forced_logprobs(model, sequences: Sequence[tuple[Sequence[int], int]],
+                            batch_size: int) -> Iterator[tuple[int, object]]:
+    """(index, log-probabilities [len(ids) - first, vocab], float32 on the CPU) for every (ids, first) of
+    `sequences`, in the order computed: longest first, up to batch_size a forward (fewer where the kept logits
+    would pass LOGITS_BYTES). A runtime that holds a Hugging Face causal LM (`model.model`, as the transformers
+    backend does) runs batched; any other runtime with next_token_logprobs runs batch 1."""
+    order = sorted(range(len(sequences)), key=lambda i: (-len(sequences[i][0]), i))
+    network = getattr(model, "model", None)
+    if batch_size <= 1 or network is None or not hasattr(network, "config"):
+        for index in order:
+            ids, first = sequences[index]
+            yield index, model.next_token_logprobs([int(t) for t in ids], first)
+        return
+    vocab = int(getattr(network.config, "vocab_size", 0) or 0) or 1
+    batch: list[int] = []
+    for index in order:
+        ids, first = sequences[index]
+        keep = max([len(ids) - first] + [len(sequences[i][0]) - sequences[i][1] for i in batch]) + 1
+        if batch and (len(batch) >= batch_size or (len(batch) + 1) * keep * vocab * 4 > LOGITS_BYTES):
+            yield from zip(batch, _batch_logprobs(model, [sequences[i] for i in batch]))
+            batch = []
+        batch.append(index)
+    if batch:
+        yield from zip(batch, _batch_logprobs(model, [sequences[i] for i in batch]))
+
+
+def _batch_logprobs(model, batch: list[tuple[Sequence[int], int]]) -> list:
+    """One batched forward over left-padded sequences. Position ids count real tokens only (from the attention
+    mask, as generate() derives them), so each row sees the positions it has at batch 1; only the last `keep`
+    positions' logits are computed, and each row's continuation positions are the last of them. The prompt
+    prefix the batch's items share (an evalset's instruction and few-shot examples) is run once and its KV cache
+    repeated over the batch (shared_prefix)."""
+    import torch
+
+    network = model.model
+    prefix = shared_prefix(network, batch)
+    past = None
+    if prefix:
+        with torch.inference_mode():
+            head = torch.tensor([[int(t) for t in batch[0][0][:prefix]]], device=model.device)
+            past = network(input_ids=head, use_cache=True).past_key_values
+            past.batch_repeat_interleave(len(batch))
+    width = max(len(ids) - prefix for ids, _ in batch)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    rows = [[pad] * (width - len(ids) + prefix) + [int(t) for t in ids[prefix:]] for ids, _ in batch]
+    mask = torch.tensor([[0] * (width - len(ids) + prefix) + [1] * (len(ids) - prefix) for ids, _ in batch],
+                        device=model.device)
+    positions = prefix + (mask.cumsum(-1) - 1).clamp(min=0)
+    attention = torch.cat([torch.ones(len(batch), prefix, dtype=mask.dtype, device=mask.device), mask], dim=1)
+    wanted = [len(ids) - first for ids, first in batch]
+    keep = max(wanted) + 1
+    with torch.inference_mode():
+        logits = network(input_ids=torch.tensor(rows, device=model.device), attention_mask=attention,
+                         position_ids=positions, past_key_values=past, use_cache=past is not None,
+                         logits_to_keep=keep).logits
+        return [torch.log_softmax(logits[row, keep - 1 - count:keep - 1].float(), dim=-1).cpu()
+                for row, count in enumerate(wanted)]
+
+
+MIN_SHARED_PREFIX = 32  # tokens: below this, running the prefix apart saves less than it costs
+
+
+def shared_prefix(network, batch: list[tuple[Sequence[int], int]]) -> int:
+    """Tokens at the start of every prompt of the batch, short of each prompt's last (whose logits are kept), or 0
+    where sharing does not pay or the model's cache cannot be shared so (a sliding window or a recurrent layer)."""
+    config = network.config
+    if len(batch) < 2 or getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
+            kind != "full_attention" for kind in config.layer_types):
+        return 0
+    limit = min(first for _, first in batch) - 1
+    first_ids = batch[0][0]
+    length = 0
+    while length < limit and all(int(ids[length]) == int(first_ids[length]) for ids, _ in batch[1:]):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
 
 
 def position_figures(logprobs, top_ids, top_logprobs, targets) -> dict:
