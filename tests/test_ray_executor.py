@@ -72,6 +72,17 @@ def test_ray_without_ray_installed_is_one_line_exit_2_before_any_work(tmp_path):
     assert not (tmp_path / "out" / "run.json").exists()  # refused before the inputs were even saved
 
 
+def test_an_unreachable_ray_address_is_one_line_exit_2_before_any_work(tmp_path):
+    """ray.init retries an address where nothing listens for ever (and ignores SIGTERM meanwhile): refused first."""
+    _need_ray()
+    out = tmp_path / "out"
+    result = quantgate("run", "--executor", "ray", "--ray-address", "127.0.0.1:1", "--out", str(out),
+                       cache=tmp_path / "cache", check_codes=(2,), timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--ray-address 127.0.0.1:1: no Ray cluster answers there" in lines[0], result.stderr
+    assert not (out / "run.json").exists()
+
+
 def test_resume_may_move_to_another_executor(tmp_path):
     from harness.commands.run import spec_from_args
     from harness.config import RunSpec

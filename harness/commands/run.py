@@ -287,7 +287,7 @@ def run(args) -> int:
     spec = spec_from_args(args)
     from harness.executors.registry import check_executor
 
-    check_executor(spec.executor)  # e.g. --executor ray without Ray installed: one line, exit 2, before any work
+    check_executor(spec)  # e.g. --executor ray without Ray installed: one line, exit 2, before any work
     if args.reviews:
         from harness.review.session import check_review_files
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -30,7 +31,23 @@ INSTALL = "pip install 'quantgate[ray]'"
 # A task's results are small (FormatRun records): a local Ray needs no more object store than this.
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
 RAY_TEMP_DIR_MAX = 40
+CONNECT_TIMEOUT_S = 5.0
 CANCEL_GRACE_S = 15.0  # for a cancelled task to kill its worker subprocesses before Ray kills the task
+
+
+def check(spec) -> None:
+    """Before any work: Ray installed, and something answering at a HOST:PORT address (ray.init would retry an
+    unreachable one for ever, deaf to SIGTERM)."""
+    check_installed()
+    address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address and "://" not in address and address not in ("auto", "local"):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not HOST:PORT"
+            raise UserError(f"--ray-address {address}: no Ray cluster answers there ({reason}); give the head's "
+                            "HOST:PORT (its GCS port, 6379 by default), ray://HOST:10001, or auto on a node of it")
 
 
 def check_installed() -> None:

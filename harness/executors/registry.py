@@ -19,11 +19,12 @@ def executor_class(name: str) -> "type[harness.executors.base.Executor]":
     return getattr(importlib.import_module(module), cls)
 
 
-def check_executor(name: str) -> None:
-    """Before any work: the executor's own requirements (an installed extra), as one readable line (UserError)."""
-    check = getattr(importlib.import_module(EXECUTORS[name].partition(":")[0]), "check_installed", None)
+def check_executor(spec) -> None:
+    """Before any work: the requirements of the executor `spec` (RunSpec) names (an installed extra, a reachable
+    cluster), each as one readable line (UserError): its module's check(spec), where it has one."""
+    check = getattr(importlib.import_module(EXECUTORS[spec.executor].partition(":")[0]), "check", None)
     if check is not None:
-        check()
+        check(spec)
 
 
 def executor_for(inputs, chain) -> "harness.executors.base.Executor":
