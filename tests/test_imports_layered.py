@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Lowest first. A module may import its own layer and those below.
 LAYERS = (
     ("harness", "harness.errors", "harness.units", "harness.cache", "harness.progress", "harness.quiet", "harness.flags",
+     "harness.logtext",
      "harness.jsonl", "harness.sandbox"),
     # the report's schema: the typed blocks the stages build (it imports only harness.errors and pydantic)
     ("harness.metrics*", "harness.stats", "harness.report.schema"),

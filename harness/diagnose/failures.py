@@ -8,6 +8,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from harness.logtext import is_cause
 from harness.measure.oom import parse_cuda_oom
 
 _MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
@@ -19,7 +20,9 @@ _MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No avail
 _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(|: |:$)|Traceback \(most recent call last\)|"
                     r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
                     r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
-_NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0", re.I)
+_NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0|"
+                    # a logger's WARNING/INFO line that mentions an error (vLLM's "Found ulimit ... with error")
+                    r"\b(?:WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.I)
 
 # markers of each engine in its logs (logger names, module paths, banners)
 ENGINE_MARKERS = {
@@ -111,4 +114,5 @@ def last_error(text: str) -> FailureLine | None:
     if memory:
         return memory[-1]
     raised = [f for f in lines if re.search(r"(?:Error|Exception)\b", f.text) and "Traceback" not in f.text]
-    return (raised or lines or [None])[-1]
+    causes = [f for f in raised if is_cause(f.text)]
+    return (causes or raised or lines or [None])[-1]

@@ -119,6 +119,18 @@ _BARE_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAIL
 _VLLM_FRAME = re.compile(r'File ".*vllm/[^"]+", line \d+, in ')
 _PHASE_FRAME = re.compile(r"in (?:capture_model|_capture_cudagraphs|_dummy_sampler_run|profile_run|_dummy_run|"
                           r"determine_num_available_blocks|determine_available_memory)\b")
+_EXCEPTION = re.compile(r"(?:^|\] |\s)((?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def _non_memory_exception(lines: list[str]) -> str | None:
+    """The last exception a log raised, when it is not a memory failure (None: none, or a memory one)."""
+    for line in reversed(lines):
+        found = _EXCEPTION.search(line.strip())
+        if found:
+            return None if _BARE_OOM.search(line) or "memory" in line.lower() else found.group(0).strip()
+    return None
+
+
 _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
 
 
@@ -208,9 +220,13 @@ def read_vllm(text: str) -> VllmFacts | None:
             if facts.oom_during is None:
                 facts.oom_during = oom_phase(lines, number)
     if facts.oom is None and facts.oom_text is None:
+        # a traceback through vLLM is read as a memory failure unless its exception says it is another one
+        # ("ValueError: Failed to find a kernel that can implement the NVFP4 linear layer")
+        other_failure = _non_memory_exception(lines)
         for number, line in enumerate(lines, 1):
-            if _BARE_OOM.search(line) or (_PHASE_FRAME.search(line) and ("ERROR" in line or "Traceback" in text)) \
-                    or _VLLM_FRAME.search(line):
+            if _BARE_OOM.search(line) or (not other_failure and (
+                    (_PHASE_FRAME.search(line) and ("ERROR" in line or "Traceback" in text))
+                    or _VLLM_FRAME.search(line))):
                 seen = seen or bool(_BARE_OOM.search(line) or _VLLM_FRAME.search(line)) \
                     or facts.weights_gib is not None or facts.v0_lines or facts.v1_lines
                 facts.oom_text, facts.oom_line = Quoted(line.strip()[:300], number), number

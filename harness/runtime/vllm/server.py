@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import progress
+from harness.logtext import last_cause
 from harness.runtime.serving_engine import ServerFailed
 
 STOP_GRACE_S = 20.0
@@ -148,12 +149,16 @@ _ERROR_MARKERS = ("Error:", "error:", "ERROR", "died unexpectedly", "Killed", "T
 
 
 def failure_line(log_path: Path) -> str:
-    """The most telling line of a failed server's log: its last exception message, else its last line."""
+    """The most telling line of a failed server's log: the last exception that names a cause (not one that points
+    at another, harness.logtext), else its last error line, else its last line."""
     try:
         lines = [line.strip() for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
                  if line.strip()]
     except OSError:
         return "no log"
+    cause = last_cause(lines)
+    if cause:
+        return cause[-300:]
     for line in reversed(lines):
         if any(marker in line for marker in _ERROR_MARKERS) and not line.startswith("Traceback"):
             return line[-300:]
