@@ -313,12 +313,16 @@ def _awq_refusal(info: QuantizationInfo) -> str | None:
 def vllm_linear_kernels(info: QuantizationInfo) -> tuple[str, ...]:
     """The kinds of vLLM linear kernel the checkpoint's quantized layers need, for the per-device check of
     harness.runtime.vllm.launch_plan: "wna16:BITS" (integer weight-only), "w8a8-int8", "w8a16-fp8" (FP8
-    weight-only), "w8a8-fp8", "w8a8-fp8-block"."""
+    weight-only), "w8a8-fp8", "w8a8-fp8-block", "w4a4-nvfp4" and "w4a16-nvfp4" (4-bit floats in groups of 16),
+    "w4-mxfp4" (4-bit floats in groups of 32)."""
     if VLLM_METHODS.get(info.method, info.method) is None:
         return ()
     needs = {f"wna16:{bits}" for bits in info.weight_only_int_bits()}
     for scheme in info.schemes:
-        if scheme.type == "float":
+        if scheme.type == "float" and scheme.bits == 4:
+            needs.add("w4-mxfp4" if scheme.group_size == 32 else
+                      "w4a16-nvfp4" if scheme.weight_only else "w4a4-nvfp4")
+        elif scheme.type == "float":
             block = "-block" if scheme.strategy == "block" else ""
             needs.add("w8a16-fp8" if scheme.weight_only else f"w8a8-fp8{block}")
         elif not scheme.weight_only and scheme.type == "int":

