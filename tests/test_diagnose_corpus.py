@@ -19,6 +19,8 @@ from harness.diagnose.levers import in_place
 from harness.diagnose.settings import settings_given
 
 CORPUS = Path(__file__).parent / "fixtures" / "diagnose_corpus"
+# logs the readers were never tuned on (tests/fixtures/diagnose_holdout/README.md): every rule but the share holds
+HOLDOUT = Path(__file__).parent / "fixtures" / "diagnose_holdout"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 FIRST_CHANGE_RIGHT = 0.85
 READER_OF = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "trtllm": "trtllm", "tensorrt-llm": "trtllm",
@@ -27,8 +29,8 @@ TABLE_BEGIN = "<!-- diagnose corpus table: begin -->"
 TABLE_END = "<!-- diagnose corpus table: end -->"
 
 
-def cases() -> list[dict]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(CORPUS.glob("*.json"))]
+def cases(folder: Path = CORPUS) -> list[dict]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json"))]
 
 
 def flags_text(flags: dict) -> str:
@@ -72,10 +74,13 @@ def grade(case: dict, with_flags: bool) -> Graded:
 
 CASES = cases()
 IDS = [c["id"] for c in CASES]
+HELD_OUT = cases(HOLDOUT)
+EVERY = CASES + HELD_OUT  # the rules that hold for every log: never fits, nothing in place, no crash, own reader
+EVERY_ID = IDS + [f"holdout:{c['id']}" for c in HELD_OUT]
 
 
 @pytest.mark.parametrize("with_flags", [False, True], ids=["log only", "with --flags"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
 def test_a_failed_log_is_never_fits_nor_refused(case, with_flags):
     graded = grade(case, with_flags)
     if not case["failed"]:
@@ -87,7 +92,7 @@ def test_a_failed_log_is_never_fits_nor_refused(case, with_flags):
 
 
 @pytest.mark.parametrize("with_flags", [False, True], ids=["log only", "with --flags"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
 def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
     """Nothing already set (in the log or the case's flags) is suggested again, nor lowered where set higher."""
     graded = grade(case, with_flags)
@@ -101,7 +106,7 @@ def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
             assert not in_place(change, change.lever, settings), (case["id"], change.setting)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
 def test_each_engine_is_read_by_its_own_reader(case):
     """Told the engine, its reader answers; from the log alone, never another engine's reader."""
     expected = READER_OF.get(case["engine"].lower())
@@ -113,12 +118,12 @@ def test_each_engine_is_read_by_its_own_reader(case):
     assert plain.diagnoses[0].reader not in engines, (case["id"], plain.diagnoses[0].reader)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
 def test_parts_of_a_log_and_logs_pasted_together_never_crash_nor_fit(case):
     """A log cut anywhere, or followed by another case's log, is read without a crash, and a part with an
     out-of-memory line or a traceback is never "fits"."""
     lines = case["log"].splitlines()
-    other = CASES[(CASES.index(case) + 1) % len(CASES)]["log"]
+    other = EVERY[(EVERY.index(case) + 1) % len(EVERY)]["log"]
     for part in ("\n".join(lines[: len(lines) // 2]), "\n".join(lines[len(lines) // 3:]), case["log"] + "\n" + other):
         try:
             found = diagnose_all(part, case["id"], Context(engine=READER_OF.get(case["engine"].lower())))
@@ -128,8 +133,8 @@ def test_parts_of_a_log_and_logs_pasted_together_never_crash_nor_fit(case):
             assert all(d.kind != "fits" for d in found), (case["id"], [d.summary for d in found])
 
 
-def graded_table() -> tuple[list[Graded], str]:
-    rows = [grade(case, with_flags=True) for case in CASES if case["failed"]]
+def graded_table(corpus: list[dict] = CASES) -> tuple[list[Graded], str]:
+    rows = [grade(case, with_flags=True) for case in corpus if case["failed"]]
     lines = ["| case | engine | kind | first change | confirmed | ok |", "|---|---|---|---|---|---|"]
     for g in rows:
         main = g.diagnoses[0] if g.diagnoses else None
@@ -155,11 +160,23 @@ def test_first_change_is_a_confirmed_lever_in_most_logs():
                                                      f"{g.case['confirmed_levers']}" for g in misses))
 
 
+def docs_block() -> str:
+    _, table = graded_table()
+    _, held_out = graded_table(HELD_OUT)
+    return (f"{TABLE_BEGIN}\n\nWritten by `PYTHONPATH=. python -m tests.test_diagnose_corpus --write-docs` "
+            f"(each case's log with its flags given as --flags):\n\n{table}\n\nThe held-out logs "
+            f"(tests/fixtures/diagnose_holdout/, never used to tune the readers):\n\n{held_out}\n\n{TABLE_END}")
+
+
+def test_the_docs_table_is_the_current_grading():
+    text = DOCS.read_text(encoding="utf-8")
+    assert docs_block() in text, ("docs/troubleshooting.md's graded table is stale: "
+                                  "PYTHONPATH=. python -m tests.test_diagnose_corpus --write-docs")
+
+
 def write_docs(path: Path = DOCS) -> None:
     """Replace the table between the markers in docs/troubleshooting.md (appended with its heading if absent)."""
-    _, table = graded_table()
-    block = (f"{TABLE_BEGIN}\n\nWritten by `PYTHONPATH=. python -m tests.test_diagnose_corpus --write-docs` "
-             f"(each case's log with its flags given as --flags):\n\n{table}\n\n{TABLE_END}")
+    block = docs_block()
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     if TABLE_BEGIN in text and TABLE_END in text:
         text = re.sub(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), lambda _: block, text, flags=re.S)
