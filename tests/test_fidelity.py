@@ -320,3 +320,82 @@ def test_batched_teacher_forcing_moves_the_figures_by_float_noise_only(tmp_path,
     split = _fidelity_figures(tmp_path, base, noisy, 8, "split")
     for item_id, row in single.items():
         assert split[item_id]["kl_sum"] == pytest.approx(row["kl_sum"], rel=1e-4)
+
+
+# --- decoys: damage confined to a narrow kind of token (issue #42 item 3) ----------------------------
+
+
+def _numeric_answer_items(rng, answer_kl, n=30, tokens=60):
+    """Items whose answer holds one numeric token among `tokens`: background KL of a close format everywhere, and
+    answer_kl at the number's position."""
+    items = {}
+    for i in range(n):
+        by_position = list(rng.gamma(2.0, 0.0025, size=tokens))
+        by_position[int(rng.integers(5, tokens))] = answer_kl
+        items[f"q{i}"] = FidelityItem(tokens, float(sum(by_position)), tokens - (answer_kl > 1.0) - (i % 3 == 0),
+                                      first_flip=None, kl_by_position=tuple(by_position))
+    return items
+
+
+def test_a_decoy_that_breaks_only_the_numbers_is_not_passed_by_the_mean():
+    """Every numeric answer confidently wrong (2 nats at its one position), a close format elsewhere: the mean KL
+    (about 0.04) and agreement (about 98%) are within the limits on 30 items, which the mean alone passed; the tail
+    condition holds the pass back. A close format's figures still pass, and so do the decoy's where the per-position
+    figures are unknown (quantgate decide input), the limit docs/fidelity.md names."""
+    from harness.fidelity.rule import judge_fidelity
+
+    decoy = _numeric_answer_items(np.random.default_rng(8), answer_kl=2.0)
+    judgment = judge_fidelity("faq", decoy, Policy())
+    assert judgment.summary.kl.ci_high < 0.05 and judgment.summary.top1_agreement.ci_low > 90.0
+    assert judgment.status == "inconclusive" and "30 of its 30 items" in judgment.detail
+    assert "confidently off the baseline's token" in judgment.detail
+    close = _numeric_answer_items(np.random.default_rng(8), answer_kl=0.3)
+    assert judge_fidelity("faq", close, Policy()).status == "pass"
+    bare = {i: FidelityItem(item.positions, item.kl_sum, item.agree) for i, item in decoy.items()}
+    assert judge_fidelity("faq", bare, Policy()).status == "pass"
+    baseline = {i: {"f1": 60.0 + 20 * (k % 3)} for k, i in enumerate(decoy)}
+    rng = np.random.default_rng(9)  # a small F1 loss on each item, noisy: the task interval straddles the margin
+    candidate = {i: {"f1": row["f1"] - 1.0 + float(rng.normal(0, 8))} for i, row in baseline.items()}
+    decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
+                             FormatOutcome("decoy", items={"faq": candidate}, gates={"faq": ["f1"]},
+                                           fidelity={"faq": decoy}), Policy())
+    assert decision.verdict != "GO", decision.reasons
+
+
+def test_a_tiny_model_whose_digit_logits_are_damaged_is_not_go_on_numeric_answers():
+    """tiny_llama's model with the lm_head rows of ten 'digit' tokens (the ten it most often puts first) scaled by
+    0.7: on the 5 items whose answer is one of those tokens, fidelity says KL 0.071 [0.056, 0.100], agreement 88%
+    (past max_kl, not diluted: in a small random model those tokens lead at 13% of all positions) and the verdict is
+    NO-GO; the task metric (exact match of the answer token) falls on every one of them."""
+    from collections import Counter
+
+    import torch
+
+    from harness.fidelity.teacher import position_figures, teacher_forced_logprobs
+
+    base, decoy = _TinyRuntime(), _TinyRuntime()
+    rng = np.random.default_rng(11)
+    sequences = []
+    for _ in range(30):
+        prompt = rng.integers(1, 512, size=int(rng.integers(10, 30))).tolist()
+        sequences.append((prompt + rng.integers(1, 512, size=40).tolist(), len(prompt)))
+    reference = dict(teacher_forced_logprobs(base, sequences, 8))
+    leading = Counter(int(t) for logprobs in reference.values() for t in logprobs.argmax(-1))
+    digits = [token for token, _ in leading.most_common(10)]
+    with torch.no_grad():
+        decoy.model.lm_head.weight[digits] *= 0.7
+    numeric = [i for i, logprobs in reference.items() if int(logprobs[0].argmax()) in digits]
+    assert len(numeric) >= 4
+    fidelity, baseline, candidate = {}, {}, {}
+    for index, logprobs in teacher_forced_logprobs(decoy, [sequences[i] for i in numeric], 8):
+        item = numeric[index]
+        values, top = torch.topk(reference[item], 32, dim=-1)
+        targets = torch.tensor(sequences[item][0][sequences[item][1]:])
+        fidelity[f"q{item}"] = FidelityItem.from_json(position_figures(logprobs, top, values, targets))
+        baseline[f"q{item}"] = {"em": 100.0}
+        candidate[f"q{item}"] = {"em": 100.0 * (int(logprobs[0].argmax()) == int(top[0, 0]))}
+    decision = decide_format(FormatOutcome("baseline", items={"nums": baseline}, gates={"nums": ["em"]}),
+                             FormatOutcome("decoy", items={"nums": candidate}, gates={"nums": ["em"]},
+                                           fidelity={"nums": fidelity}), Policy())
+    assert decision.fidelity["nums"]["kl"]["value"] > 0.05, decision.fidelity["nums"]["detail"]
+    assert decision.verdict == "NO-GO", decision.reasons

@@ -1,7 +1,7 @@
 """The fidelity rule of the verdict, per evalset: does the format reproduce the baseline closely enough?
 
 pass  the KL interval's upper end is at most max_kl and the top-1 agreement interval's lower end at least
-      min_top1_agreement, on at least min_items items;
+      min_top1_agreement, on at least min_items items, and no tail hides behind the mean (confident_flip_tail);
 fail  the KL interval lies wholly above max_kl, or the agreement interval wholly below its minimum;
 inconclusive otherwise (too few items, an interval that straddles a limit, or no fidelity measured).
 How a pass combines with the task metrics (basis) is harness.decide's.
@@ -66,6 +66,9 @@ def judge_fidelity(evalset: str, items: Mapping[str, FidelityItem] | None, polic
         flat = _zero_width(kl, agree, summary.items)
         if flat:
             return judged("inconclusive", f"{measured}: {flat}{coverage}", summary)
+        tail = confident_flip_tail(items)
+        if tail:
+            return judged("inconclusive", f"{measured} is within {limits}, but {tail}{coverage}", summary)
         if summary.items < needed:
             return judged("inconclusive", f"{measured} is within {limits}, but on only {summary.items} items; "
                                           f"the fidelity rule needs at least {needed}{coverage}", summary)
@@ -75,6 +78,27 @@ def judge_fidelity(evalset: str, items: Mapping[str, FidelityItem] | None, polic
                                           "--resume, or add the items' fidelity objects)", summary)
         return judged("pass", f"{measured} is within {limits}", summary)
     return judged("inconclusive", f"{measured} straddles {limits}; add items to narrow it{coverage}", summary)
+
+
+CONFIDENT_KL = 1.0  # nats at one position: the format pushes a token the baseline was sure of well down
+MAX_CONFIDENT_SHARE = 0.10  # of items; more is a tail the mean may hide
+
+
+def confident_flip_tail(items: Mapping[str, FidelityItem]) -> str | None:
+    """Why a mean within the limits does not speak for the set, or None: more than MAX_CONFIDENT_SHARE of the items
+    (and more than one) hold a position with KL above CONFIDENT_KL. Damage confined to one kind of token (the digits
+    of numeric answers, a name) is diluted by every other token of the answer, but where it bites it is a confident
+    disagreement; close formats show few (int8 on the demo model: 1 of 88 item measurements, its largest 1.31 nats;
+    GPTQ and AWQ 4-bit: 17-100% of items). Items without per-position figures (`quantgate decide` input) are not
+    counted."""
+    known = {i: item for i, item in items.items() if item.kl_by_position}
+    tail = sorted(i for i, item in known.items() if max(item.kl_by_position) > CONFIDENT_KL)
+    if len(tail) <= max(1, MAX_CONFIDENT_SHARE * len(known)):
+        return None
+    return (f"{len(tail)} of its {len(known)} items hold a position where the format is confidently off the "
+            f"baseline's token (KL above {CONFIDENT_KL:g} nat: {_preview(tail)}), more than "
+            f"{MAX_CONFIDENT_SHARE:.0%}: damage confined to a kind of token (numbers, names) that the mean dilutes; "
+            "judge by the task metrics, or read those items")
 
 
 def _zero_width(kl, agree, items: int) -> str | None:
