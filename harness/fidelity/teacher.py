@@ -127,7 +127,10 @@ def _batch_logprobs(model, batch: list[tuple[Sequence[int], int]]) -> list:
         with torch.inference_mode():
             head = torch.tensor([[int(t) for t in batch[0][0][:prefix]]], device=model.device)
             past = network(input_ids=head, use_cache=True).past_key_values
+        if hasattr(past, "batch_repeat_interleave"):
             past.batch_repeat_interleave(len(batch))
+        else:  # a cache this transformers cannot repeat over a batch: run the whole prompts instead
+            prefix, past = 0, None
     width = max(len(ids) - prefix for ids, _ in batch)
     pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     rows = [[pad] * (width - len(ids) + prefix) + [int(t) for t in ids[prefix:]] for ids, _ in batch]
