@@ -18,7 +18,7 @@ LAYERS = (
      "harness.jobs", "harness.plugins"),
     ("harness.runtime*", "harness.quantize*", "harness.measure*", "harness.capacity*", "harness.launcher", "harness.policy"),
     ("harness.fidelity*", "harness.diagnose*"),
-    ("harness.config", "harness.environment", "harness.candidates", "harness.served", "harness.decide",
+    ("harness.config", "harness.executors*", "harness.environment", "harness.candidates", "harness.served", "harness.decide",
      "harness.evaluate", "harness.format_plans", "harness.records", "harness.cachekeys", "harness.worker", "harness.artifacts",
      "harness.device_plan", "harness.collect", "harness.serving"),
     ("harness.report*",),
