@@ -383,9 +383,20 @@ def not_runnable_here(candidate: ExternalCheckpoint, *, cuda: bool) -> str | Non
     if (candidate.method, candidate.layout) in CUDA_ONLY_LAYOUTS:
         return (f"a {candidate.method} checkpoint in the {candidate.layout} layout: only CUDA kernels read it; "
                 "run quantgate on a GPU for it, or convert it to the gptq/gemm layout")
-    if candidate.method == "fp8" or any(s.type == "float" for s in candidate.quantization.schemes):
-        return ("an FP8 checkpoint: its kernels need a GPU (compute capability 8.9 or later); on a CPU transformers "
-                "dequantizes it to 16-bit, so neither its memory nor its kernels would be the ones judged")
+    on_a_gpu = (f"judge it on a GPU machine (quantgate run --model BASELINE --candidate "
+                f"{candidate.name}={candidate.source_path})")
+    floats = [s for s in candidate.quantization.schemes if s.type == "float"]
+    if candidate.method in ("compressed-tensors", "compressed_tensors") and floats:
+        # transformers decompresses compressed-tensors FP8 and FP4 on a CPU (as it does quantgate's own fp8 and
+        # nvfp4): the numerics are the format's, its memory is planned at the stored size
+        if any(s.strategy == "block" for s in floats):
+            return ("a block-FP8 compressed-tensors checkpoint: compressed-tensors cannot run its per-128 activation "
+                    f"quantization in transformers on a CPU; {on_a_gpu}")
+        return None
+    if candidate.method in ("fp8", "fbgemm_fp8", "mxfp4", "modelopt") or floats:
+        return (f"a {candidate.method} checkpoint of {'FP4' if candidate.method == 'mxfp4' else 'FP8'} weights: "
+                "transformers runs it with GPU kernels only (compute capability 8.9 or later for FP8); "
+                f"{on_a_gpu}")
     return None
 
 

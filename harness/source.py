@@ -200,7 +200,9 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        # local_files_only is saved into tokenizer_config.json: set, so the converted model (and its fingerprint)
+        # is the same whether or not HF_HUB_OFFLINE was set for the conversion
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                      dtype=torch.bfloat16)
         # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.

@@ -169,7 +169,11 @@ def test_vllm_refusals_of_other_layouts(tmp_path):
 def test_transformers_on_a_cpu_refuses_gpu_only_layouts(tmp_path):
     gemv = _candidate(tmp_path, "autoawq_gemv")  # GPTQModel 7.6's GEMV kernels list CUDA and ROCm only
     assert "only CUDA kernels" in not_runnable_here(gemv, cuda=False) and not_runnable_here(gemv, cuda=True) is None
-    assert "FP8" in not_runnable_here(_candidate(tmp_path, "compressed_tensors_fp8_dynamic"), cuda=False)
+    # compressed-tensors FP8 is decompressed by transformers on a CPU (its numerics judged, its memory planned);
+    # block FP8 cannot run there, and the refusal says how to judge it on a GPU
+    assert not_runnable_here(_candidate(tmp_path, "compressed_tensors_fp8_dynamic"), cuda=False) is None
+    block = not_runnable_here(_candidate(tmp_path, "compressed_tensors_fp8_block"), cuda=False)
+    assert "block-FP8" in block and "quantgate run --model BASELINE --candidate" in block
     assert not_runnable_here(_candidate(tmp_path, "compressed_tensors_w4a16"), cuda=False) is None
 
 
