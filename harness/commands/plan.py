@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
 from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
-                                      Workload, engine_names, gpu_by_name, gpu_of_size, kernel_support,
+                                      Workload, engine_names, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
+from harness.capacity.gpus import gpu_names_help
+from harness.commands.gpu_args import target_gpus, uneven_stages_note
 from harness.report.schema import capacity_view
 from harness.capacity.checkpoint import checkpoint_format_at, plan_config
 from harness.capacity.memory import GIB, KV_DTYPE_BYTES, WeightFormat, kv_split
@@ -41,11 +44,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--engine", default="all", choices=(*engine_names(), "all"),
                         help="serving engine(s) to plan for (default: all)")
     parser.add_argument("--target-gpu", metavar="NAME",
-                        help="target GPU by name: T4, A10G, L4, RTX-4090, A100-40GB, L40S, A100-80GB, H100-PCIe, "
-                             "H100-SXM, H100-NVL, H200, B200 (memory as the driver reports it, compute capability)")
+                        help=f"target GPU by name, as nvidia-smi prints it or as typed: {gpu_names_help()} (memory "
+                             "as torch reports it, compute capability). A comma-separated list ('RTX 5070 Ti,RTX "
+                             "5090') is one pipeline stage per GPU")
     parser.add_argument("--gpu-memory-gib", type=float, default=None,
                         help=f"target GPU memory in GiB (default {DEFAULT_GPU_GIB:g} without --target-gpu; with it, "
-                             "overrides its memory: a MIG slice or a shared card)")
+                             "overrides its memory, keeping its compute capability: a MIG slice or a shared card)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs, tensor parallel (default 1)")
     parser.add_argument("--pipeline-parallel-size", type=int, default=1,
                         help="pipeline stages, each on --num-gpus GPUs (default 1): the plans size the most-loaded "
@@ -166,7 +170,7 @@ def _gguf_config(path: Path) -> dict:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib < 10_000:  # nan and inf too
         raise UserError(f"--gpu-memory-gib {args.gpu_memory_gib}: must be positive (e.g. 80)")
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: must be in (0, 1] (e.g. 0.92)")
@@ -184,14 +188,20 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _target(args: argparse.Namespace) -> Target:
     gpu: Gpu | None = None
+    pipeline = args.pipeline_parallel_size
     if args.target_gpu:
-        try:
-            gpu = gpu_by_name(args.target_gpu)
-        except ValueError as exc:
-            raise UserError(f"--target-gpu: {exc}") from None
+        stages = target_gpus(args.target_gpu)
+        gpu = min(stages, key=lambda g: g.memory_bytes)
+        if len(stages) > 1:
+            if pipeline not in (1, len(stages)):
+                raise UserError(f"--target-gpu {args.target_gpu!r} names {len(stages)} pipeline stages and "
+                                f"--pipeline-parallel-size is {pipeline}: give one GPU per stage")
+            pipeline = len(stages)
+            if len({g.memory_bytes for g in stages}) > 1:
+                print(f"note: {uneven_stages_note(stages)}", file=sys.stderr)
     if args.gpu_memory_gib is not None:
         gpu = gpu_of_size(args.gpu_memory_gib, like=gpu)
-    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, args.pipeline_parallel_size)
+    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, pipeline)
 
 
 def _max_model_len(shape: ModelShape, requested: int | None) -> int:
