@@ -141,6 +141,25 @@ def tiny_llama(demo_checkpoint: Path, target: Path, noise: float = 0.0) -> Path:
     return target
 
 
+def tiny_bf16_llama(demo_checkpoint: Path, target: Path, **sizes) -> Path:
+    """A small random bf16 Llama (seeded; untied lm_head, as quantizers leave it 16-bit) with the demo model's
+    tokenizer, saved to `target`; `sizes` override its LlamaConfig fields."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
+    fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=512, dtype="bfloat16")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**fields, **sizes})).to(torch.bfloat16).save_pretrained(target)
+    for file in demo_checkpoint.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, target / file.name)
+    return target
+
+
 # `nox -s tests` runs the suite on two xdist workers (-n 2 --dist loadgroup), each with its own session fixtures and
 # cache. A test that needs one of the demo recipe's runs (demo_run, demo_run_no_bf16: minutes each) must share a worker
 # with every other test that needs the same run, in file order (the served and candidate runs read the artifacts the

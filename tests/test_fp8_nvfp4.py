@@ -2,9 +2,10 @@
 llm-compressor writes them): the checkpoint, transformers reading it back, its planned size, the recipe checks."""
 
 import json
-import shutil
 
 import pytest
+
+from conftest import tiny_bf16_llama
 
 from harness.formats import default_formats, format_spec
 from harness.measure.kv import DEMO_CONFIG
@@ -21,20 +22,9 @@ CALIBRATION = ["The quick brown fox jumps over the lazy dog. " * 8, "Paris is th
 def tiny_checkpoints(tmp_path_factory, demo_checkpoint):
     """A small random Llama whose widths are whole 128-blocks (the demo model's tokenizer), and each format's
     checkpoint as its recipe makes it."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     root = tmp_path_factory.mktemp("fp8")
-    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
-    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
-                         max_position_embeddings=512, dtype="bfloat16")
-    torch.manual_seed(0)
-    source = root / "source"
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
-    for file in demo_checkpoint.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(file, source / file.name)
+    source = tiny_bf16_llama(demo_checkpoint, root / "source", hidden_size=128, intermediate_size=256,
+                             num_key_value_heads=4)
     made = {}
     for fmt in FORMATS:
         recipe = (Recipe("fp8-block", bits=8, calibration_samples=0, extra=dict(format_spec(fmt).recipe_extra))

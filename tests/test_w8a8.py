@@ -2,9 +2,10 @@
 and what the serving planners and the vLLM backend make of it. The served run is in test_vllm_backend.py."""
 
 import json
-import shutil
 
 import pytest
+
+from conftest import tiny_bf16_llama
 
 from harness.formats import default_formats, format_spec
 from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_engines, weight_format
@@ -17,20 +18,8 @@ from harness.quantize.w8a8 import W8A8Quantizer, is_int8_w8a8
 @pytest.fixture(scope="module")
 def tiny_w8a8(tmp_path_factory, demo_checkpoint):
     """A small random Llama (the demo model's tokenizer) and its w8a8 checkpoint, as the format's recipe makes it."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     root = tmp_path_factory.mktemp("w8a8")
-    vocab = json.loads((demo_checkpoint / "config.json").read_text())["vocab_size"]
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                         max_position_embeddings=512, dtype="bfloat16")
-    torch.manual_seed(0)
-    source = root / "source"
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
-    for file in demo_checkpoint.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(file, source / file.name)
+    source = tiny_bf16_llama(demo_checkpoint, root / "source")
     recipe = recipe_for("w8a8", json.loads((source / "config.json").read_text()), None, 32, 0)
     out = root / "w8a8"
     out.mkdir()
