@@ -215,3 +215,16 @@ def test_torch_fp8_matmul_on_a_cpu_is_still_far_slower_than_16_bit():
     fp8 = fastest(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     bf16 = fastest(lambda: x @ w.t())
     assert fp8 > 10 * bf16, (fp8, bf16)
+
+
+def test_the_report_says_when_transformers_decompressed_the_format():
+    from records import run_inputs
+
+    from harness.config import RunSpec
+    from harness.report.build import comparison_notes
+
+    notes = comparison_notes(run_inputs(spec=RunSpec(formats=["baseline", "fp8"])), "fp8")
+    assert any("decompressing its weights to 16 bits" in note and "the format's numerics" in note for note in notes)
+    assert not any("decompress" in note for note in comparison_notes(run_inputs(), "int8"))
+    served = run_inputs(spec=RunSpec(formats=["baseline", "fp8"], backend="vllm"))
+    assert not any("decompress" in note for note in comparison_notes(served, "fp8"))

@@ -103,8 +103,13 @@ def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max
 
 
 def comparison_notes(inputs: RunInputs, name: str) -> list[str]:
-    """What a verdict was compared with when that is not a full-precision baseline of the same tokenizer."""
+    """What a verdict was compared with when that is not a full-precision baseline of the same tokenizer, and what
+    it rests on when transformers ran the format by decompressing it."""
     notes = list(inputs.candidate_notes.get(name, []))
+    if decompressed_here(inputs, name):
+        notes.append(f"{name}: transformers ran this compressed-tensors checkpoint by decompressing its weights to "
+                     "16 bits on this CPU: the scores and fidelity are the format's numerics, while its speed and "
+                     "memory here are a 16-bit model's (the serving plans size its weights as stored)")
     quant = inputs.model_config.get("quantization_config")
     if quant:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
@@ -112,6 +117,21 @@ def comparison_notes(inputs: RunInputs, name: str) -> list[str]:
         notes.append(f"compared with a quantized baseline ({method}{f' {bits}-bit' if bits else ''}, "
                      "--baseline-is-quantized), not the full-precision model")
     return notes
+
+
+def decompressed_here(inputs: RunInputs, name: str) -> bool:
+    """Whether the format is a compressed-tensors checkpoint (fp8, nvfp4, w8a8, or such a candidate) that this run
+    scored in transformers on a CPU, where compressed-tensors decompresses it."""
+    from harness.formats import FORMAT_SPECS
+    from harness.runtime.device import is_cuda
+
+    if inputs.spec.backend != "transformers" or is_cuda():
+        return False
+    candidate = inputs.candidates.get(name)
+    if candidate is not None:
+        return str(candidate.method).replace("_", "-") == "compressed-tensors"
+    spec = FORMAT_SPECS.get(name)
+    return spec is not None and spec.engine == "compressed-tensors"
 
 
 def measured_fields(inputs: RunInputs, run: FormatRun, max_model_len: int) -> dict:
