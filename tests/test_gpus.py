@@ -181,3 +181,18 @@ def test_plan_on_a_named_gpu_at_a_size_and_on_uneven_stages(tmp_path, capsys):
     assert "2 pipeline stages on RTX-5070-Ti + RTX-5090: each stage planned as an RTX-5070-Ti" in captured.err
     assert cli.main(["plan", "--model", config, "--target-gpu", "L4,L4", "--pipeline-parallel-size", "3"]) == 2
     assert "give one GPU per stage" in capsys.readouterr().err
+
+
+def test_a_bigger_gpu_suggestion_stays_with_the_vendor():
+    """A plan that does not fit on an AMD card is not told to use an NVIDIA one, nor the other way round."""
+    from harness.capacity import Target, Workload, model_shape, plan_engine, weight_format
+    from harness.measure.kv import DEMO_CONFIG
+
+    shape = model_shape(DEMO_CONFIG)
+    for name in ("MI210", "T4"):
+        gpu = gpu_by_name(name)
+        small = gpu_of_size(0.3, like=gpu)  # too small for the demo model's weights and a 32k sequence
+        plan = plan_engine("vllm", shape, weight_format("baseline"), Target(small), Workload(max_model_len=32_768))
+        suggested = re.search(r"one (\S+) \(", plan.reason)
+        assert not plan.fits and suggested, plan.reason
+        assert gpu_by_name(suggested.group(1)).vendor == gpu.vendor, plan.reason

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Callable
 
 from harness.capacity.common import EnginePlan, Target, Workload
-from harness.capacity.gpus import FP8_MIN_CC, GPUS, gpu_of_size, has_capability
+from harness.capacity.gpus import FP8_MIN_CC, gpu_of_size, has_capability, larger_gpus
 from harness.capacity.memory import GIB, TensorParallelError, WeightFormat
 from harness.capacity.shapes import ModelShape
 
@@ -37,8 +37,8 @@ def what_would_fit(planner: Planner, shape: ModelShape, fmt: WeightFormat, targe
         how = (f"tensor parallel on {more} x" if pp == 1 else
                f"tensor parallel {more} x pipeline parallel {pp} on {more * pp} x")
         suggestions.append(f"--num-gpus {more} ({how} {target.gpu.name})")
-    bigger = next((g for g in sorted(GPUS, key=lambda g: g.memory_bytes) if g.memory_bytes > target.gpu.memory_bytes
-                   and fits(t=replace(target, gpu=g))), None)
+    bigger = next((g for g in sorted(larger_gpus(target.gpu), key=lambda g: g.memory_bytes)
+                   if fits(t=replace(target, gpu=g))), None)
     if bigger:
         suggestions.append(f"one {bigger.name} ({bigger.nominal})")
     needed = _memory_needed(lambda size: fits(t=replace(target, gpu=gpu_of_size(size / GIB, like=_like(target)))))
