@@ -24,8 +24,8 @@ class FormatSettings(BaseModel):
 
 class CapacitySettings(BaseModel):
     """The target of the report's serving plans. target_gpu: a GPU of the table (harness.capacity.gpus), at
-    its memory as the driver reports it; without it the target is a GPU of gpu_memory_gib (compute capability
-    unknown), which target_gpu makes moot. What the run leaves unset comes from the policy's [serving] target
+    its memory as torch reports it, or at gpu_memory_gib when both are given (a MIG slice, a shared card: its compute
+    capability kept); without it the target is a GPU of gpu_memory_gib (compute capability unknown). What the run leaves unset comes from the policy's [serving] target
     (for_report), else an 80 GiB GPU and the run's longest request."""
 
     model_config = ConfigDict(extra="forbid")
@@ -63,9 +63,15 @@ class CapacitySettings(BaseModel):
         (the run's --tensor-parallel-size x --pipeline-parallel-size)."""
         from harness.capacity import Target, gpu_by_name, gpu_of_size
 
-        return Target(gpu_by_name(self.target_gpu) if self.target_gpu
-                      else gpu_of_size(self.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB),
-                      tensor_parallel_size, pipeline_parallel_size)
+        named = gpu_by_name(self.target_gpu) if self.target_gpu else None
+        size = self.gpu_memory_gib
+        if named is None:
+            gpu = gpu_of_size(size or DEFAULT_GPU_MEMORY_GIB)
+        elif size is None or abs(size * 2**30 - named.memory_bytes) < 2**20:  # its own size (for_report fills it)
+            gpu = named
+        else:
+            gpu = gpu_of_size(size, like=named)
+        return Target(gpu, tensor_parallel_size, pipeline_parallel_size)
 
     def for_report(self, serving) -> ReportCapacity:
         """The settings the report's serving plans use: the run's own target where it names one (target_gpu or
@@ -81,8 +87,8 @@ class CapacitySettings(BaseModel):
         if serving.checked and self.max_model_len is None:
             update["max_model_len"] = serving.length
         settings = self.model_copy(update=update)
-        gpu_memory_gib = (gpu_by_name(settings.target_gpu).memory_bytes / 2**30 if settings.target_gpu
-                          else settings.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB)
+        gpu_memory_gib = settings.gpu_memory_gib or (gpu_by_name(settings.target_gpu).memory_bytes / 2**30
+                                                      if settings.target_gpu else DEFAULT_GPU_MEMORY_GIB)
         source = "run" if named else "policy" if serving.checked else "default"
         return ReportCapacity(settings=settings.model_copy(update={"gpu_memory_gib": gpu_memory_gib}),
                               target_source=source)

@@ -269,8 +269,10 @@ def test_target_gpu_flag():
     assert RunSpec().capacity.target().gpu.memory_bytes == 80 * 2**30  # default unchanged
     with pytest.raises(UserError, match="unknown GPU 'Z9'"):
         run_command.flag_values(run_args("--target-gpu", "Z9"))
-    with pytest.raises(UserError, match="give one"):
-        run_command.flag_values(run_args("--target-gpu", "L4", "--gpu-memory-gib", "20"))
+    # both: the named GPU at that size (a shared card), its compute capability kept
+    _, both = run_command.flag_values(run_args("--target-gpu", "L4", "--gpu-memory-gib", "20"))
+    gpu = CapacitySettings(**both).target().gpu
+    assert gpu.memory_gib == 20 and gpu.compute_capability == 8.9
 
 
 def test_policy_serving_keys(tmp_path):

@@ -196,3 +196,22 @@ def test_a_bigger_gpu_suggestion_stays_with_the_vendor():
         suggested = re.search(r"one (\S+) \(", plan.reason)
         assert not plan.fits and suggested, plan.reason
         assert gpu_by_name(suggested.group(1)).vendor == gpu.vendor, plan.reason
+
+
+def test_run_takes_a_named_gpu_at_another_size():
+    """`quantgate run --target-gpu A100-80GB --gpu-memory-gib 40`: a MIG slice of an A100, its compute capability
+    kept; the named GPU alone plans at its own memory."""
+    from harness.config import CapacitySettings
+
+    slice_ = CapacitySettings(target_gpu="A100-80GB", gpu_memory_gib=40).target().gpu
+    assert slice_.memory_gib == 40 and slice_.compute_capability == gpu_by_name("A100-80GB").compute_capability
+    whole = CapacitySettings(target_gpu="A100-80GB")
+    assert whole.target().gpu == gpu_by_name("A100-80GB")
+    report = whole.for_report(policy_serving_unchecked())
+    assert report.settings.target().gpu == gpu_by_name("A100-80GB")
+
+
+def policy_serving_unchecked():
+    from harness.policy import Policy
+
+    return Policy().serving

@@ -59,8 +59,9 @@ def add_parser(subparsers) -> None:
                         "prints it or as typed: T4, L4, 'RTX 4090', A100-80GB, 'NVIDIA H100 80GB HBM3', H200, B200, "
                         "MI300X, ... (`quantgate plan --help` lists them; default: the policy's [serving] "
                         "target_gpu, else an 80 GiB GPU, or --gpu-memory-gib)")
-    plan.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan when no "
-                        "--target-gpu names one (default: the policy's [serving] target_gpu, else 80)")
+    plan.add_argument("--gpu-memory-gib", type=float, help="target GPU memory for the capacity plan (default: the "
+                        "--target-gpu's own, else the policy's [serving] target_gpu's, else 80); with --target-gpu, "
+                        "that GPU at this size (a MIG slice or a shared card: its compute capability kept)")
     plan.add_argument("--gpu-memory-utilization", type=float, help="vLLM --gpu-memory-utilization of the plans and "
                         "the capacity check (default: the vLLM version's own, 0.92 on 0.32/0.33; on 0.34 the plans "
                         "set --kv-cache-memory-bytes)")
@@ -151,8 +152,6 @@ def flag_values(args) -> tuple[dict, dict]:
     """The run settings given on the command line (None: not given), and the capacity ones."""
     from harness.quantize import parse_formats
 
-    if getattr(args, "target_gpu", None) and args.gpu_memory_gib is not None:
-        raise UserError("--target-gpu and --gpu-memory-gib: give one (--target-gpu plans on that GPU's own memory)")
     target_gpu = getattr(args, "target_gpu", None)
     if target_gpu:
         from harness.commands.gpu_args import one_target_gpu
