@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 
 from harness.errors import UserError
 
@@ -133,26 +132,11 @@ def _context(args: argparse.Namespace):
 
 
 def _model_config(model: str) -> tuple[dict, str]:
-    """config.json's text-model fields, read directly (a GGUF file goes through the planner's loader): no
-    quantization library is imported to read a config."""
-    path = Path(model).expanduser()
-    config_path = path / "config.json" if path.is_dir() else path
-    if model == "demo" or path.suffix.lower() == ".gguf":
-        from harness.commands.plan import load_model_config
+    """config.json's text-model fields, read directly by the planner's loader (a directory, its config.json, a GGUF
+    file or demo): no quantization library is imported to read a config."""
+    from harness.commands.plan import load_model_config
 
-        return load_model_config(model)
-    if not config_path.is_file():
-        where = "this directory has no config.json" if path.is_dir() else "no such file"
-        raise UserError(f"--model {model}: {where}; pass a Hugging Face model directory or its config.json")
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{config_path}: not a readable JSON config ({exc})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{config_path}: expected a JSON object (a model's config.json)")
-    from harness.measure.kv import text_config
-
-    return text_config(raw), str(config_path)
+    return load_model_config(model)
 
 
 def _gpu_total(args: argparse.Namespace) -> tuple[float | None, str]:

@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
                                       read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
-from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm
+from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm, quoted_figures
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
                                       memory_failures)
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
-from harness.diagnose.settings import Setting, fp8_kv, is_on, merged, number, settings_given, settings_in
+from harness.diagnose.settings import Setting, merged, number, settings_given, settings_in
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
 MAX_UTILIZATION = 0.95  # above this the CUDA context and other processes are left too little
@@ -677,17 +677,7 @@ def _oom_under_load(facts, source, figures, utilization, total_gib) -> Diagnosis
 
 
 def _other_engine(facts: EngineFacts, source: str, context: Context) -> Diagnosis:
-    figures = [Figure(label, text, f"log line {quoted.line}") for label, quoted, text in (
-        ("--mem-fraction-static", facts.mem_fraction_static, f"{facts.mem_fraction_static.value}"
-         if facts.mem_fraction_static else ""),
-        ("weights loaded", facts.weights_gb, f"{facts.weights_gb.value:.2f} GB" if facts.weights_gb else ""),
-        ("free after the weights", facts.available_gb, f"{facts.available_gb.value:.2f} GB" if facts.available_gb
-         else ""),
-        ("KV cache holds", facts.kv_tokens, f"{facts.kv_tokens.value:,} tokens" if facts.kv_tokens else ""),
-        ("KV cache", facts.kv_gib, f"{facts.kv_gib.value:.2f} GiB" if facts.kv_gib else ""),
-        ("context length", facts.context_len, f"{facts.context_len.value:,} tokens" if facts.context_len else ""),
-        ("prefill tokens of the warm-up", facts.prefill_tokens, f"{facts.prefill_tokens.value:,}"
-         if facts.prefill_tokens else "")) if quoted is not None]
+    figures = quoted_figures(facts)
     if facts.engine == "tgi" and facts.prefill_tokens:
         half = facts.prefill_tokens.value // 2
         return Diagnosis(source, "tgi", "activation_peak",

@@ -23,7 +23,8 @@ SGLANG_DEFAULT_FRACTION = 0.88
 TRTLLM_DEFAULT_FRACTION = 0.9
 
 
-def _quoted_figures(facts: EngineFacts | None) -> list[Figure]:
+def quoted_figures(facts: EngineFacts | None) -> list[Figure]:
+    """The figures an SGLang/TGI/TensorRT-LLM log stated, each with its line."""
     if facts is None:
         return []
     return [Figure(label, text, f"log line {quoted.line}") for label, quoted, text in (
@@ -59,7 +60,7 @@ def _oom_line(text: str) -> tuple[int, str] | None:
 def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
     facts = read_other_engines(text)
     facts = facts if facts is not None and facts.engine == "sglang" else None
-    figures = _quoted_figures(facts)
+    figures = quoted_figures(facts)
     current = (facts.mem_fraction_static.value if facts and facts.mem_fraction_static
                else number(settings, "mem_fraction_static"))
     oom = read_torch_oom(text)
@@ -140,7 +141,7 @@ _TGI_TOTAL = re.compile(r"Not enough memory to handle (\d+) total tokens|max_bat
 def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
     facts = read_other_engines(text)
     facts = facts if facts is not None and facts.engine == "tgi" else None
-    figures = _quoted_figures(facts)
+    figures = quoted_figures(facts)
     oom = read_torch_oom(text)
     if oom is not None:
         figures += oom_figures(*oom)
@@ -194,7 +195,7 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
 def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
     facts = read_other_engines(text)
     facts = facts if facts is not None and facts.engine == "trtllm" else None
-    figures = _quoted_figures(facts)
+    figures = quoted_figures(facts)
     oom = read_torch_oom(text)
     if oom is not None:
         figures += oom_figures(*oom)
