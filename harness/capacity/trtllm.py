@@ -150,8 +150,11 @@ def _config_yaml(shape: ModelShape, gpu: Gpu, workload: Workload, fraction: floa
     if needs_half_dtype(shape, gpu):
         lines.append("dtype: float16")
     windows = max_attention_window(shape, workload.max_model_len)
-    if workload.kv_cache_dtype == "fp8" or windows:
+    capped = workload.max_tokens_in_paged_kv_cache
+    if workload.kv_cache_dtype == "fp8" or windows or capped:
         lines += ["kv_cache_config:", f"  free_gpu_memory_fraction: {fraction:.2f}"]
+        if capped:  # KvCacheConfig.max_tokens: the smaller of it and the fraction's room is allocated
+            lines.append(f"  max_tokens: {capped}")
         if workload.kv_cache_dtype == "fp8":
             lines.append("  dtype: fp8")
         if windows:

@@ -81,6 +81,18 @@ def add_parser(subparsers) -> None:
                         help="a measured activation peak per GPU at the engines' token budget, in GiB (default: "
                              "estimated from the config: tokens x (4 x hidden + 3 x MLP width) x 2 bytes plus fp32 "
                              "sampler logits)")
+    engine_flags = parser.add_argument_group("engine settings a deployment already has (default: each engine's own)")
+    engine_flags.add_argument("--mem-fraction-static", type=float, default=None, metavar="F",
+                              help="SGLang's --mem-fraction-static (weights + context + KV pool as a share of the GPU; "
+                                   "default: the share SGLang chooses for this GPU and tensor-parallel size)")
+    engine_flags.add_argument("--dp-size", type=int, default=1, metavar="N",
+                              help="SGLang's --dp-size with --enable-dp-attention: attention over tp / N GPUs (a "
+                                   "divisor of --num-gpus; default 1, no DP attention)")
+    engine_flags.add_argument("--kv-cache-free-gpu-memory-fraction", type=float, default=None, metavar="F",
+                              help="TensorRT-LLM's kv_cache_free_gpu_memory_fraction (share of the memory free after "
+                                   "loading that the KV cache takes; default: its own, 0.9)")
+    engine_flags.add_argument("--max-tokens-in-paged-kv-cache", type=int, default=None, metavar="N",
+                              help="TensorRT-LLM's KvCacheConfig max_tokens (a cap on the KV cache's tokens)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
     parser.set_defaults(func=run)
 
@@ -110,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
                         kv_cache_dtype=args.kv_cache_dtype, chunked_prefill=not args.no_chunked_prefill,
                         enforce_eager=args.enforce_eager,
                         activation_bytes=None if args.activation_gib is None else int(args.activation_gib * GIB),
-                        shared_prefix_tokens=args.shared_prefix_tokens, shared_prefix_source="--shared-prefix-tokens")
+                        shared_prefix_tokens=args.shared_prefix_tokens, shared_prefix_source="--shared-prefix-tokens",
+                        mem_fraction_static=args.mem_fraction_static,
+                        kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
+                        max_tokens_in_paged_kv_cache=args.max_tokens_in_paged_kv_cache, dp_attention=args.dp_size)
     engines = engine_names() if args.engine == "all" else (args.engine,)
     try:
         version, version_note = resolve_version(args.vllm_version)
@@ -180,6 +195,17 @@ def _check_numbers(args: argparse.Namespace) -> None:
                         ("--max-num-seqs", args.max_num_seqs)):
         if value is not None and value <= 0:
             raise UserError(f"{flag} {value}: must be a positive number")
+    for flag, value in (("--mem-fraction-static", args.mem_fraction_static),
+                        ("--kv-cache-free-gpu-memory-fraction", args.kv_cache_free_gpu_memory_fraction)):
+        if value is not None and not 0 < value < 1:  # nan too
+            raise UserError(f"{flag} {value}: must be a share of the GPU's memory in (0, 1) (e.g. 0.85)")
+    for flag, value in (("--dp-size", args.dp_size), ("--max-tokens-in-paged-kv-cache",
+                                                       args.max_tokens_in_paged_kv_cache)):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag} {value}: must be a positive number")
+    if args.num_gpus % args.dp_size:
+        raise UserError(f"--dp-size {args.dp_size}: SGLang's DP attention needs a divisor of --num-gpus "
+                        f"{args.num_gpus}")
     if args.activation_gib is not None and args.activation_gib < 0:
         raise UserError(f"--activation-gib {args.activation_gib}: must not be negative")
     if args.shared_prefix_tokens < 0:
