@@ -174,7 +174,18 @@ def pipeline_stage(shape: ModelShape, stages: int) -> ModelShape:
         return shape
     if not 1 <= stages <= layers:
         raise ValueError(f"{stages} pipeline stages for {layers} layers: between 1 and the number of layers")
-    kept = math.ceil(layers / stages)
+    return stage_of_layers(shape, math.ceil(layers / stages))
+
+
+def stage_of_layers(shape: ModelShape, kept: int) -> ModelShape:
+    """A pipeline stage holding `kept` of the decoder layers, counted as pipeline_stage counts its most-loaded
+    stage (the layers with the largest KV cache, the embedding and lm_head whole); a split the engine is told
+    (vLLM's VLLM_PP_LAYER_PARTITION) gives stages of different sizes."""
+    layers = shape.layers
+    if not 1 <= kept <= layers:
+        raise ValueError(f"a stage of {kept} layers of {layers}: between 1 and the number of layers")
+    if kept == layers:
+        return shape
     linears = tuple(replace(lin, count=lin.count // (lin.layers or layers) * min(kept, lin.layers or layers),
                             layers=min(kept, lin.layers) if lin.layers else 0) for lin in shape.linears)
     windows, states = shape.attention.windows, shape.attention.states
