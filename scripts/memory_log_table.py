@@ -28,8 +28,18 @@ TOLERANCE = {"weights": 0.03, "kv_per_token": 0.02, "kv_tokens": 0.10, "kv_memor
 CHECKS = tuple(TOLERANCE)
 
 
-def load_cases() -> list[dict]:
-    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(CASES.glob("*.json"))]
+# Logs kept but not graded: the thread lacks a condition that decides the figure (a fork or unmerged branch, build-time
+# shapes, a deployment setting), so no version's rules can be said to have written it; each says why in
+# `ungraded_because`.
+UNGRADED = CASES / "ungraded"
+
+
+def load_cases(folder: Path = CASES) -> list[dict]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json"))]
+
+
+def load_ungraded() -> list[dict]:
+    return load_cases(UNGRADED)
 
 
 def vllm_version(case: dict) -> str:
@@ -230,6 +240,17 @@ def table(cases: list[dict]) -> str:
     return "\n".join(rows + notes + [f"- {error}" for error in errors] + ["", summary(comparisons, len(cases))])
 
 
+def ungraded_table(cases: list[dict]) -> str:
+    """The logs kept but not graded, with the reason each cannot be planned under its version's rules."""
+    rows = ["Not graded: logs whose thread lacks a condition that decides the figures.", "",
+            "| case | GPU | engine | not graded because |", "| --- | --- | --- | --- |"]
+    for case in cases:
+        gpus = f"{case['tp'] * case['pp']} x " if case["tp"] * case["pp"] > 1 else ""
+        rows.append(f"| [{case['id']}]({case['source']}) | {gpus}{case['gpu']} | {case['engine']} "
+                    f"{case['engine_version']} | {case['ungraded_because']} |")
+    return "\n".join(rows)
+
+
 def summary(comparisons: list[Comparison], cases: int) -> str:
     """How many logged figures each check passes, of the cases that logged one."""
     parts = []
@@ -248,6 +269,10 @@ def main() -> int:
         print(f"no cases under {CASES}", file=sys.stderr)
         return 2
     print(table(cases))
+    ungraded = load_ungraded()
+    if ungraded:
+        print()
+        print(ungraded_table(ungraded))
     return 0
 
 
