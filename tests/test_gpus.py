@@ -178,7 +178,8 @@ def test_plan_on_a_named_gpu_at_a_size_and_on_uneven_stages(tmp_path, capsys):
     captured = capsys.readouterr()
     target = json.loads(captured.out)["target"]
     assert target["gpu"] == "RTX-5070-Ti" and target["pipeline_parallel_size"] == 2
-    assert "2 pipeline stages on RTX-5070-Ti + RTX-5090: each stage planned as an RTX-5070-Ti" in captured.err
+    assert "2 pipeline stages on RTX-5070-Ti + RTX-5090: each engine's plan sizes every stage as an RTX-5070-Ti" \
+        in captured.err
     assert cli.main(["plan", "--model", config, "--target-gpu", "L4,L4", "--pipeline-parallel-size", "3"]) == 2
     assert "give one GPU per stage" in capsys.readouterr().err
 

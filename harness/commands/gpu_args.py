@@ -31,9 +31,10 @@ def one_target_gpu(text: str, what: str, flag: str = "--target-gpu") -> Gpu:
 
 
 def uneven_stages_note(stages: tuple[Gpu, ...]) -> str:
-    """What a plan over pipeline stages on GPUs of different sizes is: each stage sized as the smallest GPU. The
-    planners take one GPU per target; giving each stage layers by its own GPU's memory needs a GPU per stage there."""
+    """What a plan over pipeline stages on GPUs of different sizes is: the engines' plans size each stage as the
+    smallest GPU with an even share of the layers; vLLM's is also planned per stage (stages.plan_uneven_vllm)."""
     smallest = min(stages, key=lambda g: g.memory_bytes)
-    return (f"{len(stages)} pipeline stages on {' + '.join(g.name for g in stages)}: each stage planned as "
-            f"{with_article(smallest.name)} ({smallest.memory_gib:.2f} GiB) with an even share of the layers, so the "
-            "larger GPUs' extra memory is not counted (stages split by each GPU's memory are not planned yet)")
+    return (f"{len(stages)} pipeline stages on {' + '.join(g.name for g in stages)}: each engine's plan sizes every "
+            f"stage as {with_article(smallest.name)} ({smallest.memory_gib:.2f} GiB) with an even share of the layers; "
+            "vLLM's is also planned per stage, with VLLM_PP_LAYER_PARTITION giving each GPU the layers it has room "
+            "for (from vLLM 0.9, whose V1 engine runs pipeline parallelism; before it the even plan stands)")

@@ -15,6 +15,7 @@ from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Tar
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
                                       pipeline_stage, plan_engines, resolve_version, weight_format)
 from harness.capacity.gpus import gpu_names_help
+from harness.capacity.stages import UnevenPipelinePlan, plan_uneven_vllm
 from harness.commands.gpu_args import target_gpus, uneven_stages_note
 from harness.report.schema import capacity_view
 from harness.capacity.checkpoint import checkpoint_format_at, plan_config
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         shape = model_shape(plan_config(config))
     except ConfigFieldError as exc:
         raise UserError(f"{described}: {exc}") from None
-    target = _target(args)
+    target, stages = _target(args)
     own = checkpoint_format_at(args.model, config, described, target.gpu.compute_capability)
     from harness.capacity.checkpoint import FORMAT_STORAGE
 
@@ -146,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
                     f"--num-gpus {target.num_gpus} --pipeline-parallel-size {target.pipeline_parallel_size}")
             raise UserError(f"{flag}: {exc}") from None
     result = plan_result(config, described, shape, target, workload, plans, version, version_note)
+    if stages and "vllm" in engines:
+        for name, (fmt, _) in plans.items():
+            uneven = plan_uneven_vllm(shape, fmt, stages, target.num_gpus, workload, version=version,
+                                      gpu_memory_utilization=args.gpu_memory_utilization)
+            if uneven is not None:
+                result["formats"][name]["pipeline_stages"] = uneven_view(uneven)
     print(json.dumps(result, indent=2) if args.json else render_text(result))
     return 0
 
@@ -212,8 +219,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UserError(f"--shared-prefix-tokens {args.shared_prefix_tokens}: must not be negative (0: none)")
 
 
-def _target(args: argparse.Namespace) -> Target:
+def _target(args: argparse.Namespace) -> tuple[Target, tuple[Gpu, ...]]:
+    """The target (uneven stages: each planned as the smallest GPU) and, for stages of different GPUs, the GPU of
+    each stage (vLLM's per-stage plan, stages.plan_uneven_vllm); () otherwise."""
     gpu: Gpu | None = None
+    uneven: tuple[Gpu, ...] = ()
     pipeline = args.pipeline_parallel_size
     if args.target_gpu:
         stages = target_gpus(args.target_gpu)
@@ -225,9 +235,10 @@ def _target(args: argparse.Namespace) -> Target:
             pipeline = len(stages)
             if len({g.memory_bytes for g in stages}) > 1:
                 print(f"note: {uneven_stages_note(stages)}", file=sys.stderr)
+                uneven = tuple(stages)
     if args.gpu_memory_gib is not None:
-        gpu = gpu_of_size(args.gpu_memory_gib, like=gpu)
-    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, pipeline)
+        gpu, uneven = gpu_of_size(args.gpu_memory_gib, like=gpu), ()
+    return Target(gpu or gpu_of_size(DEFAULT_GPU_GIB), args.num_gpus, pipeline), uneven
 
 
 def _max_model_len(shape: ModelShape, requested: int | None) -> int:
@@ -372,4 +383,32 @@ def _details(result: dict) -> list[str]:
                 if plan["servable"]:
                     lines.append(f"    {plan['formula']}")
             notes += [n for n in plan["notes"] if n not in notes]
+        staged = entry.get("pipeline_stages")
+        if staged:
+            lines += _stage_lines(staged)
+            notes += [n for n in staged["notes"] if n not in notes]
     return lines + ([""] + ["notes:"] + [f"  - {n}" for n in notes] if notes else [])
+
+
+def uneven_view(uneven: UnevenPipelinePlan) -> dict:
+    return {"engine": "vllm", "partition": list(uneven.partition), "fits": uneven.fits, "command": uneven.command,
+            "kv_tokens": uneven.kv_tokens, "max_concurrency": uneven.max_concurrency,
+            "even_split_kv_tokens": uneven.even_kv_tokens, "reason": uneven.reason, "notes": list(uneven.notes),
+            "stages": [{"gpu": stage.gpu.name, "memory_bytes": stage.gpu.memory_bytes, "layers": stage.layers,
+                        "kv_tokens": stage.plan.kv_tokens, "formula": stage.plan.formula,
+                        "weights_bytes": stage.plan.memory.weights_bytes if stage.plan.memory else None}
+                       for stage in uneven.stages]}
+
+
+def _stage_lines(staged: dict) -> list[str]:
+    """The per-stage vLLM plan under a format's details."""
+    title = "  vllm over uneven pipeline stages"
+    lines = [f"{title}: {staged['command']}" if staged["command"] else f"{title}: {staged['reason']}"]
+    for number, stage in enumerate(staged["stages"], 1):
+        lines.append(f"    stage {number}, {stage['gpu']}, {stage['layers']} layers: {stage['formula']}; "
+                     f"{stage['kv_tokens']:,} tokens")
+    even = staged["even_split_kv_tokens"]
+    lines.append(f"    every worker keeps the smallest stage's {staged['kv_tokens']:,} tokens "
+                 f"({staged['max_concurrency']:,} sequences); an even split: "
+                 + (f"{even:,} tokens" if even else "does not fit"))
+    return lines
