@@ -37,6 +37,11 @@ def model_shape(config: Any) -> ModelShape:
     nested = raw.get("text_config")
     if hasattr(nested, "to_dict") or (isinstance(nested, dict) and nested):
         return multimodal_shape(raw)
+    if raw.get("vision_config") and raw.get("model_type") not in KNOWN_TYPES:
+        # a multimodal config.json with its language model's fields at the top level (Qwen2-VL, Qwen2.5-VL): the
+        # config class takes them as its text config, as transformers' own loading does
+        text = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures", "model_type")}
+        return multimodal_shape({**raw, "text_config": text})
     fields = config_fields(config)
     if not fields.get("model_type") or fields["model_type"] in KNOWN_TYPES:
         return written_shape(fields)
@@ -218,7 +223,7 @@ def _meta_model(fields: dict[str, Any]):
 
     with quiet_imports():
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     model_type = fields.get("model_type")
     try:
@@ -235,9 +240,11 @@ def _meta_model(fields: dict[str, Any]):
                 import transformers
 
                 name = re.sub(r"(Text)?Config$", "ForCausalLM", type(config).__name__)
-                if not hasattr(transformers, name):
-                    raise
-                return getattr(transformers, name)(config)
+                if hasattr(transformers, name):
+                    return getattr(transformers, name)(config)
+                # a text part with no causal-LM class (Qwen2_5_VLTextConfig): its decoder alone; the lm_head and
+                # embeddings are counted from the vocabulary either way
+                return AutoModel.from_config(config)
     except Exception as exc:  # noqa: BLE001 - any failure to build is a config this planner cannot count
         raise ConfigFieldError("model_type", f"is {model_type!r}: transformers could not build it on the meta "
                                f"device ({type(exc).__name__}: {str(exc)[:160]})") from None
