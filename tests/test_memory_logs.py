@@ -45,10 +45,6 @@ KNOWN_FAILURES = {
         'kv_memory': ("predicted 0.87x the log: the quoted 8.69 GiB is one worker's KV room; the plan "
                       "gives the most-loaded GPU's"),
     },
-    'vllm-0.8.3-qwen25-vl-72b-4xa100': {
-        'weights': ("field 'model_type' is 'qwen2_5_vl': transformers could not build it on the meta "
-                    "device (Unrecognized configuration class <class 'transformers.models"),
-    },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
         'kv_tokens': ("predicted 2.25x the log: planned on V0 as it ran (V1 before 0.9 took pipeline parallelism "
                       "only with Ray), whose default chunks prefill above 32K tokens (2,048-token profile); an "
