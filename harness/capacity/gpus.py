@@ -135,6 +135,15 @@ _TABLE: tuple[Gpu, ...] = (
     _gpu("RTX-A6000", 47.43, 8.6, "48 GB GDDR6", ("NVIDIA RTX A6000", "RTX A6000", "A6000"),
          estimated="no A6000 total in a log found; nvidia-smi's 49,140 MiB (47.99 GiB) less the 0.56 GiB torch "
                    "reports below nvidia-smi on the RTX 6000 Ada (46,068 MiB = 44.99 GiB, logged 44.43)"),
+    _gpu("MI50-16GB", 15.98, "gfx906", "16 GB HBM2", ("AMD Instinct MI50 16GB", "Radeon Instinct MI50 16GB"),
+         estimated="no MI50 total in a log found; 16 GiB less the 0.02 GiB ROCm keeps on the 64 GB Instinct"),
+    _gpu("MI50-32GB", 31.98, "gfx906", "32 GB HBM2", ("AMD Instinct MI50 32GB", "Radeon Instinct MI50 32GB"),
+         estimated="no MI50 total in a log found (the vllm-gfx906 threads print none); 32 GiB less the 0.02 GiB "
+                   "ROCm keeps on the 64 GB Instinct"),
+    _gpu("MI60", 31.98, "gfx906", "32 GB HBM2", ("AMD Instinct MI60", "Radeon Instinct MI60"),
+         estimated="no MI60 total in a log found; 32 GiB less the 0.02 GiB ROCm keeps on the 64 GB Instinct"),
+    _gpu("MI100", 31.98, "gfx908", "32 GB HBM2", ("AMD Instinct MI100",),
+         estimated="no MI100 total in a log found; 32 GiB less the 0.02 GiB ROCm keeps on the 64 GB Instinct"),
     _gpu("MI210", 63.98, "gfx90a", "64 GB HBM2e", ("AMD Instinct MI210",),
          estimated="a HIP out-of-memory message from a 64 GB Instinct logs 63.98 GiB "
                    "(https://github.com/RooCodeInc/Roo-Code/issues/6541), the card not named there"),
@@ -226,6 +235,8 @@ _AMBIGUOUS: dict[str, tuple[str, str]] = {
                             "assumed (--target-gpu GH200-144GB for the other)"),
     "rtx6000": ("RTX-6000-Ada", "'RTX 6000' names the RTX 6000 Ada (48 GB), the Turing Quadro RTX 6000 (24 GB, not in "
                                 "the table) and the RTX PRO 6000 Blackwell (96 GB); the RTX 6000 Ada is assumed"),
+    "mi50": ("MI50-32GB", "the MI50 comes with 16 GB and 32 GB; the 32 GB card, the one sold on for local "
+                          "serving (vllm-gfx906), is assumed (--target-gpu MI50-16GB for the other)"),
     "mi250": ("MI250X", "the MI250 has the MI250X's 64 GB per GCD, each GCD one GPU to torch"),
     "mi300": ("MI300X", "the MI300X (192 GB) is assumed; the MI300A shares its memory with the CPU"),
 }

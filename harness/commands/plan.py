@@ -268,7 +268,8 @@ def plan_result(config: dict, described: str, shape: ModelShape, target: Target,
                   "attention": "MLA" if attention.is_mla else "GQA", "layers": shape.layers,
                   "sliding_window_layers": attention.sliding_layers, "max_len": shape.max_len},
         "target": {"gpu": target.gpu.name, "nominal": target.gpu.nominal, "memory_bytes": target.gpu.memory_bytes,
-                   "compute_capability": target.gpu.compute_capability, "num_gpus": tp,
+                   "compute_capability": target.gpu.compute_capability, "arch": target.gpu.arch or None,
+                   "num_gpus": tp,
                    "kernels": kernel_support(target.gpu), "kv_placement": kv_split(attention, tp),
                    **({"pipeline_parallel_size": target.pipeline_parallel_size, "pipeline_stage_layers": stage.layers}
                       if target.pipeline_parallel_size > 1 else {})},
@@ -317,6 +318,7 @@ def _header(result: dict) -> list[str]:
         f"target: {_gpu_count(target)} x {gpu}{f' ({nominal})' if nominal else ''}, "
         f"{target['memory_bytes'] / GIB:.2f} GiB "
         + (f"as the driver reports it, compute capability {cc:.1f}" if cc is not None else
+           f"as ROCm reports it, {target['arch']}" if target.get("arch") else
            "(by size: compute capability unknown; --target-gpu names the GPU)"),
         f"activation peak {'estimated from the config' if result['activation_estimated'] else 'given (measured)'}: "
         f"{format_bytes(result['activation_peak_bytes'])} at {result['max_num_batched_tokens']:,} batched tokens, "
