@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.capacity import (NEWEST_VERSION, Target, Workload, gpu_by_name, gpu_of_size, kv_bytes_per_token,
                               model_shape, plan_sglang, plan_trtllm, plan_vllm, planned_weights_bytes, weight_format)
 from harness.capacity.checkpoint import checkpoint_format
-from harness.capacity.vllm import vllm_kv_bytes_per_token
+from harness.capacity.vllm import v0_other_worker_kv_bytes, vllm_kv_bytes_per_token
 from harness.capacity.shapes import config_fields, derived_max_len
 from harness.errors import UserError
 from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
@@ -174,6 +174,11 @@ def predicted_value(case: dict, check: str) -> float:
     if check == "weights":
         return float(planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0])
     if check == "kv_per_token":  # as the engine version allocates them (vLLM 0.7.2-0.7.3 pads an MLA entry)
+        per_worker = case["tp"] > 1 and case["logged"].get("activation_peak_gib") is not None and gpu_known(case)
+        planned = plan(case, shape, fmt) if per_worker and case["engine"] == "vllm" else None
+        other = quoted_other_worker_kv(case, shape, planned) if planned else None
+        if other is not None:  # the log's quotient (one worker's KV memory over the driver's tokens), planned
+            return other / planned.kv_tokens if planned.kv_tokens else 0.0
         kv_bytes = 1 if workload(case).kv_cache_dtype == "fp8" else 2
         if case["engine"] == "vllm":
             return float(vllm_kv_bytes_per_token(shape.attention, kv_bytes, case["tp"], vllm_version(case),
@@ -181,8 +186,25 @@ def predicted_value(case: dict, check: str) -> float:
         return float(kv_bytes_per_token(shape.attention, kv_bytes, case["tp"]))
     planned = plan(case, shape, fmt)
     if check == "kv_memory":
-        return float(planned.memory.kv_cache_bytes)
+        other = quoted_other_worker_kv(case, shape, planned)
+        return float(planned.memory.kv_cache_bytes if other is None else other)
     return float(planned.kv_tokens)
+
+
+def quoted_other_worker_kv(case: dict, shape, planned) -> int | None:
+    """The KV memory of the worker whose line the log quotes, where that is a V0 worker other than the driver
+    (harness.capacity.vllm.v0_other_worker_kv_bytes: every V0 worker logs its own KV room, the token count is the
+    driver's, the fewest): the quoted line's activation peak nearer the forward alone than the driver's forward and
+    sampler. None: the plan's own figure is the quoted worker's."""
+    quoted = case["logged"].get("activation_peak_gib")
+    if case["engine"] != "vllm" or quoted is None:
+        return None
+    other = v0_other_worker_kv_bytes(shape, planned, case["tp"], case["pp"])
+    if other is None:
+        return None
+    driver = planned.memory.activation_bytes
+    forward = driver - (other - planned.memory.kv_cache_bytes)
+    return other if abs(quoted * GIB - forward) < abs(quoted * GIB - driver) else None
 
 
 @dataclass(frozen=True)

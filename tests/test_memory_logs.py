@@ -39,12 +39,6 @@ KNOWN_FAILURES = {
         'weights': ('predicted 0.78x the log: AWQ MoE in vLLM 0.7: experts and unquantized modules '
                     "held wider than the checkpoint's 4-bit sizing"),
     },
-    'vllm-0.7.2-r1-distill-qwen-14b-2xrtx4090': {
-        'kv_per_token': ("predicted 0.86x the log: the quoted 8.69 GiB is one worker's KV room, the "
-                         'token count the smallest over the workers'),
-        'kv_memory': ("predicted 0.87x the log: the quoted 8.69 GiB is one worker's KV room; the plan "
-                      "gives the most-loaded GPU's"),
-    },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
         'kv_tokens': ("predicted 2.25x the log: planned on V0 as it ran (V1 before 0.9 took pipeline parallelism "
                       "only with Ray), whose default chunks prefill above 32K tokens (2,048-token profile); an "

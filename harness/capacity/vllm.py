@@ -232,6 +232,26 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     return memory, kv_flag, utilization, formula
 
 
+def v0_other_worker_kv_bytes(shape: ModelShape, plan: EnginePlan, tp: int, pp: int = 1) -> int | None:
+    """The KV room a V0 worker other than the driver logs under tensor parallelism; None where every worker's is the
+    plan's (V1, one GPU, a measured activation peak).
+
+    V0 gathers the logits to the driver (rank 0) alone and samples there: vllm/model_executor/layers/
+    logits_processor.py:LogitsProcessor._get_logits@v0.7.2 (tensor_model_parallel_gather, None on other ranks) and
+    vllm/worker/model_runner.py:ModelRunner.execute_model@v0.7.2 (returns before sampling when not the driver). The
+    other workers' profile peak is the forward alone, so their KV room is larger; each worker logs its own "the rest
+    of the memory reserved for KV Cache is X GiB" (vllm/worker/worker.py:determine_num_available_blocks), and the
+    executor keeps the fewest blocks over the workers (vllm/executor/executor_base.py:
+    ExecutorBase.determine_num_available_blocks@v0.7.2), the driver's: the plan's kv_tokens."""
+    rules, _ = engine_rules(plan.engine_version, pp)
+    memory = plan.memory
+    if rules.engine != "V0" or tp < 2 or memory.activation_source != "estimated from the config":
+        return None
+    forward = activation_peak_bytes(shape, plan.token_budget, 1, tp=tp, sampler_bytes_per_logit=0)
+    budget = memory.gpu_memory_bytes - memory.headroom_bytes
+    return max(budget - (memory.fixed_bytes - memory.activation_bytes + forward), 0)
+
+
 def _max_num_seqs(concurrency: int, cap: int, batched: int, asked: bool, notes: list[str]) -> int:
     """min(what fits, the cap), lowered to max_num_batched_tokens: vLLM requires batched tokens >= sequences."""
     seqs = min(concurrency, cap)
