@@ -365,3 +365,23 @@ def test_a_vllm_failure_that_is_not_memory_is_not_recognised_and_quotes_its_caus
     assert diagnosis.kind == "not_recognised" and not diagnosis.changes
     assert cause in diagnosis.failing_line
     assert cause in failure_line(path)  # the served run's reason names the same line
+
+
+def test_an_exception_retyped_with_a_space_before_its_colon_is_still_a_failure():
+    """'ValueError : ...' (a message retyped into an issue) is an error line: never 'fits'."""
+    text = ("ValueError : the model's max seq len (32768) is larger than the maxinum number of tokens that can be "
+            "stored in KV cache, Try increasing 'gpu_memory_utilization' or decreasing 'max_model_len'\n")
+    for engine in (None, "vllm"):
+        d = diagnose_text(text, "x.log", Context(engine=engine))
+        assert d.kind == "not_recognised", (engine, d.kind, d.summary)
+        assert "ValueError :" in d.failing_line
+
+
+def test_trtllm_paged_kv_cache_out_of_blocks_lowers_the_batch_first():
+    """kvCacheManager.cpp's 'No free blocks left': the batch needs more KV blocks than the cache holds."""
+    text = ("[TensorRT-LLM][ERROR] [TensorRT-LLM][ERROR] Assertion failed: Can't allocate new blocks. No free blocks "
+            "left. (/src/tensorrt_llm/batch_manager/kvCacheManager.cpp:362)\n")
+    d = diagnose_text(text, "x.log", Context(flags_text="--max_batch_size 128"))
+    assert (d.reader, d.kind) == ("trtllm", "kv_cache_full")
+    assert [c.lever for c in d.changes][:2] == ["max_batch_size_down", "kv_cache_free_gpu_memory_fraction_up"]
+    assert d.changes[0].setting == "--max_batch_size 64"

@@ -40,6 +40,42 @@ def quoted_figures(facts: EngineFacts | None) -> list[Figure]:
          if facts.prefill_tokens else "")) if quoted is not None]
 
 
+def _engine_facts(text: str, source: str, engine: str) -> tuple[EngineFacts | None, list[Figure], Diagnosis | None]:
+    """The engine's own lines and their figures, and the answer where PyTorch's OOM line alone decides it (another
+    process holds the memory, or fragmentation): the same first step for SGLang, TGI and TensorRT-LLM."""
+    facts = read_other_engines(text)
+    facts = facts if facts is not None and facts.engine == engine else None
+    figures = quoted_figures(facts)
+    oom = read_torch_oom(text)
+    if oom is not None:
+        figures += oom_figures(*oom)
+        if (verdict := allocator_verdict(oom[0])) is not None:
+            return facts, figures, Diagnosis(source, engine, verdict.kind, verdict.summary, tuple(figures),
+                                             verdict.changes)
+    return facts, figures, None
+
+
+def _kv_shorter_than_a_sequence(facts: EngineFacts | None) -> bool:
+    return bool(facts is not None and facts.kv_tokens and facts.context_len
+                and facts.kv_tokens.value < facts.context_len.value)
+
+
+def _kv_short_or_fits(source: str, engine: str, cache: str, facts: EngineFacts | None, figures: list[Figure],
+                      length_flag: str, larger: Change | None) -> Diagnosis | None:
+    """No failure line: a KV cache (SGLang's pool, TensorRT-LLM's paged cache) smaller than one sequence of the
+    context length is the failure; else what it holds."""
+    if _kv_shorter_than_a_sequence(facts) and larger is not None:
+        return Diagnosis(source, engine, "kv_cache_too_small",
+                         f"the {cache} holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
+                         f"{facts.context_len.value:,}", tuple(figures), (
+                             Change(f"{length_flag} {facts.kv_tokens.value:,}", "one sequence of that length fits"),
+                             larger))
+    if facts is None:
+        return None
+    held = f"its {cache} holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
+    return Diagnosis(source, engine, "fits", f"{engine}: {held}", tuple(figures))
+
+
 def _around(text: str, line: int, before: int = 40, after: int = 15) -> str:
     lines = text.splitlines()
     return "\n".join(lines[max(0, line - before):line + after])
@@ -58,16 +94,11 @@ def _oom_line(text: str) -> tuple[int, str] | None:
 
 
 def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
-    facts = read_other_engines(text)
-    facts = facts if facts is not None and facts.engine == "sglang" else None
-    figures = quoted_figures(facts)
+    facts, figures, decided = _engine_facts(text, source, "sglang")
+    if decided is not None:
+        return decided
     current = (facts.mem_fraction_static.value if facts and facts.mem_fraction_static
                else number(settings, "mem_fraction_static"))
-    oom = read_torch_oom(text)
-    if oom is not None:
-        figures += oom_figures(*oom)
-        if (verdict := allocator_verdict(oom[0])) is not None:
-            return Diagnosis(source, "sglang", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
     if facts is not None and facts.not_enough:
         # the highest value the log shows is the one in place (ServerArgs and the error may both print it)
         fraction = max(v for v in (current, number(settings, "mem_fraction_static"), 0.0) if v is not None) \
@@ -120,17 +151,9 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             changes = [fraction, Change("--chunked-prefill-size 2048", "the prefill's activations follow the chunk"),
                        Change("--max-running-requests 32", "fewer sequences at once")]
         return Diagnosis(source, "sglang", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
-    if facts is not None and facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:
-        return Diagnosis(source, "sglang", "kv_cache_too_small",
-                         f"the KV pool holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
-                         f"{facts.context_len.value:,}", tuple(figures), (
-                             Change(f"--context-length {facts.kv_tokens.value:,}", "one sequence of that length fits"),
-                             Change(f"--mem-fraction-static {min(0.95, (current or SGLANG_DEFAULT_FRACTION) + 0.05):.2f}",
-                                    "a larger KV pool")))
-    if facts is None:
-        return None
-    held = f"its KV pool holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
-    return Diagnosis(source, "sglang", "fits", f"sglang: {held}", tuple(figures))
+    larger = Change(f"--mem-fraction-static {min(0.95, (current or SGLANG_DEFAULT_FRACTION) + 0.05):.2f}",
+                    "a larger KV pool")
+    return _kv_short_or_fits(source, "sglang", "KV pool", facts, figures, "--context-length", larger)
 
 
 # --- TGI ----------------------------------------------------------------------------------------------------------
@@ -139,14 +162,9 @@ _TGI_TOTAL = re.compile(r"Not enough memory to handle (\d+) total tokens|max_bat
 
 
 def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
-    facts = read_other_engines(text)
-    facts = facts if facts is not None and facts.engine == "tgi" else None
-    figures = quoted_figures(facts)
-    oom = read_torch_oom(text)
-    if oom is not None:
-        figures += oom_figures(*oom)
-        if (verdict := allocator_verdict(oom[0])) is not None:
-            return Diagnosis(source, "tgi", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    facts, figures, decided = _engine_facts(text, source, "tgi")
+    if decided is not None:
+        return decided
     shards = int(number(settings, "tensor_parallel_size") or 1)
     prefill = facts.prefill_tokens.value if facts and facts.prefill_tokens else number(settings,
                                                                                           "max_batch_prefill_tokens")
@@ -193,15 +211,12 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
 
 
 def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_gib: float | None) -> Diagnosis | None:
-    facts = read_other_engines(text)
-    facts = facts if facts is not None and facts.engine == "trtllm" else None
-    figures = quoted_figures(facts)
-    oom = read_torch_oom(text)
-    if oom is not None:
-        figures += oom_figures(*oom)
-        if (verdict := allocator_verdict(oom[0])) is not None:
-            return Diagnosis(source, "trtllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+    facts, figures, decided = _engine_facts(text, source, "trtllm")
+    if decided is not None:
+        return decided
     fraction = number(settings, "kv_cache_free_gpu_memory_fraction") or TRTLLM_DEFAULT_FRACTION
+    if (exhausted := _first_line(text, _TRTLLM_NO_BLOCKS)) is not None:
+        return _trtllm_blocks_exhausted(source, settings, fraction, tuple(figures), exhausted)
     hit = _oom_line(text)
     if hit is not None:
         line, quoted = hit
@@ -226,14 +241,11 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
             kind, summary = "out_of_memory", ("TensorRT-LLM ran out of GPU memory after its KV cache took its share "
                                               "of the free memory")
         return Diagnosis(source, "trtllm", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
-    if facts is not None and facts.kv_tokens and facts.context_len and facts.kv_tokens.value < facts.context_len.value:
-        return Diagnosis(source, "trtllm", "kv_cache_too_small",
-                         f"the KV cache holds {facts.kv_tokens.value:,} tokens, fewer than one sequence of "
-                         f"{facts.context_len.value:,}", tuple(figures), (
-                             Change(f"--max_seq_len {facts.kv_tokens.value:,}", "one sequence of that length fits"),
-                             Change(f"kv_cache_config.free_gpu_memory_fraction {min(0.95, fraction + 0.05):.2f}",
-                                    "a share of the memory free after the weights: a larger KV cache",
-                                    "kv_cache_free_gpu_memory_fraction_up")))
+    if _kv_shorter_than_a_sequence(facts):
+        larger = Change(f"kv_cache_config.free_gpu_memory_fraction {min(0.95, fraction + 0.05):.2f}",
+                        "a share of the memory free after the weights: a larger KV cache",
+                        "kv_cache_free_gpu_memory_fraction_up")
+        return _kv_short_or_fits(source, "trtllm", "KV cache", facts, figures, "--max_seq_len", larger)
     if facts is not None and facts.buffers_gib:
         figures += [Figure(label, f"{quoted.value:.2f} GiB", f"log line {quoted.line}")
                     for label, quoted in facts.buffers_gib.items()]
@@ -250,7 +262,34 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
                                  "smaller runtime buffers"),
                           Change(f"--max_batch_size {int(number(settings, 'max_batch_size') // 2) if number(settings, 'max_batch_size') else 8}",
                                  "smaller decoder state and buffers")))
-    if facts is None:
-        return None
-    held = f"its KV cache holds {facts.kv_tokens.value:,} tokens" if facts.kv_tokens else "no memory failure"
-    return Diagnosis(source, "trtllm", "fits", f"trtllm: {held}", tuple(figures))
+    return _kv_short_or_fits(source, "trtllm", "KV cache", facts, figures, "--max_seq_len", None)
+
+
+# kvCacheManager.cpp (BlockManager::allocateBlock): TLLM_CHECK_WITH_INFO(hasFreeBlocks(...), "Can't allocate new blocks.
+# No free blocks left."); the runtime docs (gpt_runtime.md, "KV cache"): raised when the paged KV cache is not large
+# enough for the whole batch
+_TRTLLM_NO_BLOCKS = re.compile(r"Can't allocate new blocks\. No free blocks left")
+
+
+def _first_line(text: str, pattern: re.Pattern) -> str | None:
+    return next((line.strip() for line in text.splitlines() if pattern.search(line)), None)
+
+
+def _trtllm_blocks_exhausted(source: str, settings: dict[str, Setting], fraction: float, figures: tuple,
+                             line: str) -> Diagnosis:
+    """The paged KV cache ran out of blocks mid-batch: the batch's sequences need more blocks than the cache holds.
+    A smaller max_batch_size shrinks both the batch and the runtime buffers the engine preallocates for it (which
+    leave the KV cache its share of what is free after them); a larger share or shorter sequences come next."""
+    batch = number(settings, "max_batch_size")
+    seq_len = number(settings, "max_seq_len")
+    changes = [Change(f"--max_batch_size {int(batch // 2) if batch else 64}",
+                      "fewer sequences hold KV blocks at once, and the engine's buffers sized for the batch shrink"),
+               Change(f"kv_cache_config.free_gpu_memory_fraction {min(0.95, fraction + 0.05):.2f}",
+                      f"the KV cache takes {fraction} of the memory free after the engine loads: a larger share, more "
+                      "blocks", "kv_cache_free_gpu_memory_fraction_up")]
+    if seq_len:
+        changes.append(Change(f"--max_seq_len {int(seq_len // 2)}", "fewer blocks per sequence"))
+    return Diagnosis(source, "trtllm", "kv_cache_full",
+                     "the paged KV cache ran out of blocks for the running batch (kvCacheManager: 'No free blocks "
+                     "left'): the batch's sequences need more KV blocks than the cache holds", figures,
+                     tuple(changes), failing_line=line[:300])

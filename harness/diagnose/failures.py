@@ -16,8 +16,8 @@ _MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No avail
                      r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
                      r"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|Failed to allocate memory|"
                      r"memory allocation failed|insufficient memory|not enough GPU memory|"
-                     r"Cannot allocate memory|can't allocate memory|component creation attempt|OOM", re.I)
-_ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(|: |:$)|Traceback \(most recent call last\)|"
+                     r"Cannot allocate memory|can't allocate memory|component creation attempt|No free blocks left|OOM", re.I)
+_ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(| ?: | ?:$)|Traceback \(most recent call last\)|"
                     r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
                     r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
 _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0|"
@@ -70,7 +70,7 @@ def failure_lines(text: str) -> tuple[FailureLine, ...]:
 def _benign_oom_word(line: str) -> bool:
     """'OOM' in a word (ROOM, BLOOM) or in advice ('to avoid OOM'), not an out-of-memory failure."""
     if re.search(r"out of memory|OutOfMemory|Not enough memory|No available memory|is larger than|less than|"
-                 r"component creation attempt|"
+                 r"component creation attempt|No free blocks left|"
                  r"Error in memory profiling|ALLOC_FAILED|MemoryAllocation|allocate memory|allocation failed|"
                  r"insufficient memory|not enough GPU memory", line, re.I):
         return False

@@ -9,50 +9,67 @@ import re
 from harness.diagnose.records import Change
 from harness.diagnose.settings import Setting, expandable_segments, fp8_kv, is_on, number
 
-# (pattern on the change's setting, lever id, the setting key it moves, its direction)
+_SWITCHES = ("enforce_eager", "disable_cuda_graph", "enable_chunked_prefill", "gradient_checkpointing")
+
+
+def _row(pattern: str, lever: str, key: str | None = None,
+         direction: str | None = None) -> tuple[str, str, str | None, str]:
+    """A lever's row: the pattern on a change's setting, the lever id, the setting key it moves and the direction.
+    Unless given, key and direction follow from the id: "max_num_seqs_down" moves max_num_seqs down, a switch
+    (enforce_eager) turns itself on, an action (free_other_process, quantize_smaller) moves no setting."""
+    if direction is None:
+        stem, _, suffix = lever.rpartition("_")
+        if suffix in ("down", "up", "?", "fp8"):
+            key, direction = key or stem, suffix
+        elif lever in _SWITCHES:
+            key, direction = key or lever, "on"
+        else:
+            direction = ""
+    return pattern, lever, key, direction
+
+
 _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
-    (r"^stop the other|^free the gpu|other process", "free_other_process", None, ""),
-    (r"expandable_segments", "expandable_segments", "pytorch_cuda_alloc_conf", "on"),
-    (r"^--enforce-eager", "enforce_eager", "enforce_eager", "on"),
-    (r"^--disable-cuda-graph\b", "disable_cuda_graph", "disable_cuda_graph", "on"),
-    (r"^--cuda-graph-max-bs", "cuda_graph_max_bs_down", "cuda_graph_max_bs", "down"),
-    (r"^--cuda-graph-sizes|cudagraph_capture_sizes|capture sizes", "cuda_graph_sizes_down", "cuda_graph_sizes", "down"),
-    (r"^--max-model-len|^--context-length", "max_model_len_down", "max_model_len", "down"),
-    (r"^--max-total-tokens|^--max_total_token", "max_total_tokens_down", "max_total_tokens", "down"),
-    (r"^--max-input-tokens|^--max-input-length", "max_input_tokens_down", "max_input_tokens", "down"),
-    (r"^--max[-_]seq[-_]len", "max_seq_len_down", "max_seq_len", "down"),
-    (r"^--max-batch-prefill-tokens", "max_batch_prefill_tokens_down", "max_batch_prefill_tokens", "down"),
-    (r"^--max-batch-total-tokens", "max_batch_total_tokens_down", "max_batch_total_tokens", "down"),
-    (r"^--max[-_]num[-_]tokens", "max_num_tokens_down", "max_num_tokens", "down"),
-    (r"^--max[-_]batch[-_]size", "max_batch_size_down", "max_batch_size", "down"),
-    (r"^--gpu-memory-utilization \d", "gpu_memory_utilization_?", "gpu_memory_utilization", "?"),
-    (r"^--mem-fraction-static \d", "mem_fraction_static_?", "mem_fraction_static", "?"),
-    (r"^--cuda-memory-fraction \d", "cuda_memory_fraction_?", "cuda_memory_fraction", "?"),
-    (r"free_gpu_memory_fraction \d", "kv_cache_free_gpu_memory_fraction_?", "kv_cache_free_gpu_memory_fraction", "?"),
-    (r"^--enable-chunked-prefill", "enable_chunked_prefill", "enable_chunked_prefill", "on"),
-    (r"^--max-num-batched-tokens", "max_num_batched_tokens_down", "max_num_batched_tokens", "down"),
-    (r"^--max-num-seqs", "max_num_seqs_down", "max_num_seqs", "down"),
-    (r"^--max-running-requests", "max_running_requests_down", "max_running_requests", "down"),
-    (r"^--chunked-prefill-size", "chunked_prefill_size_down", "chunked_prefill_size", "down"),
-    (r"^--kv-cache-dtype|kv_cache_config\.dtype|--kv_cache_dtype", "kv_cache_dtype_fp8", "kv_cache_dtype", "fp8"),
-    (r"^quantize|--quantize", "quantize_smaller", None, ""),
-    (r"^--num-shard", "num_shard_up", "tensor_parallel_size", "up"),
-    (r"^--tensor-parallel-size|^--tp\b|^--tp-size|^--tp_size", "tensor_parallel_up", "tensor_parallel_size", "up"),
-    (r"^--max-logprobs", "max_logprobs_down", "max_logprobs", "down"),
-    (r"^--max-lora-rank", "max_lora_rank_down", "max_lora_rank", "down"),
-    (r"^--max-loras", "max_loras_down", "max_loras", "down"),
-    (r"^--limit-mm-per-prompt", "limit_mm_per_prompt_down", "limit_mm_per_prompt", "down"),
-    (r"^--cpu-offload-gb", "cpu_offload", "cpu_offload_gb", "up"),
-    (r"batch size|per_device_train_batch_size|^--batch[-_]size|lower the tokens per step", "batch_size_down",
-     "batch_size", "down"),
-    (r"gradient.checkpointing", "gradient_checkpointing", "gradient_checkpointing", "on"),
-    (r"8-bit optimizer|adamw_8bit|optimizer state", "optimizer_state_down", None, ""),
-    (r"max_new_tokens|max_length|shorter (inputs|sequences|prompts)|sequence length", "max_model_len_down",
-     "max_length", "down"),
-    (r"empty_cache", "empty_cache", None, ""),
-    (r"larger gpu|bigger gpu", "larger_gpu", None, ""),
-    (r"another replica", "more_replicas", None, ""),
-    (r"pass the log|give the|--model|--target-gpu", "more_information", None, ""),
+    _row(r"^stop the other|^free the gpu|other process", "free_other_process"),
+    _row(r"expandable_segments", "expandable_segments", "pytorch_cuda_alloc_conf", "on"),
+    _row(r"^--enforce-eager", "enforce_eager"),
+    _row(r"^--disable-cuda-graph\b", "disable_cuda_graph"),
+    _row(r"^--cuda-graph-max-bs", "cuda_graph_max_bs_down"),
+    _row(r"^--cuda-graph-sizes|cudagraph_capture_sizes|capture sizes", "cuda_graph_sizes_down"),
+    _row(r"^--max-model-len|^--context-length", "max_model_len_down"),
+    _row(r"^--max-total-tokens|^--max_total_token", "max_total_tokens_down"),
+    _row(r"^--max-input-tokens|^--max-input-length", "max_input_tokens_down"),
+    _row(r"^--max[-_]seq[-_]len", "max_seq_len_down"),
+    _row(r"^--max-batch-prefill-tokens", "max_batch_prefill_tokens_down"),
+    _row(r"^--max-batch-total-tokens", "max_batch_total_tokens_down"),
+    _row(r"^--max[-_]num[-_]tokens", "max_num_tokens_down"),
+    _row(r"^--max[-_]batch[-_]size", "max_batch_size_down"),
+    _row(r"^--gpu-memory-utilization \d", "gpu_memory_utilization_?"),
+    _row(r"^--mem-fraction-static \d", "mem_fraction_static_?"),
+    _row(r"^--cuda-memory-fraction \d", "cuda_memory_fraction_?"),
+    _row(r"free_gpu_memory_fraction \d", "kv_cache_free_gpu_memory_fraction_?"),
+    _row(r"^--enable-chunked-prefill", "enable_chunked_prefill"),
+    _row(r"^--max-num-batched-tokens", "max_num_batched_tokens_down"),
+    _row(r"^--max-num-seqs", "max_num_seqs_down"),
+    _row(r"^--max-running-requests", "max_running_requests_down"),
+    _row(r"^--chunked-prefill-size", "chunked_prefill_size_down"),
+    _row(r"^--kv-cache-dtype|kv_cache_config\.dtype|--kv_cache_dtype", "kv_cache_dtype_fp8"),
+    _row(r"^quantize|--quantize", "quantize_smaller"),
+    _row(r"^--num-shard", "num_shard_up", "tensor_parallel_size"),
+    _row(r"^--tensor-parallel-size|^--tp\b|^--tp-size|^--tp_size", "tensor_parallel_up", "tensor_parallel_size"),
+    _row(r"^--max-logprobs", "max_logprobs_down"),
+    _row(r"^--max-lora-rank", "max_lora_rank_down"),
+    _row(r"^--max-loras", "max_loras_down"),
+    _row(r"^--limit-mm-per-prompt", "limit_mm_per_prompt_down"),
+    _row(r"^--cpu-offload-gb", "cpu_offload", "cpu_offload_gb", "up"),
+    _row(r"batch size|per_device_train_batch_size|^--batch[-_]size|lower the tokens per step", "batch_size_down"),
+    _row(r"gradient.checkpointing", "gradient_checkpointing"),
+    _row(r"8-bit optimizer|adamw_8bit|optimizer state", "optimizer_state_down", None, ""),
+    _row(r"max_new_tokens|max_length|shorter (inputs|sequences|prompts)|sequence length", "max_model_len_down",
+         "max_length"),
+    _row(r"empty_cache", "empty_cache"),
+    _row(r"larger gpu|bigger gpu", "larger_gpu"),
+    _row(r"another replica", "more_replicas"),
+    _row(r"pass the log|give the|--model|--target-gpu", "more_information"),
 )
 
 
