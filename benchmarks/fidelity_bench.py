@@ -1,14 +1,32 @@
 """6: calibration of the fidelity rule. How large a KL / how low a top-1 agreement goes with a task drop of one
-margin? A ladder of formats of growing damage from the demo model (int8, GPTQ 8-bit, GPTQ and AWQ 4-bit, GPTQ
-3-bit; the two extra GPTQ rungs quantized with GPTQModel directly and judged as --candidate) is run through
-`quantgate run` on the public sets in ../shared/data (SQuAD, CMRC 2018, CNN/DailyMail), and for every rung and set
-the fidelity figures are put beside the gated task metric's paired delta.
+margin? A ladder of formats of growing damage from the demo model is run through `quantgate run` on the public sets
+in ../shared/data (SQuAD, CMRC 2018, CNN/DailyMail), and for every rung and set the fidelity figures are put beside
+the gated task metric's paired delta.
 
-The relation is fitted through the origin over every (rung, set): drop in margins = b x KL (and = c x (100 -
-agreement)); the KL at which the fitted drop reaches one margin is 1 / b. The policy's defaults (harness.policy
-DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT) should sit at or below that, and no rung whose KL interval lies
-below max_kl may have a task interval wholly below -margin: both are in the table this writes
-(reports/bench/fidelity.md, docs/fidelity.md quotes it).
+The rungs (`rungs=`, names as in RUNGS; `python -m benchmarks.fidelity_bench --run --rungs rtn,decoys`):
+- builtin: int8, gptq, awq (quantgate's own formats); w8a8; fp8; nvfp4 (nvfp4 and nvfp4a16): the #41 formats,
+  which transformers runs on a CPU by decompressing them, so their scores are the format's numerics;
+- rtn: 20 simulated round-to-nearest rungs (benchmarks/rtn_ladder.py: 8, 6, 5, 4, 3 bits x group 128, 32 x
+  symmetric, asymmetric), each a --candidate stored in bf16;
+- decoys: 3 candidates with damage confined to digit or CJK tokens (benchmarks/decoys.py); they are reported
+  apart, with their verdicts (none may be GO), and kept out of the fit;
+- gptq-extra: GPTQ 8- and 3-bit quantized with GPTQModel directly (not in the default: GPTQModel's CPU kernel
+  took 42 s a request at 8 bits here, about two hours a rung on two cores).
+
+Cost per rung, on 2 cores with the bench's defaults: a simulated rung (rtn, decoys) is a bf16 checkpoint, so it
+costs about one baseline evaluation (its generation on every set, its teacher-forced fidelity, about 0.25x of
+that, and the short latency probe), plus about 5 s and 270 MB of disk (330 MB for a decoy with an untied head) to
+build once; SQuAD 200 items took 84 CPU s of generation in benchmark 1, CNN/DM's long articles several times that
+a set. int8 and the 4-bit kernels cost 2-3x a baseline evaluation on a CPU, fp8/nvfp4 about one (decompressed
+to bf16) after a quantization of seconds. The whole default ladder (4 built-in formats, 3 fp8/nvfp4, 20 rtn, 3
+decoys) is about 30 evaluations: several hours at 200 items per set, so run it with fewer items (`--fidelity-items`)
+or a subset of rungs on a 2-core machine, or on a GPU.
+
+The relation is fitted through the origin over every (rung, set) but the decoys: drop in margins = b x KL (and =
+c x (100 - agreement)); the KL at which the fitted drop reaches one margin is 1 / b. The policy's defaults
+(harness.policy DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT) should sit at or below that, and no rung whose KL
+interval lies below max_kl may have a task interval wholly below -margin: both are in the table this writes
+(reports/bench/latest.md, docs/fidelity.md quotes it).
 """
 
 from __future__ import annotations
@@ -23,30 +41,63 @@ from pathlib import Path
 from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
 
 SETS = ("squad_200", "cmrc_200", "cnndm_summeval_100")
-BUILT_IN = ("int8", "gptq", "awq")
-GPTQ_BITS = (8, 3)  # the extra rungs, GPTQ with group 64 like the built-in 4-bit
+GPTQ_BITS = (8, 3)  # the gptq-extra rungs, GPTQ with group 64 like the built-in 4-bit
 SHARED = ROOT.parent / "shared" / "data"
+# rung name -> the run's formats it adds (quantgate's own); the candidate rungs are built in candidate_rungs()
+FORMAT_RUNGS = {"builtin": ("int8", "gptq", "awq"), "w8a8": ("w8a8",), "fp8": ("fp8",),
+                "nvfp4": ("nvfp4", "nvfp4a16")}
+CANDIDATE_RUNGS = ("rtn", "decoys", "gptq-extra")
+RUNGS = tuple(FORMAT_RUNGS) + CANDIDATE_RUNGS
+DEFAULT_RUNGS = ("builtin", "w8a8", "fp8", "nvfp4", "rtn", "decoys")
 
 
-def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: int, threads: int,
-                       batch_size: int) -> dict | None:
-    if not SHARED.is_dir():
-        say(f"fidelity: {SHARED} is not present; skipped")
-        return None
+def parse_rungs(text: str) -> tuple[str, ...]:
+    """"rtn,decoys,fp8" -> the rung names, in RUNGS' order; "default" stands for DEFAULT_RUNGS."""
+    from harness.errors import UserError
+
+    given = {r.strip() for r in text.split(",") if r.strip()}
+    if "default" in given:
+        given = (given - {"default"}) | set(DEFAULT_RUNGS)
+    unknown = sorted(given - set(RUNGS))
+    if unknown or not given:
+        raise UserError(f"--rungs {text}: unknown {unknown or 'empty'}; choose from {', '.join(RUNGS)} or default")
+    return tuple(r for r in RUNGS if r in given)
+
+
+def run_formats(rungs: tuple[str, ...]) -> tuple[str, ...]:
+    return ("baseline",) + tuple(f for rung in rungs for f in FORMAT_RUNGS.get(rung, ()))
+
+
+def candidate_rungs(demo: Path, work: Path, rungs: tuple[str, ...], calibration_samples: int, threads: int,
+                    env: dict) -> dict[str, Path]:
+    """{candidate name: checkpoint directory} of the candidate rungs, built (or reused) under `work`."""
+    found: dict[str, Path] = {}
+    if "rtn" in rungs:
+        from benchmarks.rtn_ladder import LADDER, build_ladder
+
+        say(f"fidelity: {len(LADDER)} simulated RTN rungs (built once per source fingerprint)")
+        found.update(build_ladder(demo, work / "rungs"))
+    if "decoys" in rungs:
+        from benchmarks.decoys import DECOYS, build_decoys
+
+        say(f"fidelity: {len(DECOYS)} decoys ({', '.join(d.name for d in DECOYS)})")
+        found.update(build_decoys(demo, work / "rungs"))
+    if "gptq-extra" in rungs:
+        found.update(gptq_extra_rungs(demo, work, calibration_samples, threads, env))
+    return found
+
+
+def gptq_extra_rungs(demo: Path, work: Path, calibration_samples: int, threads: int, env: dict) -> dict[str, Path]:
     from harness.calibration import choose_calibration
-    from harness.quantize.base import Recipe
-
-    cache = demo_cache(work / "cache", demo)
-    env = dict(child_env(), QUANTGATE_CACHE=str(cache))
     from harness.launcher import set_gptqmodel_cpu_workers
+    from harness.quantize.base import Recipe
 
     quantize_env = dict(env)
     set_gptqmodel_cpu_workers(quantize_env)  # as quantgate's own quantize workers get it
     texts = list(choose_calibration(None, [], calibration_samples).texts)
     calibration_path = work / "calibration.json"
     calibration_path.write_text(json.dumps(texts), encoding="utf-8")
-    started = time.time()
-    candidates = []
+    found = {}
     for bits in GPTQ_BITS:
         out = work / f"gptq{bits}"
         if not (out / "config.json").is_file():
@@ -56,14 +107,28 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
                                                       "calibration_path": str(calibration_path),
                                                       "out_dir": str(out), "threads": threads},
                       work / f"quantize-{bits}", base_env=quantize_env)
-        candidates += ["--candidate", f"gptq{bits}bit={out}"]
+        found[f"gptq{bits}bit"] = out
+    return found
+
+
+def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: int, threads: int,
+                       batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS) -> dict | None:
+    if not SHARED.is_dir():
+        say(f"fidelity: {SHARED} is not present; skipped")
+        return None
+    cache = demo_cache(work / "cache", demo)
+    env = dict(child_env(), QUANTGATE_CACHE=str(cache))
+    started = time.time()
+    built = candidate_rungs(demo, work, rungs, calibration_samples, threads, env)
+    candidates = [a for name, path in built.items() for a in ("--candidate", f"{name}={path}")]
     run_dir = work / "run"
-    command = [sys.executable, "-m", "harness", "run", "--model", "demo", "--formats", ",".join(("baseline",) + BUILT_IN),
+    command = [sys.executable, "-m", "harness", "run", "--model", "demo", "--formats", ",".join(run_formats(rungs)),
                *candidates, "--evalsets", *(str(ROOT / "benchmarks" / "shared_evalsets" / f"{s}.toml") for s in SETS),
                "--allow-outside-paths", "--max-items", str(items), "--batch-size", str(batch_size),
                "--threads", str(threads),
                "--calibration-samples", str(calibration_samples), "--latency-requests", "2", "--out", str(run_dir)]
-    say(f"fidelity: quantgate run on the ladder, {items} items per set ({' '.join(command[3:])})")
+    say(f"fidelity: quantgate run on the ladder ({', '.join(rungs)}), {items} items per set "
+        f"({' '.join(command[3:])})")
     with open(work / "run.log", "w", encoding="utf-8") as log:
         code = subprocess.call(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if code not in (0, 1):
@@ -71,13 +136,28 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
     report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
     rows = ladder_rows(report)
     return {"rows": rows, "fit": fit(rows), "items": items, "calibration_samples": calibration_samples,
-            "command": " ".join(["quantgate", *command[3:]]), "wall_s": time.time() - started,
+            "rungs": list(rungs), "command": " ".join(["quantgate", *command[3:]]).replace(str(work), "WORK"), "wall_s": time.time() - started,
             "device": report.get("device", {}).get("name"), "compute_dtype": report["formats"]["baseline"].get(
-                "compute_dtype")}
+                "compute_dtype"), "decoys": decoy_verdicts(report)}
+
+
+def rung_family(name: str, fmt: dict) -> str:
+    """"decoy", "rtn" (simulated, benchmarks/rtn_ladder.py), "format" (quantgate's own) or "candidate"."""
+    if fmt.get("role") != "candidate":
+        return "baseline"
+    manifest = (fmt.get("artifact") or {}).get("manifest") or {}  # a candidate's: harness.candidates provenance()
+    config = manifest.get("quantization_config") or {}
+    simulated = config.get("simulated") if config.get("quant_method") == "quantgate-simulated" else None
+    if simulated == "decoy":
+        return "decoy"
+    if simulated:
+        return "rtn"
+    return "candidate" if manifest.get("engine") == "external" else "format"
 
 
 def ladder_rows(report: dict) -> list[dict]:
-    """One row per candidate and evalset: fidelity with its interval, the gated metric's delta with its interval."""
+    """One row per candidate and evalset: fidelity with its interval and check, the gated metric's delta with its
+    interval, the format's verdict and the rung's family (rung_family)."""
     rows = []
     for name, fmt in report["formats"].items():
         if fmt["role"] != "candidate" or fmt["status"] != "ok":
@@ -88,18 +168,26 @@ def ladder_rows(report: dict) -> list[dict]:
             for metric, score in fmt["scores"].get(evalset, {}).items():
                 if not score["gated"] or score["delta"] is None:
                     continue
-                rows.append({"format": name, "evalset": evalset, "metric": metric, "kl": entry["kl"],
-                             "top1_agreement": entry["top1_agreement"], "items": entry["items"],
-                             "delta": score["delta"], "ci_low": score["ci_low"], "ci_high": score["ci_high"],
-                             "margin": score["margin"]})
+                rows.append({"format": name, "family": rung_family(name, fmt), "evalset": evalset, "metric": metric,
+                             "kl": entry["kl"], "top1_agreement": entry["top1_agreement"], "items": entry["items"],
+                             "fidelity_status": entry.get("status"), "delta": score["delta"],
+                             "ci_low": score["ci_low"], "ci_high": score["ci_high"], "margin": score["margin"],
+                             "verdict": fmt.get("verdict"), "rule": fmt.get("rule")})
     return rows
 
 
+def decoy_verdicts(report: dict) -> dict[str, dict]:
+    """Each decoy's verdict, the rule that carried it and its reasons: none may be GO."""
+    return {name: {"verdict": fmt.get("verdict"), "rule": fmt.get("rule"), "reasons": fmt.get("reasons"),
+                   "status": fmt.get("status")}
+            for name, fmt in report["formats"].items() if rung_family(name, fmt) == "decoy"}
+
+
 def fit(rows: list[dict]) -> dict:
-    """Least squares through the origin of the drop in margins on KL and on disagreement; the KL and agreement at
-    which the fitted drop is one margin."""
+    """Least squares through the origin of the drop in margins on KL and on disagreement, over every row but the
+    decoys' (built to break that relation); the KL and agreement at which the fitted drop is one margin."""
     points = [(r["kl"]["value"], 100 - r["top1_agreement"]["value"], -r["delta"] / r["margin"]) for r in rows
-              if r["margin"]]
+              if r["margin"] and r.get("family") != "decoy"]
     if not points:
         return {}
     slope_kl = sum(k * d for k, _, d in points) / max(sum(k * k for k, _, _ in points), 1e-12)
@@ -109,23 +197,27 @@ def fit(rows: list[dict]) -> dict:
             "agreement_at_margin": 100 - 1 / slope_dis if slope_dis > 0 else None}
 
 
+def _row_line(r: dict) -> str:
+    kl, agree = r["kl"], r["top1_agreement"]
+    return (f"| {r['format']} | {r['evalset']} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] "
+            f"| {agree['value']:.1f} [{agree['ci_low']:.1f}, {agree['ci_high']:.1f}] | {r['metric']} | "
+            f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {-r['delta'] / r['margin']:+.2f} |")
+
+
 def render_fidelity_bench(result: dict | None) -> list[str]:
     if not result:
         return []
     from harness.policy import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT
 
+    header = ["| format | evalset | KL nats/token [95% CI] | top-1 % [95% CI] | gated metric | delta [95% CI] | "
+              "drop in margins |", "|---|---|---|---|---|---|---|"]
+    ladder = [r for r in result["rows"] if r.get("family") != "decoy"]
     lines = ["## 6. Fidelity calibration: KL and top-1 agreement against task drops", "",
              f"`{result['command']}` ({result['items']} items per set, {result['device']}, baseline in "
-             f"{result['compute_dtype']}; {result['wall_s'] / 60:.0f} min). Drop = −delta / margin of the set's "
-             "gated metric (1.0 = one margin).", "",
-             "| format | evalset | KL nats/token [95% CI] | top-1 % [95% CI] | gated metric | delta [95% CI] | "
-             "drop in margins |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(result["rows"], key=lambda r: (r["kl"]["value"], r["evalset"])):
-        kl, agree = r["kl"], r["top1_agreement"]
-        lines.append(f"| {r['format']} | {r['evalset']} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] "
-                     f"| {agree['value']:.1f} [{agree['ci_low']:.1f}, {agree['ci_high']:.1f}] | {r['metric']} | "
-                     f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | "
-                     f"{-r['delta'] / r['margin']:+.2f} |")
+             f"{result['compute_dtype']}; rungs {', '.join(result.get('rungs') or ['builtin', 'gptq-extra'])}; "
+             f"{result['wall_s'] / 60:.0f} min). Drop = −delta / margin of the set's gated metric (1.0 = one "
+             "margin). rtn* rungs are simulated (benchmarks/rtn_ladder.py), never a product format.", "", *header]
+    lines += [_row_line(r) for r in sorted(ladder, key=lambda r: (r["kl"]["value"], r["evalset"]))]
     f = result["fit"]
     if f:
         lines += ["", f"Fit through the origin over {f['points']} (rung, set) points: drop = {f['drop_per_nat']:.1f} "
@@ -134,20 +226,77 @@ def render_fidelity_bench(result: dict | None) -> list[str]:
                       + (f"{f['kl_at_margin']:.3f}" if f["kl_at_margin"] else "n/a") + " and agreement "
                       + (f"{f['agreement_at_margin']:.1f}%" if f["agreement_at_margin"] else "n/a")
                       + f". Policy defaults: max_kl {DEFAULT_MAX_KL}, min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
-        below = [r for r in result["rows"] if r["kl"]["ci_high"] <= DEFAULT_MAX_KL
+        below = [r for r in ladder if r["kl"]["ci_high"] <= DEFAULT_MAX_KL
                  and r["top1_agreement"]["ci_low"] >= DEFAULT_MIN_TOP1_AGREEMENT]
         worse = [r for r in below if r["ci_high"] is not None and r["ci_high"] < -r["margin"]]
         lines.append(f"Rows the fidelity rule passes at the defaults: {len(below)}; of those with a task interval "
                      f"wholly below −margin: {len(worse)}"
                      + (" (" + ", ".join(f"{r['format']}/{r['evalset']}" for r in worse) + ")" if worse else "") + ".")
+    decoys = result.get("decoys") or {}
+    if decoys:
+        rows = [r for r in result["rows"] if r.get("family") == "decoy"]
+        go = sorted(name for name, d in decoys.items() if d.get("verdict") == "GO")
+        lines += ["", "Decoys (benchmarks/decoys.py: damage confined to digit or CJK tokens; not in the fit). "
+                      "Each must not be GO: " + (f"**GO: {', '.join(go)}**" if go else "none is GO") + ".", "",
+                  "| decoy | verdict (rule) | evalset | fidelity check | KL [95% CI] | top-1 % | gated metric | delta "
+                  "[95% CI] |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (r["format"], r["evalset"])):
+            kl = r["kl"]
+            lines.append(f"| {r['format']} | {r['verdict']} ({r.get('rule') or '-'}) | {r['evalset']} | "
+                         f"{r.get('fidelity_status')} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] | "
+                         f"{r['top1_agreement']['value']:.1f} | {r['metric']} | {r['delta']:+.1f} "
+                         f"[{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] |")
+        for name, d in sorted(decoys.items()):
+            if d.get("status") != "ok":
+                lines.append(f"| {name} | {d.get('verdict')} ({d.get('status')}) | | | | | | |")
     return lines
 
 
 def main(argv: list[str]) -> int:
-    """`python -m benchmarks.fidelity_bench --render RESULT.json`: the Markdown of a saved result."""
-    result = json.loads(Path(argv[argv.index("--render") + 1]).read_text(encoding="utf-8"))
+    """`python -m benchmarks.fidelity_bench --render RESULT.json`: the Markdown of a saved result.
+    `python -m benchmarks.fidelity_bench --run --rungs rtn,decoys --items 6 --work DIR`: step 6 alone on the
+    chosen rungs (the demo model from the user's cache), its result JSON at DIR/fidelity.json."""
+    import argparse
+
+    from harness.errors import UserError
+
+    parser = argparse.ArgumentParser(description="benchmark 6: the fidelity ladder")
+    parser.add_argument("--render", metavar="JSON", help="print the Markdown of a saved result")
+    parser.add_argument("--run", action="store_true", help="run the ladder")
+    parser.add_argument("--rungs", default=",".join(DEFAULT_RUNGS), help=f"from {', '.join(RUNGS)}, or default "
+                        f"({','.join(DEFAULT_RUNGS)})")
+    parser.add_argument("--items", type=int, default=200, help="items per public set (default 200: every item)")
+    parser.add_argument("--work", type=Path, help="scratch directory, kept (rungs are reused from it)")
+    parser.add_argument("--calibration-samples", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args(argv)
+    try:
+        if args.render:
+            result = json.loads(Path(args.render).read_text(encoding="utf-8"))
+        elif args.run and args.work:
+            result = _run_alone(args, parse_rungs(args.rungs))
+        else:
+            raise UserError("give --render RESULT.json, or --run with --work DIR")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print("\n".join(render_fidelity_bench(result)))
     return 0
+
+
+def _run_alone(args, rungs: tuple[str, ...]) -> dict | None:
+    import shutil
+
+    from harness.source import resolve_source
+
+    demo = args.work / "checkpoint" / "smollm2-135m-instruct-bf16"  # a private copy, as benchmarks/run.py makes
+    if not demo.is_dir():
+        shutil.copytree(resolve_source("demo").path, demo)
+    result = run_fidelity_bench(demo, args.work / "fidelity", args.items, args.calibration_samples, args.threads,
+                                args.batch_size, rungs)
+    (args.work / "fidelity.json").write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    return result
 
 
 if __name__ == "__main__":
