@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.capacity import (NEWEST_VERSION, Target, Workload, gpu_by_name, gpu_of_size, kv_bytes_per_token,
                               model_shape, plan_sglang, plan_trtllm, plan_vllm, planned_weights_bytes, weight_format)
 from harness.capacity.checkpoint import checkpoint_format
-from harness.capacity.vllm import v0_other_worker_kv_bytes, vllm_kv_bytes_per_token
+from harness.capacity.vllm import v0_other_worker_kv_bytes, vllm_kv_bytes_per_token, vllm_mla_absorbed_bytes
 from harness.capacity.shapes import config_fields, derived_max_len
 from harness.errors import UserError
 from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
@@ -172,7 +172,10 @@ def predicted_value(case: dict, check: str) -> float:
     shape = _shape(json.dumps(case["config"], sort_keys=True))
     fmt = checkpoint_weight_format(case)
     if check == "weights":
-        return float(planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0])
+        weights = planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0]
+        if case["engine"] == "vllm":  # what the release adds at load (V0 0.7's absorbed MLA weights)
+            weights += vllm_mla_absorbed_bytes(shape, fmt, case["tp"], vllm_version(case), case["pp"])
+        return float(weights)
     if check == "kv_per_token":  # as the engine version allocates them (vLLM 0.7.2-0.7.3 pads an MLA entry)
         per_worker = case["tp"] > 1 and case["logged"].get("activation_peak_gib") is not None and gpu_known(case)
         planned = plan(case, shape, fmt) if per_worker and case["engine"] == "vllm" else None

@@ -33,13 +33,14 @@ from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Worklo
                                              prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
-from harness.capacity.memory import (HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes, check_split,
+from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes,
+                                             check_split,
                                              cuda_graph_bytes, kv_bytes_per_token, non_torch_bytes,
                                              vllm_sequence_bytes)
-from harness.capacity.shapes import ModelShape
+from harness.capacity.shapes import ModelShape, pipeline_stage
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
-                                            VllmRules, canonical, engine_rules, mla_entry_align_bytes, release_text,
-                                            rules_for)
+                                            VllmRules, absorbs_mla_weights, canonical, engine_rules,
+                                            mla_entry_align_bytes, release_text, rules_for)
 
 KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
 NEWEST_VERSION = KNOWN_VERSIONS[-1]
@@ -114,6 +115,29 @@ def vllm_kv_bytes_per_token(attention, kv_dtype_bytes: float, tp: int, version: 
         return plain
     entry = attention.latent_dim * kv_dtype_bytes
     return int(attention.kv_layers * (-(-entry // align) * align))
+
+
+def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, version: str, pp: int = 1) -> int:
+    """The weights vLLM `version` adds on one GPU by absorbing an MLA model's up-projections
+    (vllm_versions.absorbs_mla_weights; 0 for other models and releases), on the most-loaded pipeline stage: per MLA
+    layer W_QR (q_in x heads/tp x rope dim, 16-bit), W_Q_UK (q_in x heads/tp x kv_lora_rank) and W_UV_O
+    (heads/tp x kv_lora_rank x hidden), the two products FP8 where the checkpoint's q_proj is (requantized), else
+    16-bit; q_in is q_lora_rank, or hidden without a query LoRA."""
+    if not shape.attention.is_mla or not absorbs_mla_weights(version, pp):
+        return 0
+    stage = pipeline_stage(shape, pp)
+    linears = {lin.name: lin for lin in stage.linears}
+    query, kv_b = linears.get("q_b_proj") or linears.get("q_proj"), linears.get("kv_b_proj")
+    if query is None or kv_b is None:
+        return 0
+    heads = shape.attention.heads // tp
+    kv_lora = kv_b.in_features
+    rope = shape.attention.latent_dim - kv_lora
+    stored = fmt.storage_of(query, stage.layers)[0][1]
+    fp8 = stored is not None and stored.bits == 8 and stored.label.startswith("float8")
+    product_bytes = 1 if fp8 else FP16_BYTES
+    products = query.in_features * heads * kv_lora + heads * kv_lora * shape.hidden
+    return kv_b.count * (query.in_features * heads * rope * FP16_BYTES + products * product_bytes)
 
 
 def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
@@ -198,6 +222,8 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     costs = fixed_costs(shape, fmt, target, workload, batched, seq_cap)
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     weights, activation = costs.weights, costs.activation
+    if costs.weights_source != "measured":
+        weights += vllm_mla_absorbed_bytes(shape, fmt, tp, release, target.pipeline_parallel_size)
     if workload.activation_bytes is None:
         activation = activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp,
                                            sampler_bytes_per_logit=rules.sampler_bytes_per_logit)

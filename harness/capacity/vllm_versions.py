@@ -246,6 +246,22 @@ def mla_entry_align_bytes(version: str, vendor: str = "nvidia") -> int:
     return MLA_ALIGN_BYTES if aligned else 0
 
 
+# V0's MLA backends absorb the up-projections into extra 16-bit weights at load, 0.7.1 to 0.7.3
+# (vllm/attention/backends/mla/utils.py:MLACommonImpl.process_weights_after_loading@v0.7.1 and @v0.7.3, with
+# VLLM_MLA_PERFORM_MATRIX_ABSORPTION on by default, vllm/envs.py@v0.7.3): per MLA layer and GPU W_QR (the query's
+# rope part), W_Q_UK (query times the key up-projection) and W_UV_O (value up-projection times o_proj), beside the
+# raw weights it keeps for prefill; FP8 weights requantize the two products to FP8. Loaded inside get_model, so
+# "model weights take" includes them. 0.8's MLA backends (V0 and V1) no longer absorb (no W_UV_O in @v0.8.5).
+MLA_ABSORBED_RELEASES: tuple[Release, Release] = ((0, 7, 1), (0, 8, 0))
+
+
+def absorbs_mla_weights(version: str, pipeline_parallel_size: int = 1) -> bool:
+    """Whether this vLLM release's default engine for the deployment holds MLA's absorbed weights (above)."""
+    release = parse_release(version)
+    first, stop = MLA_ABSORBED_RELEASES
+    return engine_rules(version, pipeline_parallel_size)[0].engine == "V0" and first <= release < stop
+
+
 # V1 before 0.9 ran pipeline parallelism only on Ray (vllm/engine/arg_utils.py:EngineArgs._is_v1_supported_oracle@
 # v0.8.5: "PP is supported on V1 with Ray distributed executor, but off for MP distributed executor for now"), so
 # `vllm serve --pipeline-parallel-size N` fell back to V0 (vllm-project/vllm#14452's 0.8.5 log: "Initializing a V0
