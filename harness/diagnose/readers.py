@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.flags import command_words, flag_pairs
@@ -68,38 +69,72 @@ class LoadFacts:
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _SERVE = re.compile(r"vllm serve (\S+)((?: +--?[\w-]+(?:[ =](?!--)\S+)?)*)")
-_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)")
-_KV_MEMORY = re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB|the rest of the memory reserved for KV Cache is "
-                        r"(-?[\d.]+) ?GiB|Explicitly set \((-?[\d.]+)/[\d.]+\) GiB for KV cache|kv_cache_size=(-?[\d.]+) ?GiB")
-_KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_GRAPH = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB")
-_NO_KV = re.compile(r"No available memory for the cache blocks")
-_KV_NEEDED = re.compile(r"To serve at least one request with the models?'?s?'? max seq len \((\d+)\), \(?([\d.]+) GI?B KV "
-                        r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GI?B\)\.(?: "
-                        r"Based on the available memory, the estimated maximum model length is (\d+)\.)?", re.I)
-_V0_TOO_LONG = re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
-                          r"stored in KV cache \((\d+)\)")
-_FREE_BELOW = re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
-                         r"GPU memory utilization ?|the engine's budget[^(]*)\(([\d.]+), ([\d.]+) GiB\)")
 _FLAG_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
               "enforce_eager", "tensor_parallel_size", "quantization", "dtype", "model", "block_size",
               "enable_chunked_prefill", "max_logprobs")
-_VERSION = re.compile(r"vLLM (?:API )?server version (\d+\.\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class _FactLine:
+    """A line vLLM prints that gives one fact: the VllmFacts attribute it sets, its value from the match, and whether
+    the line alone shows the text is a vLLM log (the concurrency, version and initial-usage lines do not)."""
+
+    attribute: str
+    pattern: re.Pattern
+    value: Callable[[re.Match], object]
+    marks: bool = True
+
+
+_FACT_LINES = (
+    _FactLine("weights_gib",
+              re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB)"),
+              lambda m: float(m.group(1))),
+    _FactLine("graph_gib",
+              re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB"),
+              lambda m: float(m.group(1))),
+    _FactLine("kv_memory_gib",
+              re.compile(r"Available KV cache memory: (-?[\d.]+) ?GiB|the rest of the memory reserved for KV Cache is "
+                         r"(-?[\d.]+) ?GiB|Explicitly set \((-?[\d.]+)/[\d.]+\) GiB for KV cache|kv_cache_size=(-?[\d.]+) ?GiB"),
+              lambda m: float(next(g for g in m.groups() if g))),
+    _FactLine("kv_tokens",
+              re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),
+              lambda m: int(m.group(1).replace(",", ""))),
+    _FactLine("concurrency",
+              re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+              lambda m: f"{m.group(1).replace(',', '')}:{m.group(2)}", marks=False),
+    _FactLine("no_kv_memory",
+              re.compile(r"No available memory for the cache blocks"),
+              lambda m: "no available memory for the cache blocks"),
+    _FactLine("kv_needed",
+              re.compile(r"To serve at least one request with the models?'?s?'? max seq len \((\d+)\), \(?([\d.]+) GI?B KV "
+                         r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GI?B\)\.(?: "
+                         r"Based on the available memory, the estimated maximum model length is (\d+)\.)?", re.I),
+              lambda m: ":".join(g or "" for g in m.groups())),
+    _FactLine("v0_too_long",
+              re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
+                         r"stored in KV cache \((\d+)\)"),
+              lambda m: f"{m.group(1)}:{m.group(2)}"),
+    _FactLine("free_below",
+              re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
+                         r"GPU memory utilization ?|the engine's budget[^(]*)\(([\d.]+), ([\d.]+) GiB\)"),
+              lambda m: ":".join(m.groups())),
+    _FactLine("version",
+              re.compile(r"vLLM (?:API )?server version (\d+\.\d+(?:\.\d+)?)"),
+              lambda m: m.group(1), marks=False),
+    _FactLine("initial_usage_gib",
+              re.compile(r"initial_memory_usage=([\d.]+) ?GiB"),
+              lambda m: float(m.group(1)), marks=False),
+    _FactLine("profiling_disturbed",
+              re.compile(r"Error in memory profiling\. Initial free memory ([\d.]+)(?: ?GiB)?, current free memory "
+                         r"([\d.]+)"),
+              lambda m: f"{m.group(1)}:{m.group(2)}"),
+)
+
 # V0's executors: "# GPU blocks: N, # CPU blocks: M" ("# cuda blocks", "# HPU blocks", ... by platform)
 _V0_BLOCKS = re.compile(r"# (\w+) blocks: (\d+), # CPU blocks: \d+")
 _PROFILE_TOTAL = re.compile(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\)|Memory profiling "
                             r"results: total_gpu_memory=([\d.]+)GiB.*?gpu_memory_utilization=([\d.]+)")
-# the periodic stats line: V1 "Running: R reqs, Waiting: W reqs[, Preemptions: P], GPU KV cache usage: U%", V0
-# "Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%, CPU KV cache usage: C%"
-_STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*?Preemptions: (\d+))?.*?\b(?:GPU|CPU|XPU|"
-                    r"TPU|HPU) KV cache usage: ([\d.]+)%")
-_V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space.*?"
-                           r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
 _SAMPLER = re.compile(r"out of memory occurred when warming up sampler with (\d+) dummy requests", re.I)
-_INITIAL_USAGE = re.compile(r"initial_memory_usage=([\d.]+) ?GiB")
-_PROFILING = re.compile(r"Error in memory profiling\. Initial free memory ([\d.]+)(?: ?GiB)?, current free memory "
-                        r"([\d.]+)")
 _MAMBA = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)|exceeds available Mamba "
                     r"cache blocks \((\d+)\)")
 _V0_ONLY = re.compile(r"# (?:GPU|cuda) blocks: \d+|Initializing an? (?:V0 )?LLM engine \(v[\d.]+\)|\[worker\.py|"
@@ -131,7 +166,14 @@ def _non_memory_exception(lines: list[str]) -> str | None:
     return None
 
 
+# once serving: the first line that shows it, the periodic stats line, V0's preemption warning
 _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
+# the periodic stats line: V1 "Running: R reqs, Waiting: W reqs[, Preemptions: P], GPU KV cache usage: U%", V0
+# "Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%, CPU KV cache usage: C%"
+_STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*?Preemptions: (\d+))?.*?\b(?:GPU|CPU|XPU|"
+                    r"TPU|HPU) KV cache usage: ([\d.]+)%")
+_V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space.*?"
+                           r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
 
 
 def read_vllm(text: str) -> VllmFacts | None:
@@ -159,32 +201,10 @@ def read_vllm(text: str) -> VllmFacts | None:
             facts.flags.setdefault("model", Quoted(match.group(1), number))
             for key, value in parse_flags(match.group(2)):
                 facts.flags[key] = Quoted(value, number)
-        for attribute, pattern in (("weights_gib", _WEIGHTS), ("graph_gib", _GRAPH)):
-            if (match := pattern.search(line)):
-                seen = True
-                setattr(facts, attribute, Quoted(float(match.group(1)), number))
-        if (match := _KV_MEMORY.search(line)):
-            seen = True
-            facts.kv_memory_gib = Quoted(float(next(g for g in match.groups() if g)), number)
-        if (match := _KV_TOKENS.search(line)):
-            seen = True
-            facts.kv_tokens = Quoted(int(match.group(1).replace(",", "")), number)
-        if (match := _CONCURRENCY.search(line)):
-            facts.concurrency = Quoted(f"{match.group(1).replace(',', '')}:{match.group(2)}", number)
-        if _NO_KV.search(line):
-            seen = True
-            facts.no_kv_memory = Quoted("no available memory for the cache blocks", number)
-        if (match := _KV_NEEDED.search(line)):
-            seen = True
-            facts.kv_needed = Quoted(":".join(g or "" for g in match.groups()), number)
-        if (match := _V0_TOO_LONG.search(line)):
-            seen = True
-            facts.v0_too_long = Quoted(f"{match.group(1)}:{match.group(2)}", number)
-        if (match := _FREE_BELOW.search(line)):
-            seen = True
-            facts.free_below = Quoted(":".join(match.groups()), number)
-        if (match := _VERSION.search(line)):
-            facts.version = Quoted(match.group(1), number)
+        for fact in _FACT_LINES:
+            if (match := fact.pattern.search(line)):
+                seen = seen or fact.marks
+                setattr(facts, fact.attribute, Quoted(fact.value(match), number))
         if (match := _V0_BLOCKS.search(line)) and match.group(1) != "CPU" and facts.kv_tokens is None:
             seen = True
             facts.kv_blocks = Quoted(int(match.group(2)), number)
@@ -201,11 +221,6 @@ def read_vllm(text: str) -> VllmFacts | None:
             seen = True
             facts.oom_text = facts.oom_text or Quoted(int(match.group(1)), number)
             facts.oom_during = "sampler warm-up"
-        if (match := _INITIAL_USAGE.search(line)):
-            facts.initial_usage_gib = Quoted(float(match.group(1)), number)
-        if (match := _PROFILING.search(line)):
-            seen = True
-            facts.profiling_disturbed = Quoted(f"{match.group(1)}:{match.group(2)}", number)
         if (match := _MAMBA.search(line)):
             seen = True
             seqs, blocks = (match.group(1), match.group(2)) if match.group(1) else ("", match.group(3))
