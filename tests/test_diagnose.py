@@ -385,3 +385,16 @@ def test_trtllm_paged_kv_cache_out_of_blocks_lowers_the_batch_first():
     assert (d.reader, d.kind) == ("trtllm", "kv_cache_full")
     assert [c.lever for c in d.changes][:2] == ["max_batch_size_down", "kv_cache_free_gpu_memory_fraction_up"]
     assert d.changes[0].setting == "--max_batch_size 64"
+
+
+def test_sglang_oom_under_a_load_test_lowers_the_running_requests_first():
+    """A bare 'OOM' names the failure; a load test (bench_serving, #running-req) points at the running batch (SGLang's
+    FAQ: an OOM while decoding needs a lower --max-running-requests)."""
+    text = ("[Bug] OOM when running bench_serving\n"
+            "python3 -m sglang.launch_server --model ./m --trust-remote-code\n"
+            "python3 -m sglang.bench_serving --backend sglang --num-prompts 5000\n")
+    d = diagnose_text(text, "x.log")
+    assert (d.reader, d.kind) == ("sglang", "oom_under_load")
+    assert d.changes[0].lever == "max_running_requests_down"
+    advice = "[TP0] Memory pool end. avail mem=2.0 GB\nHINT: set --mem-fraction-static lower to avoid OOM\n"
+    assert diagnose_text("python3 -m sglang.launch_server --model ./m\n" + advice, "y.log").kind != "oom_under_load"

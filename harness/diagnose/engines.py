@@ -15,6 +15,7 @@ import math
 import re
 
 from harness.diagnose.allocator import allocator_verdict, oom_figures
+from harness.diagnose.failures import says_oom
 from harness.diagnose.readers import EngineFacts, read_other_engines, read_torch_oom
 from harness.diagnose.records import Change, Diagnosis, Figure
 from harness.diagnose.settings import Setting, number
@@ -85,7 +86,7 @@ def _oom_line(text: str) -> tuple[int, str] | None:
     """The first out-of-memory line, with or without PyTorch's figures."""
     for number, line in enumerate(text.splitlines(), 1):
         if re.search(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|"
-                     r"Failed to allocate|std::bad_alloc|component creation attempt", line, re.I):
+                     r"Failed to allocate|std::bad_alloc|component creation attempt", line, re.I) or says_oom(line):
             return number, line.strip()
     return None
 
@@ -142,8 +143,12 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             changes = [Change(f"--tp {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
                               "splits the weights over more GPUs"),
                        Change("quantize the weights (awq, gptq or fp8)", "smaller weights")]
-        elif re.search(r"decode|forward_decode", around):
-            kind, summary = "oom_under_load", "a decode step ran out of memory: too many running requests"
+        elif re.search(r"decode|forward_decode|bench_serving|#running-req", around):
+            # decoding, or a load test's many running requests (SGLang's FAQ: an OOM while decoding needs a lower
+            # --max-running-requests)
+            kind, summary = "oom_under_load", ("a decode step ran out of memory: too many running requests"
+                                               if "decode" in around else "the server ran out of memory under a load "
+                                               "test: too many requests running at once")
             changes = [Change("--max-running-requests 32", "fewer sequences decode at once"), fraction]
         else:
             kind, summary = "activation_peak", ("a forward ran out of memory after the static share (weights + KV "

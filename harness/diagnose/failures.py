@@ -78,6 +78,11 @@ def _benign_oom_word(line: str) -> bool:
         re.search(r"avoid (?:an? )?OOM|prevent (?:an? )?OOM|to reduce OOM|OOM risk", line, re.I))
 
 
+def says_oom(line: str) -> bool:
+    """The word OOM standing alone as the failure ("[Bug] OOM when running bench_serving"), not advice about it."""
+    return bool(re.search(r"(?<![A-Za-z])OOM(?![A-Za-z])", line)) and not _benign_oom_word(line)
+
+
 def identity_of(line: str) -> str:
     """The same failure logged by several processes reads the same once its prefix (time, pid, rank) is dropped."""
     figures = parse_cuda_oom(line)
