@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from harness.errors import UserError
 
+Release = tuple[int, ...]  # an engine release, (0, 9, 1), as harness.capacity.vllm_versions.parse_release reads it
+
 
 @dataclass(frozen=True)
 class EngineServing:
@@ -34,9 +36,45 @@ class EngineServing:
     # engine runs a weight-only fallback (Marlin), which `fallback` names. None: no such tiers.
     native_capability: float | None = None
     fallback: str | None = None
+    # The engine releases (as tuples, (0, 9, 1)) that changed how it takes the scheme, read from its source (the
+    # comments at each format cite the file and release). None: every release the planner knows.
+    since: Release | None = None  # the first release that loads the checkpoint's scheme
+    fallback_since: Release | None = None  # the first whose `fallback` runs it below native_capability
+    # (release, compute capability): from that release the fallback runs down to that capability (vLLM's Marlin
+    # kernels on Turing, 7.5, from 0.14)
+    floors: tuple[tuple[Release, float], ...] = ()
+    # what a later release adds, for a refusal at an older one (set by `at`)
+    later: str | None = None
 
     def refusal_at(self, version: str = "") -> str | None:
         return self.refusal.replace("{version}", version) if self.refusal else None
+
+    def at(self, release: Release | None, engine: str, format_name: str) -> EngineServing:
+        """How engine release `release` takes the scheme (None: the newest): refused before `since`, naming the
+        first release that loads it; without the weight-only fallback before `fallback_since` (the native
+        capability is then the floor); the fallback's floor lowered from each `floors` release on. `later` says
+        what a newer release adds, for the refusal on a GPU below the floor."""
+        if self.refusal or not (self.since or self.fallback_since or self.floors):
+            return self
+        from harness.capacity.vllm_versions import release_text  # harness.capacity imports this module
+
+        if release is not None and self.since and release < self.since:
+            return replace(self, refusal=f"{engine} {{version}} does not load {format_name} checkpoints: "
+                                         f"{engine} {release_text(self.since)} is the first release that does")
+        if not self.fallback:
+            return self
+        if release is not None and self.fallback_since and release < self.fallback_since:
+            adds = [f"{engine} {release_text(self.fallback_since)} added its {self.fallback} (compute capability "
+                    f"{self.min_capability:.1f}+)"]
+            adds += [f"{release_text(since)} runs it on {capability:.1f}+" for since, capability in self.floors]
+            return replace(self, min_capability=self.native_capability, fallback=None, later=", ".join(adds))
+        floor, pending = self.min_capability, []
+        for since, capability in self.floors:
+            if release is None or release >= since:
+                floor = capability
+            else:
+                pending.append(f"{engine} {release_text(since)} runs it on {capability:.1f}+")
+        return replace(self, min_capability=floor, later="; ".join(pending) or None)
 
 
 @dataclass(frozen=True)
@@ -158,62 +196,142 @@ register(FormatSpec(
 # there: no --quantization flag (naming one that differs from the checkpoint's quant_method is an error in both;
 # vLLM's ModelConfig._verify_quantization, SGLang's docs/backend/quantization.md "do not add --quantization").
 # vLLM (model_executor/layers/quantization/fp8.py, compressed_tensors/compressed_tensors.py, mxfp4.py,
-# modelopt.py): FP8 weights and activations natively on compute capability 8.9+ (Ada, Hopper, Blackwell); on
-# 8.0-8.6 FP8 weight-only through Marlin ("Your GPU does not have native support for FP8 computation ... Marlin",
-# CompressedTensorsW8A16Fp8); nothing below 8.0 (get_min_capability 80). NVFP4 natively on Blackwell (10.0+,
-# cutlass_fp4_supported); on 8.0-9.0 weight-only FP4 through Marlin (CompressedTensorsW4A16Fp4, ModelOpt's
-# marlin fallback, marlin_utils_fp4.py). MXFP4 (gpt-oss) likewise: Blackwell natively, Marlin/Triton weight-only
-# from 8.0. SGLang: FP8 natively on 8.9+, Marlin FP8 on 8.0-8.6 (fp8_utils.can_auto_enable_marlin_fp8); its
-# NVFP4 (modelopt_fp4) needs Blackwell. TensorRT-LLM: FP8 from 8.9, NVFP4 from 10.0, no Marlin fallback.
+# modelopt.py): FP8 weights and activations natively on compute capability 8.9+ (Ada, Hopper, Blackwell); below,
+# FP8 weight-only through Marlin ("Your GPU does not have native support for FP8 computation ... Marlin",
+# CompressedTensorsW8A16Fp8), from 8.0 (get_min_capability 80) and from 7.5 in newer releases (below). NVFP4
+# natively on Blackwell (10.0+, cutlass_fp4_supported); below, weight-only FP4 through Marlin
+# (CompressedTensorsW4A16Fp4, ModelOpt's marlin fallback, marlin_utils_fp4.py). MXFP4 (gpt-oss) likewise:
+# Blackwell natively, Marlin/Triton weight-only from 8.0. SGLang: FP8 natively on 8.9+, Marlin FP8 on 8.0-8.6
+# (fp8_utils.can_auto_enable_marlin_fp8); its NVFP4 needs Blackwell. TensorRT-LLM: FP8 from 8.9, NVFP4 from 10.0,
+# no Marlin fallback.
+#
+# The release that first does each, read from each release's sdist on the package registry (path@tag; the vLLM
+# paths under vllm/model_executor/layers/quantization/, SGLang's under python/sglang/srt/layers/quantization/):
+# vLLM
+#   compressed-tensors FP8_DYNAMIC (per-channel weights, dynamic per-token activations): compressed_tensors.py:
+#     _is_fp8_w8a8 takes CHANNEL weights @v0.5.3 (TENSOR only @v0.5.2); CompressedTensorsW8A16Fp8 (Marlin, 8.0+)
+#     @v0.5.4: both before the oldest release planned (0.6), so no `since`.
+#   fp8 (Fp8Config): Marlin below 8.9 since v0.5.1 (vllm-project/vllm#5975); weight_block_size (DeepSeek-style
+#     block FP8) @v0.6.6, absent @v0.6.5; block FP8 through Marlin @v0.9.0 (fp8.py@v0.8.5: "Marlin doesn't
+#     support block-wise fp8", so below 8.9 only the Triton FP8 kernel, which needs 8.9).
+#   compressed-tensors block FP8 (strategy "block"): _is_fp8_w8a8 takes BLOCK @v0.11.0, absent @v0.10.2; its
+#     W8A16Fp8 fallback raises "Unsupported weight strategy=block" up to @v0.14.0 and takes blocks @v0.16.0.
+#   compressed-tensors NVFP4: W4A16Fp4 (NVFP4A16, Marlin, 8.0+) @v0.9.0; W4A4Fp4 @v0.9.1, which below 10.0 only
+#     emulated it in PyTorch (dequantizing every weight each forward: "Running emulations"); @v0.9.2 min capability
+#     100, and below cutlass_fp4_supported it runs CompressedTensorsW4A16Fp4 (Marlin).
+#   ModelOpt NVFP4 (ModelOptNvFp4Config): @v0.8.0 as --quantization nvfp4, min capability 100; @v0.9.0 as
+#     modelopt_fp4 with the Marlin fallback (min 80); read from the checkpoint without the flag
+#     (override_quantization_method) @v0.10.0.
+#   MXFP4 (mxfp4.py, gpt-oss): @v0.10.1, absent @v0.10.0; Marlin below 9.0 from the start (min 80), never 7.5
+#     (@v0.34.0 still 80: Marlin's MXFP4 needs bf16 activations, vllm-project/vllm#29901).
+#   Marlin on Turing (7.5): utils/marlin_utils_fp8.py:is_fp8_marlin_supported and marlin_utils_fp4.py
+#     has_device_capability(75) @v0.14.0 (80 @v0.13.0; vllm-project/vllm#29901), with Fp8Config and
+#     ModelOptNvFp4Config.get_min_capability 75 @v0.14.0; the compressed-tensors schemes (W8A16Fp8, W4A16Fp4,
+#     W4A4Fp4) still 80 @v0.14.0, 75 @v0.16.0 (vllm-project/vllm#31000; 0.15 published no sdist).
+# SGLang
+#   fp8 weight_block_size @0.4.1 (absent @0.4.0.post2); Marlin FP8 on 8.0-8.6 only with SGLANG_FORCE_FP8_MARLIN=1
+#     up to 0.5.0rc0, chosen by itself (fp8_utils.can_auto_enable_marlin_fp8) @0.5.1.
+#   its own compressed-tensors module @0.4.6 (vLLM's imported before); block FP8 (QuantizationStrategy.BLOCK) and
+#     W4A4 NVFP4 (CompressedTensorsW4A4Fp4, min 100, "Current platform does not support w4a4 nvfp4" below)
+#     @0.5.7, absent @0.5.6; no NVFP4 weight-only (W4A16) scheme @0.5.10.post1 (_get_scheme_from_parts ends in
+#     "No compressed-tensors compatible scheme was found").
+#   ModelOptFp4Config (modelopt_fp4) @0.4.6, min 100; mxfp4.py @0.5.0rc0 (absent @0.4.10), min 80.
+# TensorRT-LLM: not read by release here (its planner follows its current release).
 FP8_NATIVE_CC, FP4_NATIVE_CC, WEIGHT_ONLY_FALLBACK_CC = 8.9, 10.0, 8.0
+MARLIN_TURING_CC = 7.5
 _FP8_FALLBACK = "FP8 weight-only (W8A16) Marlin kernel"
 _FP4_FALLBACK = "FP4 weight-only (W4A16) Marlin kernel"
+VLLM_MARLIN_TURING = (((0, 14, 0), MARLIN_TURING_CC),)  # fp8 and ModelOpt checkpoints
+VLLM_CT_MARLIN_TURING = (((0, 16, 0), MARLIN_TURING_CC),)  # compressed-tensors checkpoints
 
 
-def _from_checkpoint(engine: str, native: float, fallback: str | None, note: str) -> EngineServing:
-    return EngineServing(None, min_capability=WEIGHT_ONLY_FALLBACK_CC if fallback else native,
-                         native_capability=native, fallback=fallback, note=f"{engine}: {note}")
+def _from_checkpoint(engine: str, native: float, fallback: str | None, note: str, *,
+                     floor: float = WEIGHT_ONLY_FALLBACK_CC, **versions) -> EngineServing:
+    return EngineServing(None, min_capability=floor if fallback else native, native_capability=native,
+                         fallback=fallback, note=f"{engine}: {note}", **versions)
 
 
-def _fp8_serving(block: bool) -> dict[str, EngineServing]:
-    scheme = "block-scaled FP8 (128x128 weight tiles)" if block else "FP8"
+def _vllm_fp8(block: bool, scheme: str) -> EngineServing:
+    """vLLM's FP8 serving of a compressed-tensors checkpoint (scheme "compressed-tensors") or a quant_method fp8 one
+    (scheme "fp8": Fp8Config, DeepSeek's and Qwen's block FP8)."""
+    what = "block-scaled FP8 (128x128 weight tiles)" if block else "FP8"
+    turing = "0.16" if scheme == "compressed-tensors" else "0.14"
+    note = (f"reads the {what} scheme from the checkpoint's quantization_config (no --quantization flag); FP8 "
+            f"kernels on compute capability 8.9+, Marlin weight-only below (8.0+; 7.5+ from vLLM {turing})")
+    if not block:
+        note += "; the bf16 checkpoint itself serves as FP8 with --quantization fp8 (per-tensor scales made at load)"
+        turing_floors = VLLM_CT_MARLIN_TURING if scheme == "compressed-tensors" else VLLM_MARLIN_TURING
+        return _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK, note, floors=turing_floors)
+    if scheme == "compressed-tensors":  # block Marlin and Turing arrive together, in 0.16
+        return _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK, note, floor=MARLIN_TURING_CC,
+                                since=(0, 11, 0), fallback_since=(0, 16, 0))
+    return _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK, note, since=(0, 6, 6), fallback_since=(0, 9, 0),
+                            floors=VLLM_MARLIN_TURING)
+
+
+def _fp8_serving(block: bool, scheme: str = "compressed-tensors") -> dict[str, EngineServing]:
+    what = "block-scaled FP8 (128x128 weight tiles)" if block else "FP8"
+    sglang_since = {"compressed-tensors": (0, 5, 7), "fp8": (0, 4, 1)}[scheme] if block else None
     return {
-        "vllm": _from_checkpoint("vLLM", FP8_NATIVE_CC, _FP8_FALLBACK,
-                                 f"reads the {scheme} scheme from the checkpoint's quantization_config (no "
-                                 "--quantization flag); FP8 kernels on compute capability 8.9+, Marlin weight-only "
-                                 "on 8.0-8.6" + ("" if block else "; the bf16 checkpoint itself serves as FP8 with "
-                                                 "--quantization fp8 (per-tensor scales made at load)")),
+        "vllm": _vllm_fp8(block, scheme),
         "sglang": _from_checkpoint("SGLang", FP8_NATIVE_CC, _FP8_FALLBACK,
-                                   f"reads the {scheme} scheme from the checkpoint (no --quantization flag); FP8 "
-                                   "kernels on 8.9+, Marlin FP8 on 8.0-8.6"),
+                                   f"reads the {what} scheme from the checkpoint (no --quantization flag); FP8 "
+                                   "kernels on 8.9+, Marlin FP8 on 8.0-8.6 (chosen by itself from SGLang 0.5.1, "
+                                   "with SGLANG_FORCE_FP8_MARLIN=1 before)", since=sglang_since),
         "trtllm": _from_checkpoint("TensorRT-LLM", FP8_NATIVE_CC, None,
-                                   f"serves {scheme} checkpoints on compute capability 8.9+ only"),
+                                   f"serves {what} checkpoints on compute capability 8.9+ only"),
     }
 
 
-def _fp4_serving(kind: str) -> dict[str, EngineServing]:
+def _fp4_serving(kind: str, scheme: str = "w4a4") -> dict[str, EngineServing]:
+    """NVFP4 as compressed-tensors writes it (scheme "w4a4", or "w4a16" for NVFP4A16) or ModelOpt ("modelopt")."""
+    vllm_versions = {"w4a4": dict(since=(0, 9, 1), fallback_since=(0, 9, 2), floors=VLLM_CT_MARLIN_TURING),
+                     "w4a16": dict(since=(0, 9, 0), floors=VLLM_CT_MARLIN_TURING),
+                     "modelopt": dict(since=(0, 8, 0), fallback_since=(0, 9, 0), floors=VLLM_MARLIN_TURING)}[scheme]
+    turing = "0.14" if scheme == "modelopt" else "0.16"
+    sglang = _from_checkpoint("SGLang", FP4_NATIVE_CC, None, f"reads the {kind} scheme from the checkpoint; its FP4 "
+                              "kernels need Blackwell (10.0+)", since=(0, 4, 6) if scheme == "modelopt" else (0, 5, 7))
+    if scheme == "w4a16":
+        sglang = EngineServing(refusal="SGLang cannot load an NVFP4 weight-only (NVFP4A16) checkpoint: its "
+                                       "compressed-tensors reader takes NVFP4 only with FP4 activations "
+                                       "(compressed_tensors.py:_is_fp4a4_nvfp4, SGLang 0.5.10)")
     return {
         "vllm": _from_checkpoint("vLLM", FP4_NATIVE_CC, _FP4_FALLBACK,
                                  f"reads the {kind} scheme from the checkpoint (no --quantization flag); FP4 "
-                                 "tensor cores on Blackwell (10.0+), Marlin weight-only FP4 on 8.0-9.0"),
-        "sglang": _from_checkpoint("SGLang", FP4_NATIVE_CC, None,
-                                   f"reads the {kind} scheme from the checkpoint; its FP4 kernels need Blackwell "
-                                   "(10.0+)"),
+                                 "tensor cores on Blackwell (10.0+), Marlin weight-only FP4 below (8.0+; 7.5+ from "
+                                 f"vLLM {turing})", **vllm_versions),
+        "sglang": sglang,
         "trtllm": _from_checkpoint("TensorRT-LLM", FP4_NATIVE_CC, None,
                                    f"serves {kind} checkpoints on Blackwell (10.0+)"),
     }
 
 
 def _mxfp4_serving() -> dict[str, EngineServing]:
-    serving = _fp4_serving("MXFP4")
     # gpt-oss's MXFP4 experts run on Hopper in both SGLang and TensorRT-LLM (Triton MoE kernels, weight-only).
     hopper = "MXFP4 weight-only Triton MoE kernels"
-    return {**serving,
+    return {"vllm": _from_checkpoint("vLLM", FP4_NATIVE_CC, _FP4_FALLBACK,
+                                     "reads MXFP4 from the checkpoint (gpt-oss); FP4 tensor cores on Blackwell "
+                                     "(10.0+), Marlin (Triton on Hopper from 0.10.2) weight-only MoE kernels from 8.0",
+                                     since=(0, 10, 1)),
             "sglang": _from_checkpoint("SGLang", FP4_NATIVE_CC, hopper,
                                        "reads MXFP4 from the checkpoint (gpt-oss); Blackwell natively, weight-only "
-                                       "MoE kernels from 8.0"),
+                                       "MoE kernels from 8.0", since=(0, 5, 0)),
             "trtllm": EngineServing(None, min_capability=9.0, native_capability=FP4_NATIVE_CC, fallback=hopper,
                                     note="TensorRT-LLM: gpt-oss's MXFP4 experts on Hopper (9.0) and Blackwell")}
+
+
+# How engines serve checkpoints whose scheme is not compressed-tensors' (the quant_method the checkpoint names):
+# the registered fp8/fp8-block/nvfp4 are the compressed-tensors ones quantgate writes; scheme_spec gives these.
+NATIVE_SCHEME_SERVING = {("fp8", "fp8"): _fp8_serving(False, "fp8"), ("fp8-block", "fp8"): _fp8_serving(True, "fp8"),
+                         ("nvfp4", "modelopt"): _fp4_serving("NVFP4", "modelopt")}
+
+
+def scheme_spec(name: str, quant_method: str) -> FormatSpec:
+    """The registered format `name` as engines serve a checkpoint of that quant_method ("fp8": Fp8Config's own,
+    DeepSeek's block FP8; "modelopt": ModelOpt NVFP4), whose first releases differ from compressed-tensors'."""
+    spec = format_spec(name)
+    serving = NATIVE_SCHEME_SERVING.get((name, quant_method))
+    return replace(spec, serving=serving) if serving else spec
 
 
 def _register_checkpoint_formats() -> None:
@@ -262,7 +380,8 @@ def _register_compressed_tensors_formats() -> None:
             ("nvfp4a16", "nvfp4", "NVFP4A16", "w4a16-nvfp4",
              {"activations": "16-bit (weight-only)", "calibration": "none needed"})):
         spec = FORMAT_SPECS[base]
-        register(replace(spec, name=name, **made, calibrated=scheme == "NVFP4", recipe_extra={
+        serving = _fp4_serving("NVFP4A16", "w4a16") if name == "nvfp4a16" else spec.serving
+        register(replace(spec, name=name, **made, calibrated=scheme == "NVFP4", serving=serving, recipe_extra={
             **spec.recipe_extra, "scheme": scheme, **extra, "ignore": ignore, "vllm_linear_kernels": [kernel]}))
 
 

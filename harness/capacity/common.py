@@ -280,13 +280,19 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
     if fmt.bits >= 16:
         return None, None
     engine = engine_title(key)
-    serving = fmt.serving_on(key)
+    release = None
+    if version:  # the engine release's own support for the scheme (EngineServing.since and its fallback's)
+        from harness.capacity.vllm_versions import parse_release
+
+        release = parse_release(version)
+        release += (99,) * (len(release) == 2)  # a minor alone means its newest release, as rules_for reads it
+    serving = fmt.serving_on(key).at(release, engine, fmt.name)
     if serving.refusal:
         return None, serving.refusal_at(version)
     if serving.quantization is None:  # the engine reads the scheme from the checkpoint's quantization_config
         from harness.capacity.checkpoint import block_split_problem
 
-        why = capability_refusal(serving, gpu, engine, fmt.name)
+        why = capability_refusal(serving, gpu, engine, fmt.name, version)
         if why:
             return None, why
         split = block_split_problem(shape, fmt, tp)
@@ -318,17 +324,20 @@ def scheme_from_checkpoint(fmt: WeightFormat, engine: str) -> bool:
     return fmt.bits < 16 and serving.quantization is None and serving.refusal is None
 
 
-def capability_refusal(serving: EngineServing, gpu: Gpu, engine: str, format_name: str) -> str | None:
+def capability_refusal(serving: EngineServing, gpu: Gpu, engine: str, format_name: str,
+                       version: str = "") -> str | None:
     """Why the engine's kernels for a format read from the checkpoint do not run on this GPU (None: they do, or
-    the GPU is unknown): below serving.min_capability (the native kernels' or the weight-only fallback's)."""
+    the GPU is unknown): below serving.min_capability (the native kernels' or the weight-only fallback's, as
+    engine release `version` has them: EngineServing.at), and what a newer release adds (serving.later)."""
     minimum = serving.min_capability
     if minimum is None or has_capability(gpu, minimum) is not False:
         return None
     fallback = (f"; its {serving.fallback} needs {minimum:.1f}" if serving.fallback and serving.native_capability
                 else "")
     native = serving.native_capability or minimum
-    return (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {engine}'s {format_name} kernels need "
-            f"{native:.1f}{fallback}")
+    later = f"; {serving.later}" if serving.later else ""
+    return (f"{gpu.name} has compute capability {gpu.compute_capability:.1f}; {f'{engine} {version}'.strip()}'s "
+            f"{format_name} kernels need {native:.1f}{fallback}{later}")
 
 
 def capability_tier(serving: EngineServing, gpu: Gpu, engine: str) -> str | None:
