@@ -21,10 +21,31 @@ NO_REFERENCE = "no baseline reference"  # the fidelity note of a format that ran
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """One live node of the cluster when the run started, as its scheduler counts it."""
+
+    node: str  # "ADDRESS (NODE-ID)", its first 8 hex digits
+    cpus: float
+    gpus: float
+    memory_bytes: int  # what the scheduler may give tasks (Ray's `memory` resource), not the node's whole RAM
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    executor: str  # "ray"
+    version: str  # the driver's Ray version
+    nodes: tuple[ClusterNode, ...]
+
+    def gpus_per_node(self) -> int:
+        """The GPUs of the largest node: more than that for one format spans nodes."""
+        return int(max((n.gpus for n in self.nodes), default=0))
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where the chains ran, for the report: the cluster (None on this machine alone) and each format's node."""
 
-    cluster: dict | None = None  # {"executor", "ray_version", "nodes": [{"node", "cpus", "gpus"}]}
+    cluster: ClusterInfo | None = None
     nodes: dict[str, str] = field(default_factory=dict)  # format -> the node its chain ran on
 
 

@@ -1,10 +1,12 @@
 """The Ray executor (`--executor ray`): each format's chain is one Ray task, placed by Ray on any node with room.
 
-A task asks for GPUs = tensor x pipeline parallel size when the cluster has GPUs (else one CPU), and for the
-format's --memory-limit-gib as Ray memory when one is set. The run's inputs go to the cluster once (ray.put); each
-task's FormatRun comes back through the object store (a few KB). Stage results, artifacts and the baseline's fidelity
-references are written to the cache directory this process uses (QUANTGATE_CACHE): on more than one machine that
-must be storage every node mounts at the same path (docs/scale.md), and its content-hash keys hold on any node.
+A task asks for GPUs = tensor x pipeline parallel size when the cluster has GPUs (else one CPU), and for memory:
+the format's --memory-limit-gib, else its planned weights (harness.executors.resources); a request no live node can
+meet fails the format at once with the reason, rather than waiting for ever. The run's inputs go to the cluster
+once (ray.put); each task's FormatRun comes back through the object store (a few KB). Stage results, artifacts and
+the baseline's fidelity references are written to the cache directory this process uses (QUANTGATE_CACHE): on more
+than one machine that must be storage every node mounts at the same path (docs/scale.md), and its content-hash keys
+hold on any node.
 
 Faults: a task whose node or worker dies is retried once (max_retries=1), its finished stages reused from the
 shared cache, then the format fails with Ray's reason. A Ctrl-C or SIGTERM cancels every task (the task kills its
@@ -24,7 +26,8 @@ from collections.abc import Iterator
 from harness import progress
 from harness.cache import CACHE_ENV, cache_root
 from harness.errors import UserError
-from harness.executors.base import Executor, Placement
+from harness.executors.base import ClusterInfo, ClusterNode, Executor, Placement
+from harness.executors.resources import task_request, unmet_reason
 from harness.records import FormatRun
 
 INSTALL = "pip install 'quantgate[ray]'"
@@ -78,26 +81,38 @@ class RayExecutor(Executor):
         if threading.current_thread() is threading.main_thread() and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)  # ray.init's own handler exits; ours writes the partial report
         self._pending: dict[object, str] = {}
+        self._refused: list[tuple[str, FormatRun]] = []
         self._nodes: dict[str, str] = {}
         self._cluster = describe_cluster(ray)
-        self._gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self._address = ray.get_runtime_context().gcs_address
         self._inputs = ray.put(inputs)
         self._task = ray.remote(run_chain_task)
-        progress.say(f"Ray {ray.__version__} cluster of {len(self._cluster['nodes'])} node(s): " + ", ".join(
-            f"{n['node']} ({n['cpus']:g} CPU, {n['gpus']:g} GPU)" for n in self._cluster["nodes"]))
+        progress.say(f"Ray {ray.__version__} cluster of {len(self._cluster.nodes)} node(s): " + ", ".join(
+            f"{n.node} ({n.cpus:g} CPU, {n.gpus:g} GPU, {n.memory_bytes / 2**30:.1f} GiB)"
+            for n in self._cluster.nodes))
 
     def submit(self, fmt: str, devices: str | None = None) -> None:
-        spec = self.inputs.spec
-        resources: dict = {"num_gpus": spec.tensor_parallel_size * spec.pipeline_parallel_size} if self._gpus \
-            else {"num_cpus": 1}
-        memory = spec.memory_limit_bytes_for(fmt)
-        if memory:
-            resources["memory"] = memory
-        ref = self._task.options(**resources, max_retries=1, retry_exceptions=False, name=f"quantgate {fmt}").remote(
-            self.chain, self._inputs, fmt, str(cache_root()), bool(getattr(progress, "_quiet", False)))
+        request = task_request(self.inputs, fmt, self._cluster)
+        unmet = unmet_reason(request, self._cluster)
+        if unmet:
+            progress.say(f"{fmt}: {unmet}")
+            self._refused.append((fmt, FormatRun(fmt, status="failed", error=unmet)))
+            return
+        if request.spans_nodes:
+            from harness.runtime.vllm.multinode import spanning_note
+
+            spec = self.inputs.spec
+            progress.say(f"{fmt}: " + spanning_note((spec.tensor_parallel_size, spec.pipeline_parallel_size),
+                                                    self._cluster.gpus_per_node()))
+        cluster = (self._cluster.gpus_per_node(), self._address)
+        ref = self._task.options(**request.ray_options(), max_retries=1, retry_exceptions=False,
+                                 name=f"quantgate {fmt}").remote(
+            self.chain, self._inputs, fmt, str(cache_root()), bool(getattr(progress, "_quiet", False)), cluster)
         self._pending[ref] = fmt
 
     def wait(self) -> Iterator[tuple[str, FormatRun]]:
+        refused, self._refused = self._refused, []
+        yield from refused
         while self._pending:
             done, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=0.5)
             for ref in done:
@@ -144,23 +159,33 @@ def local_ray_temp_dir() -> str:
     return temp if len(temp) <= RAY_TEMP_DIR_MAX else os.path.join("/tmp", "ray")
 
 
-def describe_cluster(ray) -> dict:
-    nodes = [{"node": node_name(n["NodeManagerAddress"], n["NodeID"]), "cpus": float(n["Resources"].get("CPU", 0)),
-              "gpus": float(n["Resources"].get("GPU", 0))} for n in ray.nodes() if n.get("Alive")]
-    return {"executor": "ray", "ray_version": ray.__version__, "nodes": nodes}
+def describe_cluster(ray) -> ClusterInfo:
+    nodes = tuple(ClusterNode(node_name(n["NodeManagerAddress"], n["NodeID"]), float(n["Resources"].get("CPU", 0)),
+                              float(n["Resources"].get("GPU", 0)), int(n["Resources"].get("memory", 0)))
+                  for n in ray.nodes() if n.get("Alive"))
+    return ClusterInfo("ray", ray.__version__, nodes)
 
 
 def node_name(address: str, node_id: str) -> str:
     return f"{address} ({node_id[:8]})"
 
 
-def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool) -> tuple[FormatRun, str]:
-    """The body of one format's Ray task, on whichever node Ray chose: the chain, with this run's cache and the
-    GPUs Ray gave the task. The chain runs in a thread so that a cancel (a KeyboardInterrupt in this, the task's
-    main thread) is seen at once, and the worker subprocesses it started are killed before the task ends."""
+def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool,
+                   cluster: tuple[int, str | None] = (0, None)) -> tuple[FormatRun, str]:
+    """The body of one format's Ray task, on whichever node Ray chose: the chain, with this run's cache, the GPUs
+    Ray gave the task, and the cluster (the GPUs of its largest node, its address) for a vLLM server that must span
+    nodes (harness.runtime.vllm.multinode). The chain runs in a thread so that a cancel (a KeyboardInterrupt in
+    this, the task's main thread) is seen at once, and the worker subprocesses it started are killed before the task
+    ends."""
     import ray
 
+    from harness.runtime.vllm.multinode import CLUSTER_ADDRESS_ENV, NODE_GPUS_ENV
+
     os.environ[CACHE_ENV] = cache
+    node_gpus, address = cluster
+    os.environ[NODE_GPUS_ENV] = str(node_gpus)
+    if address:
+        os.environ[CLUSTER_ADDRESS_ENV] = address
     progress.configure(quiet=quiet)
     context = ray.get_runtime_context()
     node = node_name(ray.util.get_node_ip_address(), context.get_node_id())

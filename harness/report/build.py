@@ -13,7 +13,8 @@ from harness.format_plans import ELEMENT_BYTES, max_model_len_of, plan_capacity,
 from harness.measure.kv import kv_bytes_per_token
 from harness.measure.latency import latency_block
 from harness.records import FormatRun, RunInputs
-from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, Device,
+from harness.report.schema import (SCHEMA_VERSION, Calibration, CapacityTarget, Cluster, ClusterNode, Device,
+                                   FormatPlacement,
                                    EvalsetInfo, EvalsetLatency, FormatResult, Generation, LatencyRun, Memory, Model,
                                    Recommendation, RunReport, ServingPlan, Settings, SpotCheckEntry, Tool)
 from harness.report.schema import Policy as SchemaPolicy
@@ -24,8 +25,8 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
     """The report as report.json will hold it, built block by block as the schema's objects (each block keeps the
     order its fields are given in: schema.report_json writes it back byte for byte). A value that is not what its
     field declares fails here, naming the block, rather than being written as a string. `placement`
-    (harness.executors.base.Placement): where the chains ran; a cluster's adds its entries to `environment`
-    (cluster_environment), which a run on one machine leaves as it was, byte for byte."""
+    (harness.executors.base.Placement): where the chains ran; a cluster's is the report's `cluster` block
+    (cluster_block), which a run on one machine lacks, its report byte for byte what it was."""
     from harness.metrics import tokenizer_name
     from harness.runtime.device import device_info
 
@@ -45,7 +46,8 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
                     num_parameters=_num_parameters(runs),
                     dtype=inputs.model_config.get("dtype") or inputs.model_config.get("torch_dtype")),
         device=Device.model_validate(device_info(spec.threads)),
-        environment={**environment(), **cluster_environment(placement, runs)},
+        environment=environment(),
+        **({"cluster": cluster} if (cluster := cluster_block(placement, runs)) else {}),
         settings=Settings(seed=spec.seed, batch_size=spec.batch_size, max_items=spec.max_items,
                           max_new_tokens=spec.max_new_tokens, formats=list(spec.formats),
                           candidates=dict(spec.candidates), dtype=spec.dtype, threads=spec.threads,
@@ -69,19 +71,17 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
     )
 
 
-def cluster_environment(placement, runs: dict[str, FormatRun]) -> dict[str, str]:
-    """The cluster a run's formats ran on, as `environment` entries: "executor", "ray" (its version), "cluster" (its
-    nodes: "ADDRESS (NODE-ID) C CPU G GPU", "; " between them) and "node FORMAT" (the node the format ran on). Nothing
-    for a run on one machine."""
+def cluster_block(placement, runs: dict[str, FormatRun]) -> Cluster | None:
+    """The cluster a run's formats ran on: its nodes when the run started, and each format's node and the GPUs its
+    task was given. None for a run on one machine."""
     cluster = placement.cluster if placement is not None else None
-    if not cluster:
-        return {}
-    entries = {"executor": cluster["executor"]}
-    if cluster.get("ray_version"):
-        entries["ray"] = cluster["ray_version"]
-    entries["cluster"] = "; ".join(f"{n['node']} {n['cpus']:g} CPU {n['gpus']:g} GPU" for n in cluster["nodes"])
-    entries.update({f"node {name}": placement.nodes[name] for name in runs if name in placement.nodes})
-    return entries
+    if cluster is None:
+        return None
+    return Cluster(executor=cluster.executor, version=cluster.version,
+                   nodes=[ClusterNode(node=n.node, cpus=n.cpus, gpus=n.gpus, memory_bytes=n.memory_bytes)
+                          for n in cluster.nodes],
+                   formats={name: FormatPlacement(node=placement.nodes[name], devices=runs[name].devices)
+                            for name in runs if name in placement.nodes})
 
 
 def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max_model_len: int) -> FormatResult:

@@ -844,6 +844,32 @@ class Device(_Strict):
     capability: str | None = Field(default=None, description="CUDA compute capability, e.g. '9.0' (GPU only)")
 
 
+class ClusterNode(_Strict):
+    """One live node of the cluster when the run started, as its scheduler counts it."""
+
+    node: str = Field(description="'ADDRESS (NODE-ID)', the node id's first 8 hex digits")
+    cpus: float = Field(description="CPUs the scheduler counts (count)")
+    gpus: float = Field(description="GPUs the scheduler counts (count)")
+    memory_bytes: int = Field(description="memory the scheduler may give tasks (Ray's `memory` resource), bytes")
+
+
+class FormatPlacement(_Strict):
+    """Where one format's chain ran on the cluster (its last try, when a lost node made Ray retry it)."""
+
+    node: str = Field(description="the node, as ClusterNode names it")
+    devices: str | None = Field(description="the GPUs its task was given, e.g. '0,1'; null without GPUs")
+
+
+class Cluster(_Strict):
+    """The cluster a run's formats ran on (--executor ray); absent for a run on one machine."""
+
+    executor: str = Field(description="the executor that placed the formats, e.g. 'ray'")
+    version: str = Field(description="the executor's version on the driver, e.g. Ray's '2.60.0'")
+    nodes: list[ClusterNode] = Field(description="the live nodes when the run started")
+    formats: dict[str, FormatPlacement] = Field(description="format name -> where its chain ran (formats that "
+                                                            "never started are absent)")
+
+
 class CapacityTarget(_Strict):
     """The target GPU the capacity plans are for (--target-gpu, --gpu-memory-gib, ... flags; what the run leaves
     open, the policy's [serving] target)."""
@@ -999,6 +1025,8 @@ class RunReport(_Strict):
     model: Model = Field(description="the source model")
     device: Device = Field(description="the device the figures were measured on")
     environment: dict[str, str] = Field(description="python and package -> version ('not installed' when absent)")
+    cluster: Cluster | None = Field(default=None, description="the cluster the formats ran on (--executor ray); "
+                                    "absent for a run on one machine")
     settings: Settings = Field(description="the run's settings")
     policy: Policy = Field(description="the decision policy")
     evalsets: dict[str, EvalsetInfo] = Field(description="evalset name -> what was scored")
@@ -1015,6 +1043,11 @@ class RunReport(_Strict):
         if isinstance(data, dict) and type(data.get("schema_version")) is int and data["schema_version"] == 1:
             return upgrade_v1(data)
         return data
+
+    def _with_views(self, dumped: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
+        if "cluster" in dumped and dumped["cluster"] is None:  # a run on one machine: no block, never a null
+            del dumped["cluster"]
+        return dumped
 
 
 def json_schema() -> dict[str, Any]:

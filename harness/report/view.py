@@ -687,7 +687,19 @@ def provenance_items(report: RunReport) -> list[tuple[str, str]]:
             f"{tool.name} {tool.version}, created {report.created_at or DASH}, wall {format_number(report.wall_s)} s",
         )
     )
-    return items
+    return items + cluster_items(report)
+
+
+def cluster_items(report: RunReport) -> list[tuple[str, str]]:
+    """The cluster the formats ran on (--executor ray): its nodes, then each format's node and devices."""
+    cluster = report.cluster
+    if cluster is None:
+        return []
+    nodes = "; ".join(f"{n.node} {n.cpus:g} CPU {n.gpus:g} GPU {format_bytes(n.memory_bytes)}" for n in cluster.nodes)
+    placed = "; ".join(f"{name} on {p.node}" + (f" GPUs {p.devices}" if p.devices else "")
+                       for name, p in cluster.formats.items())
+    return [("Cluster", f"{cluster.executor} {cluster.version}, {len(cluster.nodes)} node(s): {nodes}"),
+            ("Placement", placed or DASH)]
 
 
 def environment_items(report: RunReport) -> list[str]:

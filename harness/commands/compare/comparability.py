@@ -10,7 +10,8 @@ A difference is either *incomparable* or a *warning*:
 - Warning: the scores still measure the same items the same way, but something around them changed, and a
   reviewer must see it next to any score change it may explain:
   - device (kind, name, threads) and engine versions (report environment, each artifact's engine and versions):
-    latency and memory move with them; a quality change may be a kernel change.
+    latency and memory move with them; a quality change may be a kernel change. Where the formats ran (the
+    `cluster` block: executor, nodes, each format's node) is no difference at all.
   - policy (margins, floors, budgets, confidence): it changes how verdicts follow from the same scores, not the
     scores; the verdict flips it causes are still real for whoever ships under the new policy.
   - quantization recipe (artifact manifest recipe and dtype, the format's compute dtype) and calibration (the
@@ -31,6 +32,7 @@ from harness.report.schema import Artifact, Device, EvalsetInfo, FormatResult, M
 
 ARROW = "\u2192"
 INCOMPARABLE, WARNING = True, False
+CLUSTER_ENTRIES = frozenset({"executor", "ray", "cluster"})
 
 
 class _Missing:
@@ -58,11 +60,19 @@ def find_differences(old: RunReport, new: RunReport) -> list[Difference]:
         *_model(old.model, new.model),
         *_evalsets(old, new),
         *_diff("device", _device(old.device), _device(new.device), WARNING),
-        *_diff("environment", old.environment, new.environment, WARNING),
+        *_diff("environment", _software(old.environment), _software(new.environment), WARNING),
         *_diff("policy", _recorded_block(old.policy), _recorded_block(new.policy), WARNING),
         *_formats(old.formats, new.formats),
     ]
     return sorted(found, key=lambda d: not d.incomparable)  # stable: incomparable first, each group in order
+
+
+def _software(environment: dict[str, str]) -> dict[str, str]:
+    """The environment less where the formats ran: the report's `cluster` block (not compared) and the entries
+    reports written before it carried instead ("executor", "ray", "cluster", "node FORMAT"). The same inputs
+    score the same on any executor and node; the device they were measured on is compared on its own."""
+    return {key: value for key, value in environment.items()
+            if key not in CLUSTER_ENTRIES and not key.startswith("node ")}
 
 
 def _model(before: Model, after: Model) -> list[Difference]:

@@ -17,6 +17,7 @@ from harness.runtime.serving_engine import (LaunchPlan, PlanDoesNotFit, ServedFo
 from harness.runtime.vllm.client import NotVllm, check_endpoints, get_json, vllm_identity
 from harness.runtime.vllm.launch_plan import cpu_launch, gpu_defaults_launch, gpu_launch, refusal
 from harness.runtime.vllm.locate import VllmInstall, find_vllm
+from harness.runtime.vllm.multinode import across_nodes, task_cluster
 from harness.runtime.vllm.server import ServerLaunch, VllmServer, mapped_kernel_library
 from harness.runtime.vllm.startup_log import StartupFacts, read_startup
 
@@ -70,13 +71,15 @@ class VllmEngine(ServingEngine):
         if install is not None and install.device == "cuda":
             plan = capacity_plan()
             if plan is None:
-                return gpu_defaults_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
-                                           max_num_seqs=seqs, seed=spec.seed, parallel=parallel)
-            if not (plan.servable and plan.fits):
+                launch = gpu_defaults_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len,
+                                             max_num_seqs=seqs, seed=spec.seed, parallel=parallel)
+            elif not (plan.servable and plan.fits):
                 raise PlanDoesNotFit(f"the capacity plan does not fit this GPU, so no server was started: "
                                      f"{plan.reason}")
-            return gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel,
-                              max_num_seqs=spec.max_num_seqs)
+            else:
+                launch = gpu_launch(plan, dtype=served.dtype, seed=spec.seed, parallel=parallel,
+                                    max_num_seqs=spec.max_num_seqs)
+            return across_nodes(launch, parallel, *task_cluster())  # beyond one node of a Ray cluster
         return cpu_launch(served.spec, dtype=served.dtype, max_model_len=max_model_len, max_num_seqs=seqs,
                           kv_space_gib=spec.vllm_kv_cache_gib, threads=spec.threads, seed=spec.seed,
                           kv_bytes_per_token=served.kv_bytes_per_token, parallel=parallel)

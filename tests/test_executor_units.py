@@ -1,0 +1,192 @@
+"""The Ray executor's decisions, without a cluster: what a format's task asks for (GPUs, memory from the plan), a
+request no node can meet refused with its reason, vLLM's Ray executor for a format larger than one node, and the
+report's typed `cluster` block (schema, rendering, `compare` ignoring it). The cluster itself: test_ray_executor.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.capacity import model_shape, weight_format, weights_bytes
+from harness.config import RunSpec
+from harness.executors.base import ClusterInfo, ClusterNode, Placement
+from harness.executors.resources import task_request, unmet_reason
+from harness.formats import FORMAT_SPECS
+from harness.measure.kv import text_config
+from harness.records import FormatRun, RunInputs
+from harness.runtime.serving_engine import LaunchPlan, ServedFormat
+from harness.runtime.vllm.client import Sampling
+from harness.runtime.vllm.locate import VllmInstall
+from harness.runtime.vllm.multinode import CLUSTER_ADDRESS_ENV, NODE_GPUS_ENV, across_nodes, spans_nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "run_example" / "report.json"
+GIB = 2**30
+# SmolLM2-135M-Instruct's config.json (the demo model): 134,515,008 parameters
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "tie_word_embeddings": True, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+           "torch_dtype": "bfloat16"}
+
+
+def _inputs(**spec) -> RunInputs:
+    return RunInputs(spec=RunSpec(**spec), out_dir=Path("/nonexistent"), source=None, model_config=SMOLLM2,
+                     evalsets=[], policy=None, recipes={}, prompts={}, calibration=None)
+
+
+def _cluster(*nodes: tuple[float, float, float]) -> ClusterInfo:
+    """Nodes as (CPUs, GPUs, GiB of Ray memory)."""
+    return ClusterInfo("ray", "2.60.0", tuple(ClusterNode(f"10.0.0.{i} (abcdef0{i})", cpus, gpus, int(gib * GIB))
+                                              for i, (cpus, gpus, gib) in enumerate(nodes)))
+
+
+# ---------------------------------------------------------------- what a task asks for
+
+
+def test_memory_is_the_planned_16_bit_weights_the_chain_loads():
+    request = task_request(_inputs(), "gptq", _cluster((1, 0, 8)))
+    assert request.memory_bytes == 134_515_008 * 2  # every parameter of the demo model at 2 bytes
+    assert request.memory_bytes == weights_bytes(model_shape(text_config(SMOLLM2)), weight_format("baseline"))
+    assert "16-bit source" in request.memory_source
+    assert request.ray_options() == {"num_cpus": 1, "memory": 134_515_008 * 2}
+
+
+def test_a_memory_limit_is_what_the_task_asks_for():
+    request = task_request(_inputs(memory_limit_gib=3), "int8", _cluster((1, 0, 8)))
+    assert (request.memory_bytes, request.memory_source) == (3 * GIB, "--memory-limit-gib")
+
+
+def test_gpus_are_tensor_times_pipeline_parallel_size_on_a_gpu_cluster():
+    request = task_request(_inputs(tensor_parallel_size=2, pipeline_parallel_size=2), "awq", _cluster((16, 8, 500)))
+    assert request.ray_options()["num_gpus"] == 4 and not request.spans_nodes
+
+
+def test_a_request_no_node_can_meet_is_named_not_left_pending():
+    cluster = _cluster((0, 0, 4), (1, 0, 2), (1, 0, 1.5))
+    request = task_request(_inputs(memory_limit_gib=3), "int8", cluster)
+    reason = unmet_reason(request, cluster)
+    assert reason is not None
+    assert "no node of the Ray cluster has room" in reason and "1 CPU and 3.00 GiB of memory" in reason
+    assert "10.0.0.1 (abcdef01): 0 GPU, 1 CPU, 2.00 GiB" in reason  # the largest node that has a CPU
+    assert unmet_reason(task_request(_inputs(memory_limit_gib=2), "int8", cluster), cluster) is None
+    gpus = task_request(_inputs(tensor_parallel_size=4), "int8", _cluster((8, 2, 64), (8, 2, 64)))
+    assert "4 GPU(s)" in unmet_reason(gpus, _cluster((8, 2, 64), (8, 2, 64)))
+
+
+# ---------------------------------------------------------------- vLLM beyond one node
+
+
+def test_a_vllm_format_larger_than_a_node_spans_nodes_and_leaves_one_gpu_for_vllm():
+    cluster = _cluster((16, 4, 500), (16, 4, 500), (16, 4, 500))
+    request = task_request(_inputs(backend="vllm", tensor_parallel_size=4, pipeline_parallel_size=2), "gptq", cluster)
+    assert request.spans_nodes and request.gpus == 3  # vLLM's Ray executor needs one GPU free where it starts
+    assert unmet_reason(request, cluster) is None
+    in_process = task_request(_inputs(tensor_parallel_size=8), "gptq", cluster)  # transformers cannot span nodes
+    assert not in_process.spans_nodes and "8 GPU(s)" in unmet_reason(in_process, cluster)
+
+
+def test_spanning_is_more_gpus_than_the_largest_node():
+    assert spans_nodes(4, 2, 4) and spans_nodes(16, 1, 8)
+    assert not spans_nodes(4, 2, 8) and not spans_nodes(8, 1, None) and not spans_nodes(8, 1, 0)
+
+
+def test_the_launch_gets_vllms_ray_executor_and_the_cluster_only_where_it_spans():
+    plan = LaunchPlan(("--dtype", "bfloat16", "--tensor-parallel-size", "8"), {"X": "1"}, 4096, 8)
+    spanning = across_nodes(plan, (8, 1), 4, "10.0.0.1:6379")
+    assert spanning.args[-2:] == ("--distributed-executor-backend", "ray")
+    assert spanning.env == {"X": "1", "RAY_ADDRESS": "10.0.0.1:6379"}
+    assert (spanning.max_model_len, spanning.max_num_seqs) == (4096, 8)
+    assert across_nodes(plan, (8, 1), 8, "10.0.0.1:6379") == plan
+    assert across_nodes(plan, (8, 1), None, None) == plan
+
+
+def test_the_flag_is_the_installed_vllms():
+    arg_utils = next((ROOT / ".venv-vllm" / "lib").glob("python3*/site-packages/vllm/engine/arg_utils.py"), None)
+    if arg_utils is None:
+        pytest.skip("no .venv-vllm here (nox -s vllm_env)")
+    text = arg_utils.read_text(encoding="utf-8")
+    assert '"--distributed-executor-backend"' in text
+    parallel = (arg_utils.parents[1] / "config" / "parallel.py").read_text(encoding="utf-8")
+    assert re.search(r'DistributedExecutorBackend = Literal\[[^\]]*"ray"', parallel)
+
+
+def test_vllm_engine_launch_spans_nodes_inside_a_ray_task(monkeypatch, tmp_path):
+    from harness.runtime.vllm.engine import VllmEngine
+
+    install = VllmInstall("test", ("vllm", "serve"), False, "0.32.0", "cuda", frozenset())
+    served = ServedFormat("gptq", "key", tmp_path, "bfloat16", 1024, Sampling(), FORMAT_SPECS["gptq"])
+    spec = RunSpec(backend="vllm", tensor_parallel_size=8)
+    monkeypatch.delenv(NODE_GPUS_ENV, raising=False)
+    monkeypatch.delenv(CLUSTER_ADDRESS_ENV, raising=False)
+    alone = VllmEngine().launch_plan(spec, served, install, 2048, lambda: None)
+    assert "--distributed-executor-backend" not in alone.args and "RAY_ADDRESS" not in alone.env
+    monkeypatch.setenv(NODE_GPUS_ENV, "4")
+    monkeypatch.setenv(CLUSTER_ADDRESS_ENV, "10.0.0.1:6379")
+    spanning = VllmEngine().launch_plan(spec, served, install, 2048, lambda: None)
+    assert "--distributed-executor-backend ray" in " ".join(spanning.args)
+    assert spanning.env["RAY_ADDRESS"] == "10.0.0.1:6379"
+    shown = VllmEngine().shown_command(install, served, spanning)
+    assert "RAY_ADDRESS=10.0.0.1:6379" in shown and "--distributed-executor-backend ray" in shown
+
+
+# ---------------------------------------------------------------- the report's cluster block
+
+
+def _report_with_cluster():
+    from harness.report.build import cluster_block
+    from harness.report.schema import RunReport
+
+    data = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    names = list(data["formats"])
+    cluster = _cluster((0, 0, 4), (1, 2, 8))
+    runs = {name: FormatRun(name, devices="0,1" if name == names[0] else None) for name in names}
+    block = cluster_block(Placement(cluster, {names[0]: cluster.nodes[1].node}), runs)
+    return RunReport.model_validate({**data, "cluster": block.model_dump(mode="json")}), names
+
+
+def test_the_cluster_block_validates_and_is_written_back_as_built():
+    from harness.report.schema import RunReport, report_json
+
+    report, names = _report_with_cluster()
+    assert report.cluster.version == "2.60.0" and len(report.cluster.nodes) == 2
+    assert report.cluster.nodes[1].memory_bytes == 8 * GIB
+    assert set(report.cluster.formats) == {names[0]}  # a format that never started is absent
+    assert report.cluster.formats[names[0]].devices == "0,1"
+    text = report_json(report)
+    assert report_json(RunReport.model_validate_json(text)) == text
+    with pytest.raises(Exception, match="nodes"):
+        RunReport.model_validate({**json.loads(text), "cluster": {**json.loads(text)["cluster"], "nodes": "x"}})
+
+
+def test_a_run_on_one_machine_has_no_cluster_block():
+    from harness.report.build import cluster_block
+
+    assert cluster_block(Placement(), {}) is None and cluster_block(None, {}) is None
+
+
+def test_markdown_and_html_name_the_cluster_and_each_formats_node(tmp_path):
+    from harness.report.html import render_html
+    from harness.report.markdown import render_markdown
+
+    report, names = _report_with_cluster()
+    for text in (render_markdown(report, []), render_html(report, [])):
+        assert "ray 2.60.0, 2 node(s)" in text
+        assert f"{names[0]} on 10.0.0.1 (abcdef01) GPUs 0,1" in text
+
+
+def test_compare_does_not_call_runs_different_for_where_they_ran():
+    from harness.commands.compare.comparability import find_differences
+    from harness.report.schema import RunReport
+
+    plain = RunReport.model_validate(json.loads(FIXTURE.read_text(encoding="utf-8")))
+    clustered, names = _report_with_cluster()
+    assert find_differences(plain, clustered) == []
+    legacy = plain.model_copy(update={"environment": {**plain.environment, "executor": "ray", "ray": "2.60.0",
+                                                      "cluster": "10.0.0.1 (abcdef01) 1 CPU 0 GPU",
+                                                      f"node {names[0]}": "10.0.0.1 (abcdef01)"}})
+    assert find_differences(plain, legacy) == []
+    upgraded = plain.model_copy(update={"environment": {**plain.environment, "torch": "9.9.9"}})
+    assert [d.what for d in find_differences(plain, upgraded)] == ["environment torch"]  # software still counts
