@@ -190,3 +190,22 @@ def test_compare_does_not_call_runs_different_for_where_they_ran():
     assert find_differences(plain, legacy) == []
     upgraded = plain.model_copy(update={"environment": {**plain.environment, "torch": "9.9.9"}})
     assert [d.what for d in find_differences(plain, upgraded)] == ["environment torch"]  # software still counts
+
+
+def test_the_reports_vllm_plan_says_it_serves_across_nodes_where_the_format_spans_them():
+    from harness.report.build import across_nodes as plan_across_nodes
+    from harness.report.schema import RunReport, report_json
+
+    report = RunReport.model_validate(json.loads((ROOT / "reports" / "example" / "report.json").read_text()))
+    gptq = report.formats["gptq"]
+    wide = RunSpec(tensor_parallel_size=8)
+    four_gpu_nodes = Placement(_cluster((16, 4, 500), (16, 4, 500)), {})
+    spanning = plan_across_nodes(gptq, wide, four_gpu_nodes).serving["vllm"]
+    assert spanning.command == gptq.serving["vllm"].command + " --distributed-executor-backend ray"
+    assert spanning.args[-1] == ["--distributed-executor-backend", "ray"]
+    assert "8 GPUs exceeds the 4 of one node" in spanning.notes[-1]
+    assert plan_across_nodes(gptq, wide, Placement(_cluster((16, 8, 500)), {})) is gptq  # one node holds it
+    assert plan_across_nodes(gptq, wide, None) is gptq and plan_across_nodes(gptq, RunSpec(), four_gpu_nodes) is gptq
+    spanned = report.model_copy(update={"formats": {**report.formats, "gptq": plan_across_nodes(gptq, wide,
+                                                                                              four_gpu_nodes)}})
+    assert "--distributed-executor-backend ray" in report_json(spanned)

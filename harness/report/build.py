@@ -35,7 +35,8 @@ def build_report(inputs: RunInputs, runs: dict[str, FormatRun], evaluation: Eval
     baseline = outcomes["baseline"]
     planned = report_capacity(inputs)
     max_model_len = max_model_len_of(inputs)
-    formats = {name: format_result(inputs, run, evaluation, max_model_len) for name, run in runs.items()}
+    formats = {name: across_nodes(format_result(inputs, run, evaluation, max_model_len), spec, placement)
+               for name, run in runs.items()}
     return RunReport(
         schema_version=SCHEMA_VERSION,
         tool=Tool(name="quantgate", version=__version__),
@@ -82,6 +83,22 @@ def cluster_block(placement, runs: dict[str, FormatRun]) -> Cluster | None:
                           for n in cluster.nodes],
                    formats={name: FormatPlacement(node=placement.nodes[name], devices=runs[name].devices)
                             for name in runs if name in placement.nodes})
+
+
+def across_nodes(result: FormatResult, spec, placement) -> FormatResult:
+    """On a cluster whose largest node has fewer GPUs than tensor x pipeline parallel size, the vLLM plan's command
+    serves the format across nodes as the run's served server would (harness.runtime.vllm.multinode), and says so."""
+    from harness.runtime.vllm.multinode import DISTRIBUTED_BACKEND, spanning_note, spans_nodes
+
+    cluster = placement.cluster if placement is not None else None
+    plan = (result.serving or {}).get("vllm")
+    parallel = (spec.tensor_parallel_size, spec.pipeline_parallel_size)
+    if cluster is None or plan is None or not plan.command or not spans_nodes(*parallel, cluster.gpus_per_node()):
+        return result
+    flag, value = DISTRIBUTED_BACKEND
+    spanning = plan.model_copy(update={"command": f"{plan.command} {flag} {value}", "args": [*plan.args, [flag, value]],
+                                       "notes": [*plan.notes, spanning_note(parallel, cluster.gpus_per_node())]})
+    return result.model_copy(update={"serving": {**result.serving, "vllm": spanning}})
 
 
 def format_result(inputs: RunInputs, run: FormatRun, evaluation: Evaluation, max_model_len: int) -> FormatResult:
