@@ -228,3 +228,61 @@ def test_the_report_says_when_transformers_decompressed_the_format():
     assert not any("decompress" in note for note in comparison_notes(run_inputs(), "int8"))
     served = run_inputs(spec=RunSpec(formats=["baseline", "fp8"], backend="vllm"))
     assert not any("decompress" in note for note in comparison_notes(served, "fp8"))
+
+
+@pytest.fixture(scope="module")
+def architecture_configs(tmp_path_factory):
+    """config.json alone (no weights) of tiny models GPTQModel 7.6 takes differently: a Llama (its own definition),
+    Gemma 3 text (a definition, but AWQ's layer replay calls its rotary embedding without `layer_type`), Helium (no
+    definition; the auto-detected module tree finds model.layers), RWKV (no definition, no layer list it knows)."""
+    from transformers import Gemma3TextConfig, HeliumConfig, LlamaConfig, RwkvConfig
+
+    root = tmp_path_factory.mktemp("architectures")
+    small = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    for name, config in (("llama", LlamaConfig(**small)), ("gemma3_text", Gemma3TextConfig(head_dim=16, **small)),
+                         ("helium", HeliumConfig(head_dim=16, **small)),
+                         ("rwkv", RwkvConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2))):
+        config.save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("model_type, method, refused", [
+    ("llama", "gptq", None), ("llama", "awq", None), ("helium", "gptq", None), ("gemma3_text", "gptq", None),
+    ("gemma3_text", "awq", "Gemma3RotaryEmbedding.forward also needs 'layer_type'"),
+    ("helium", "awq", "takes GPTQ, not AWQ"), ("rwkv", "awq", "takes GPTQ, not AWQ"),
+    ("rwkv", "gptq", "finds no list of decoder layers")])
+def test_gptqmodel_is_asked_whether_it_can_quantize_the_architecture(architecture_configs, model_type, method,
+                                                                     refused):
+    from harness.quantize.gptqmodel_support import architecture_refusal
+
+    reason = architecture_refusal(architecture_configs / model_type, method)
+    if refused is None:
+        assert reason is None
+        return
+    assert refused in reason and f"model_type '{model_type}'" in reason and "GPTQModel 7.6" in reason
+    assert reason.startswith(f"{method}: ") and "\n" not in reason and len(reason) < 480  # the worker keeps 500
+    assert "judge " + ("gptq, or int8" if method == "awq" else "int8") in reason and "fp8" in reason
+
+
+def test_gptqmodel_refuses_the_architecture_before_loading_anything(architecture_configs, tmp_path):
+    """Only config.json is there: without the check GPTQModel.load would fail on the missing weights instead."""
+    from harness.quantize.gptqmodel_engine import GptqModelQuantizer
+
+    recipe = Recipe("awq", bits=4, group_size=32, calibration_samples=1)
+    with pytest.raises(UserError, match=r"^awq: GPTQModel .*model_type 'gemma3_text'.*'layer_type'"):
+        GptqModelQuantizer("awq").quantize(architecture_configs / "gemma3_text", recipe, ["x"], tmp_path)
+
+
+def test_gptqmodel_requirements_are_read_with_its_own_parser():
+    from harness.quantize.gptqmodel_support import unmet_requirements
+
+    assert unmet_requirements(["transformers<=4.44.2"]) == [f"transformers<=4.44.2 (installed {_version('transformers')})"]
+    assert unmet_requirements(["transformers>=4.0", "torch"]) == []
+    assert unmet_requirements(["quantgate-no-such-package>=1"]) == ["quantgate-no-such-package>=1 (not installed)"]
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)

@@ -9,6 +9,7 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import UserError
 from harness.quantize.base import Recipe, package_versions
 from harness.runtime.device import cpu_has_bf16_matmul, is_cuda
 
@@ -30,6 +31,11 @@ class GptqModelQuantizer:
         import torch
         from gptqmodel import GPTQModel  # GPTQMODEL_CPU_WORKERS comes from the worker's environment (launcher)
 
+        from harness.quantize.gptqmodel_support import architecture_refusal
+
+        refusal = architecture_refusal(source_path, self.method, trust_remote_code=trust_remote_code)
+        if refusal:  # before any weight is loaded or calibrated
+            raise UserError(refusal)
         plan = calibration_plan(source_path, self.method)
         config = self.quantize_config(recipe, offload_to_disk=not plan.cast_after)
         model = GPTQModel.load(str(source_path), config, device=plan.device, dtype=plan.load_dtype,
