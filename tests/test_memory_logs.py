@@ -15,18 +15,9 @@ import pytest
 
 from scripts.memory_log_table import CHECKS, CASES, UNGRADED, compare, load_cases, load_ungraded, logged_value
 
-V1_DUMMY_SAMPLER_SORTS = ("vLLM 0.11's profile samples 1,024 dummy rows with top_p 0.9 and top_k vocab-1 "
-                          "(vllm/v1/worker/gpu_model_runner.py:_dummy_sampler_run), so apply_top_k_top_p sorts the "
-                          "whole vocabulary: about 39 bytes a row x vocab entry in every llm-d H100 run, where the "
-                          "plan's V1 sampler counts 16")
 # Checks the planner fails today, case id -> {check: why}; each runs as a strict xfail. Remove an entry when
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
-    'vllm-0.11.0-gpt-oss-120b-h100': {
-        'kv_memory': ("predicted 4.33x the log: at 0.95 utilization the run kept 1.71 GiB; the plan's weights "
-                      '(64.55 GiB, Triton-padded MXFP4 experts) and 3.07 GiB profile at 1,024 tokens leave 7.41: '
-                      "5.7 GiB of vLLM 0.11's gpt-oss profile peak is not modelled"),
-    },
     'vllm-0.5.3-llama31-405b-fp8-8xh100': {
         'weights': ("predicted 0.83x the log: the fixture's modules_to_not_convert is reduced to lm_head (no public "
                     "copy of the published list was found); with the modules Hugging Face's FbgemmFp8Config "
@@ -50,14 +41,6 @@ KNOWN_FAILURES = {
                       "only with Ray), whose default chunks prefill above 32K tokens (2,048-token profile); an "
                       'unchunked 60,000-token profile gives 53,024 tokens (0.91x), and the excerpt elides whether '
                       'chunked prefill was off; the config is reconstructed (no public copy of the unsloth export)'),
-    },
-    'vllm-0.11.0-qwen3-32b-h100-llm-d': {
-        'kv_memory': (f"predicted 1.75x the log: {V1_DUMMY_SAMPLER_SORTS} (5.64 GiB logged against 2.33 planned); at "
-                      '4.45 GiB of KV room the 3.3 GiB difference is most of it'),
-    },
-    'vllm-0.11.0-qwen3-32b-2xh100-llm-d': {
-        'kv_memory': (f"predicted 1.10x the log: {V1_DUMMY_SAMPLER_SORTS} (5.64 GiB logged against 2.33 planned), and "
-                      'non-torch memory at TP 2 was 0.54 GiB against 0.38 planned'),
     },
     'vllm-0.5.0-deepseek-coder-6.7b-2xt4': {
         'kv_tokens': ("predicted 3.10x the log under 0.5.0's rules (the version assumed from the date): V0 0.5 "

@@ -29,7 +29,8 @@ Token budget of the profile run (max_num_batched_tokens unset)
       or 2048 (@v0.6.5, _DEFAULT_MAX_NUM_BATCHED_TOKENS@v0.8.0). vllm/engine/arg_utils.py:
       EngineArgs.create_engine_config@v0.6.4.post1 turns chunked prefill on by itself only above 32,768 tokens
       (CUDA, no sliding window, not multimodal). The profile samples max_num_seqs rows with top_p=0.99 and
-      top_k=vocab-1 (vllm/worker/model_runner.py:profile_run@v0.6.4.post1): a sort over the whole vocabulary.
+      top_k=vocab-1 (vllm/worker/model_runner.py:profile_run@v0.6.4.post1): a sort over the whole vocabulary. V1's
+      dummy sampler run does the same with top_p=0.9, a torch sort up to 0.16 (V1_SORTING_SAMPLER).
   V1 (default engine from v0.8.0, vllm/envs.py VLLM_USE_V1@v0.8.0) always chunks; vllm/engine/arg_utils.py:
       EngineArgs._set_default_args_v1@v0.7.3 (get_batch_defaults later) for `vllm serve` (OPENAI_API_SERVER): 8192
       on a GPU named H100/H200 (v0.7-v0.8.4), on >= 70 GiB (@v0.8.5), not an A100 (@v0.9.0), 16384 on >= 160 GiB
@@ -105,14 +106,25 @@ V0_LONG_CONTEXT = 32768
 V0_MIN_BUDGET = 2048
 V0_SAMPLER = 40  # fp32 logits, sorted copy, int64 sort indices, masks, softmax, log-softmax, sampled noise
 V1_SAMPLER = 16  # fp32 logits, probabilities, sampled noise, gathered results: no sort in the dummy sampler run
+# V1's dummy sampler run (vllm/v1/worker/gpu_model_runner.py:_dummy_sampler_run@v0.8.0-v0.32) samples max_num_seqs rows
+# with top_p 0.9 and top_k vocab-1. Up to 0.16 the top-k/top-p step is torch's sort (vllm/v1/sample/ops/
+# topk_topp_sampler.py:apply_top_k_top_p@v0.16.0): FlashInfer's sampler replaces it only where flashinfer is installed
+# (an optional extra to 0.11.0, setup.py@v0.11.0) or, from 0.11.1, where VLLM_USE_FLASHINFER_SAMPLER=1 (unset means
+# off, vllm/envs.py@v0.11.2). At the sort, per row x vocabulary entry: the bf16 logits the runner holds (2), their fp32
+# copy (4, vllm/v1/sample/sampler.py:Sampler.forward), the sorted values (4) and int64 indices (8), and inside torch's
+# CUDA sort of >= 128 rows (aten/src/ATen/native/cuda/SortStable.cu:segmented_sort_pairs) an int64 iota (8) and cub's
+# alternate key and value buffers (4 + 8). From 0.17 a Triton top-k/top-p kernel takes batches of 8 rows or more
+# (topk_topp_sampler.py@v0.17.1), and from 0.25 FlashInfer's sampler is on by default (vllm/envs.py@v0.25.1).
+V1_SORTING_SAMPLER = 2 + 4 + 4 + 8 + 8 + 4 + 8
 
 
 def _v0(since, non_torch, budget, source):
     return VllmRules(since, "V0", 0.9, non_torch, False, False, budget, budget, "", V0_SAMPLER, False, source)
 
 
-def _v1(since, non_torch, rule, subtract=False, estimated=False, util=0.9, kv_bytes=False, source=""):
-    return VllmRules(since, "V1", util, non_torch, subtract, estimated or subtract, 2048, 8192, rule, V1_SAMPLER,
+def _v1(since, non_torch, rule, subtract=False, estimated=False, util=0.9, kv_bytes=False, source="",
+        sampler=V1_SORTING_SAMPLER):
+    return VllmRules(since, "V1", util, non_torch, subtract, estimated or subtract, 2048, 8192, rule, sampler,
                      kv_bytes, source)
 
 
@@ -128,13 +140,18 @@ RULES: tuple[VllmRules, ...] = (
     _v1((0, 9, 1), "since start", ">=70 GiB not A100", source=f"{_V1_WORKER}@v0.9.1 (memory_profiling)"),
     _v1((0, 10, 2), "since start", ">=70 GiB not A100", kv_bytes=True,
         source=f"{_V1_WORKER}@v0.10.2 (kv_cache_memory_bytes)"),
-    _v1((0, 18, 0), "since start", ">=70 GiB not A100", estimated=True, kv_bytes=True,
+    _v1((0, 17, 0), "since start", ">=70 GiB not A100", kv_bytes=True, sampler=V1_SAMPLER,
+        source=f"{_V1_WORKER}@v0.10.2; vllm/v1/sample/ops/topk_topp_sampler.py@v0.17.1 (Triton top-k/top-p)"),
+    _v1((0, 18, 0), "since start", ">=70 GiB not A100", estimated=True, kv_bytes=True, sampler=V1_SAMPLER,
         source=f"{_V1_WORKER}@v0.18.1; vllm/envs.py:VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS@v0.18.1 (default 0)"),
     _v1((0, 20, 0), "since start", ">=70 GiB not A100", subtract=True, util=0.92, kv_bytes=True,
+        sampler=V1_SAMPLER,
         source=f"{_V1_WORKER}@v0.20.2; vllm/envs.py@v0.20.2 (default 1); vllm/config/cache.py@v0.20.2 (0.92)"),
     _v1((0, 28, 0), "since start", "+ >=160 GiB", subtract=True, util=0.92, kv_bytes=True,
+        sampler=V1_SAMPLER,
         source=f"{_V1_WORKER}@v0.28.0; vllm/engine/arg_utils.py:EngineArgs.get_batch_defaults@v0.28.0"),
     _v1((0, 34, 0), "since start", "+ >=160 GiB", subtract=True, util=None, kv_bytes=True,
+        sampler=V1_SAMPLER,
         source=f"{_V1_WORKER}@v0.34.0; vllm/config/cache.py:CacheConfig.resolved_gpu_memory_utilization@v0.34.0; "
                "vllm/v1/worker/extensible_kv_cache.py:measure_kv_cache_bytes@v0.34.0"),
 )
@@ -207,10 +224,12 @@ def canonical(version: str) -> str:
 # - MXFP4 experts (gpt-oss): model_executor/layers/quantization/mxfp4.py:get_mxfp4_backend picks FlashInfer on
 #   Blackwell, Triton on Hopper only with triton_kernels and torch >= 2.8 (is_torch_equal_or_newer("2.8.0")), else
 #   Marlin. Releases before v0.10.2 were built on torch 2.7.1, so Hopper ran Marlin there (vllm-project/vllm#23278's
-#   marlin_utils_fp4 warning on an H100 under 0.10.1). The pre-release vllm/vllm-openai:gptoss image
-#   ("0.10.1+gptoss") did not pad the experts at all.
+#   marlin_utils_fp4 warning on an H100 under 0.10.1); to 0.11 triton_kernels was an optional package that neither
+#   requirements/cuda.txt nor docker/Dockerfile@v0.11.0 installs (vllm/utils/__init__.py:has_triton_kernels@v0.11.0),
+#   so Hopper ran Marlin there too, until v0.12.0 vendored it (vllm.third_party.triton_kernels, has_triton_kernels
+#   @v0.12.0). The pre-release vllm/vllm-openai:gptoss image ("0.10.1+gptoss") did not pad the experts at all.
 BNB_DOUBLE_QUANT_UNDONE_SINCE: Release = (0, 9, 2)
-MXFP4_TRITON_SINCE: Release = (0, 10, 2)
+MXFP4_TRITON_SINCE: Release = (0, 12, 0)
 
 
 def undoes_bnb_double_quant(version: str) -> bool:
