@@ -155,19 +155,43 @@ def _load_measure_generate(job: DeviceJob, runtime: type[Runtime], timeline) -> 
         result = measure_format(model, job.measure, tokens, load_peak, model.weights_bytes(), loaded_bytes,
                                 timeline=timeline)
         atomic_write_json(Path(job.measure.result_path), result)
-    for task in job.generate:
-        if timeline is not None:
-            timeline.mark(f"generate:{task.evalset}")
-        atomic_write_json(Path(task.result_path), generate_evalset(model, task, tokens, job.batch_size))
-    if result is not None and job.measure.profile_tokens:
-        result["profile"] = _profile(model, job.measure, timeline)
-        atomic_write_json(Path(job.measure.result_path), result)
-    if job.fidelity:
-        _fidelity(model, job.fidelity, timeline, job.batch_size)
+    caches = _prompt_cache_dirs(model, job)
+    try:
+        for task in job.generate:
+            if timeline is not None:
+                timeline.mark(f"generate:{task.evalset}")
+            atomic_write_json(Path(task.result_path), generate_evalset(model, task, tokens, job.batch_size,
+                                                                       caches.get(task.evalset)))
+        if result is not None and job.measure.profile_tokens:
+            result["profile"] = _profile(model, job.measure, timeline)
+            atomic_write_json(Path(job.measure.result_path), result)
+        if job.fidelity:
+            _fidelity(model, job.fidelity, timeline, job.batch_size, caches)
+    finally:
+        for directory in caches.values():
+            remove_tree(directory)
     return result
 
 
-def _fidelity(model, tasks, timeline, batch_size: int) -> None:
+def _prompt_cache_dirs(model, job: DeviceJob) -> dict[str, Path]:
+    """evalset -> a fresh directory for its generation's prompt caches (harness.fidelity.prompt_cache), for the
+    evalsets this job both generates and teacher-forces, when the runtime can hand its caches over."""
+    import tempfile
+
+    if not hasattr(model, "generate_keeping_prompt_cache"):
+        return {}
+    wanted = {task.evalset: task for task in job.fidelity}
+    dirs = {}
+    for task in job.generate:
+        fidelity = wanted.get(task.evalset)
+        if fidelity is not None:
+            near = Path(fidelity.result_path or fidelity.reference_path).parent
+            near.mkdir(parents=True, exist_ok=True)
+            dirs[task.evalset] = Path(tempfile.mkdtemp(prefix=".prompt-cache-", dir=near))
+    return dirs
+
+
+def _fidelity(model, tasks, timeline, batch_size: int, caches: dict[str, Path] | None = None) -> None:
     """The fidelity tasks (harness.fidelity), last and outside the timeline: their full-vocabulary forwards are
     not the evaluated workload, and must not raise the peaks its memory budget is judged on. They are batched as
     generation is (--batch-size), the reference and every comparison alike."""
@@ -177,10 +201,11 @@ def _fidelity(model, tasks, timeline, batch_size: int) -> None:
     if timeline is not None:
         timeline.stop()
     for task in tasks:
+        cache = (caches or {}).get(task.evalset)
         if task.mode == "reference":
-            write_reference(model, task, TOP_K, batch_size)
+            write_reference(model, task, TOP_K, batch_size, cache)
         else:
-            compare_to_reference(model, task, batch_size)
+            compare_to_reference(model, task, batch_size, cache)
 
 
 def _profile(model, measure, timeline) -> dict:
@@ -194,7 +219,10 @@ def _profile(model, measure, timeline) -> dict:
     return measure_profile(model, measure.profile_tokens, measure.profile_sequences)
 
 
-def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict:
+def generate_evalset(model, task: GenerateTask, tokens, batch_size: int, prompt_cache_dir: Path | None = None) -> dict:
+    """Every item of the task, greedy, in batches of prompts of similar length. With prompt_cache_dir, each batch's
+    prompt KV cache is kept there for the fidelity stage (harness.fidelity.prompt_cache); the time that takes is
+    left out of wall_s and cpu_s and reported as prompt_cache_s."""
     from dataclasses import asdict
 
     from harness.measure.latency import latency_block
@@ -209,8 +237,25 @@ def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict
     label = f"generating {task.evalset}"
     progress.step(label, 0, len(items))
     done = 0
+    writer = None
+    if prompt_cache_dir is not None:
+        from harness.fidelity.prompt_cache import PromptCacheWriter
+
+        writer = PromptCacheWriter(prompt_cache_dir)
+    cache_wall = cache_cpu = 0.0
     for batch in batches:
-        generations, timing = model.generate([tokens(items[i].prompt) for i in batch], task.max_new_tokens)
+        prompts = [tokens(items[i].prompt) for i in batch]
+        if writer is None:
+            generations, timing = model.generate(prompts, task.max_new_tokens)
+        else:
+            def keep(width, cache, batch=batch, prompts=prompts):
+                nonlocal cache_wall, cache_cpu
+                wall, cpu = time.time(), time.process_time()
+                writer.save([items[i].id for i in batch], [len(p) for p in prompts], width, cache)
+                cache_wall += time.time() - wall
+                cache_cpu += time.process_time() - cpu
+
+            generations, timing = model.generate_keeping_prompt_cache(prompts, task.max_new_tokens, keep)
         timings.append(timing)
         for index, generation in zip(batch, generations):
             outputs[index] = {"id": items[index].id, "prediction": generation.text,
@@ -220,9 +265,10 @@ def generate_evalset(model, task: GenerateTask, tokens, batch_size: int) -> dict
         progress.step(label, done, len(items))
     return {"evalset": task.evalset, "key": task.key, "outputs": outputs,
             "latency": latency_block(timings), "batches": [asdict(t) for t in timings],
-            "wall_s": round(time.time() - started, 3),
+            "wall_s": round(time.time() - started - cache_wall, 3),
             # CPU time of the loop: on a shared machine, unlike wall time, it does not count other jobs' turns
-            "cpu_s": round(time.process_time() - cpu_started, 3),
+            "cpu_s": round(time.process_time() - cpu_started - cache_cpu, 3),
+            "prompt_cache_s": round(cache_cpu, 3) if writer is not None else None,
             "prompt_tokens_max": max((o["prompt_tokens"] for o in outputs), default=0)}
 
 

@@ -23,8 +23,9 @@ TINY = 1e-12
 LOGITS_BYTES = 256 * 2**20  # float32 logits one batched forward may keep: bounds the batch on long answers
 
 
-def write_reference(model, task, top_k: int, batch_size: int = 1) -> None:
-    """task: harness.jobs.FidelityTask in mode "reference"; its generation_path holds the baseline's outputs."""
+def write_reference(model, task, top_k: int, batch_size: int = 1, prompt_cache_dir: Path | None = None) -> None:
+    """task: harness.jobs.FidelityTask in mode "reference"; its generation_path holds the baseline's outputs.
+    prompt_cache_dir: this job's generation's prompt caches (harness.fidelity.prompt_cache), when it kept them."""
     import torch
 
     started, cpu_started = time.time(), time.process_time()
@@ -41,7 +42,8 @@ def write_reference(model, task, top_k: int, batch_size: int = 1) -> None:
     label = f"fidelity reference {task.evalset}"
     progress.step(label, 0, len(kept))
     sequences = [(ids, first) for ids, first in zip(inputs, prompt_lengths)]
-    for done, (index, logprobs) in enumerate(teacher_forced_logprobs(model, sequences, batch_size), 1):
+    forced = forced_logprobs(model, sequences, batch_size, item_ids, prompt_cache_dir)
+    for done, (index, logprobs) in enumerate(forced, 1):
         values, indices = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
         tops[index] = indices.numpy().astype(np.int64)
         top_lps[index] = values.numpy().astype(np.float32)
@@ -55,11 +57,11 @@ def write_reference(model, task, top_k: int, batch_size: int = 1) -> None:
         top_ids=np.concatenate(tops) if tops else np.zeros((0, top_k), np.int64),
         top_logprobs=np.concatenate(top_lps) if top_lps else np.zeros((0, top_k), np.float32),
         key=np.asarray(task.key), wall_s=np.asarray(time.time() - started),
-        cpu_s=np.asarray(time.process_time() - cpu_started))
+        cpu_s=np.asarray(time.process_time() - cpu_started), prompt_cache_items=np.asarray(forced.cached))
     partial.replace(path)
 
 
-def compare_to_reference(model, task, batch_size: int = 1) -> None:
+def compare_to_reference(model, task, batch_size: int = 1, prompt_cache_dir: Path | None = None) -> None:
     """task: harness.jobs.FidelityTask in mode "compare"; writes the per-item figures to task.result_path."""
     import torch
 
@@ -72,7 +74,9 @@ def compare_to_reference(model, task, batch_size: int = 1) -> None:
     figures_of: list = [None] * len(item_ids)
     label = f"fidelity {task.evalset}"
     progress.step(label, 0, len(item_ids))
-    for done, (index, logprobs) in enumerate(teacher_forced_logprobs(model, sequences, batch_size), 1):
+    forced = forced_logprobs(model, sequences, batch_size, [str(i) for i in item_ids], prompt_cache_dir,
+                             use_cache=bool(reference.get("prompt_cache_items", 0)))
+    for done, (index, logprobs) in enumerate(forced, 1):
         rows = slice(reference["position_offsets"][index], reference["position_offsets"][index + 1])
         figures_of[index] = position_figures(logprobs, torch.from_numpy(reference["top_ids"][rows]),
                                              torch.from_numpy(reference["top_logprobs"][rows]),
@@ -82,8 +86,87 @@ def compare_to_reference(model, task, batch_size: int = 1) -> None:
     atomic_write_json(Path(task.result_path), {"evalset": task.evalset, "key": task.key,
                                                "reference_key": str(reference["key"]),
                                                "top_k": int(reference["top_ids"].shape[-1]), "items": items,
+                                               "prompt_cache_items": forced.cached,
                                                "wall_s": round(time.time() - started, 3),
                                                "cpu_s": round(time.process_time() - cpu_started, 3)})
+
+
+class forced_logprobs:
+    """(index, log-probabilities) for every sequence: over the cached prompt where this job's generation kept the
+    item's prompt cache (continuation_logprobs), the rest over the whole prompt (teacher_forced_logprobs).
+    use_cache False: the whole prompt for every item (a comparison against a reference that was made so, to keep
+    both sides on one path). `cached` counts the items taken from the caches once iterated."""
+
+    def __init__(self, model, sequences, batch_size: int, item_ids: Sequence[str], prompt_cache_dir: Path | None,
+                 use_cache: bool = True) -> None:
+        self.model, self.sequences, self.batch_size = model, sequences, batch_size
+        self.item_ids = list(item_ids)
+        self.batches = [] if not use_cache else _read_batches(prompt_cache_dir)
+        self.cached = 0
+
+    def __iter__(self):
+        covered = set()
+        if self.batches and hasattr(getattr(self.model, "model", None), "config"):
+            for index, logprobs in continuation_logprobs(self.model, self.batches, self.sequences, self.item_ids):
+                covered.add(index)
+                yield index, logprobs
+        self.cached = len(covered)
+        rest = [i for i in range(len(self.sequences)) if i not in covered]
+        for position, logprobs in teacher_forced_logprobs(self.model, [self.sequences[i] for i in rest],
+                                                          self.batch_size):
+            yield rest[position], logprobs
+
+
+def _read_batches(directory: Path | None) -> list:
+    from harness.fidelity.prompt_cache import read_batches
+
+    return read_batches(directory)
+
+
+def continuation_logprobs(model, batches, sequences: Sequence[tuple[Sequence[int], int]],
+                          item_ids: Sequence[str]) -> Iterator[tuple[int, object]]:
+    """(index, log-probabilities [len(ids) - first, vocab]) for the sequences whose item a cached generation
+    batch holds with the same prompt length: one forward per batch (split where the kept logits would pass
+    LOGITS_BYTES) over each row's last prompt token and its continuation, on the batch's prompt cache, with the
+    positions and mask generate() gave the row."""
+    position_of = {str(item_id): index for index, item_id in enumerate(item_ids)}
+    vocab = int(getattr(model.model.config, "vocab_size", 0) or 0) or 1
+    for batch in batches:
+        rows = [(row, position_of[item_id]) for row, item_id in enumerate(batch.item_ids)
+                if item_id in position_of and int(sequences[position_of[item_id]][1]) == batch.prompt_lengths[row]
+                and len(sequences[position_of[item_id]][0]) > batch.prompt_lengths[row]]
+        group: list[tuple[int, int]] = []
+        for row, index in rows:
+            longest = max([len(sequences[i][0]) - sequences[i][1] for _, i in group]
+                          + [len(sequences[index][0]) - sequences[index][1]])
+            if group and (len(group) + 1) * longest * vocab * 4 > LOGITS_BYTES:
+                yield from _continuation_batch(model, batch, group, sequences)
+                group = []
+            group.append((row, index))
+        if group:
+            yield from _continuation_batch(model, batch, group, sequences)
+
+
+def _continuation_batch(model, batch, group: list[tuple[int, int]], sequences) -> list[tuple[int, object]]:
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(ddp_cache_data=batch.load([row for row, _ in group], model.device))
+    prompts = [batch.prompt_lengths[row] for row, _ in group]
+    following = [[int(t) for t in sequences[index][0][sequences[index][1]:]] for _, index in group]
+    lasts = [int(sequences[index][0][sequences[index][1] - 1]) for _, index in group]
+    width = max(len(ids) for ids in following)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    rows = [[last] + ids[:-1] + [pad] * (width - len(ids)) for last, ids in zip(lasts, following)]
+    cached_mask = [[0] * (batch.width - length) + [1] * (length - 1) for length in prompts]
+    new_mask = [[1] * len(ids) + [0] * (width - len(ids)) for ids in following]
+    attention = torch.tensor([a + b for a, b in zip(cached_mask, new_mask)], device=model.device)
+    positions = torch.tensor([[length - 1 + j for j in range(width)] for length in prompts], device=model.device)
+    with torch.inference_mode():
+        logits = model.model(input_ids=torch.tensor(rows, device=model.device), attention_mask=attention,
+                             position_ids=positions, use_cache=True, **cache_argument(model.model, cache)).logits
+        return [(index, torch.log_softmax(logits[row, :len(ids)].float(), dim=-1).cpu())
+                for row, ((_, index), ids) in enumerate(zip(group, following))]
 
 
 def teacher_forced_logprobs(model, sequences: Sequence[tuple[Sequence[int], int]],
@@ -142,10 +225,18 @@ def _batch_logprobs(model, batch: list[tuple[Sequence[int], int]]) -> list:
     keep = max(wanted) + 1
     with torch.inference_mode():
         logits = network(input_ids=torch.tensor(rows, device=model.device), attention_mask=attention,
-                         position_ids=positions, past_key_values=past, use_cache=past is not None,
+                         position_ids=positions, use_cache=past is not None, **cache_argument(network, past),
                          logits_to_keep=keep).logits
         return [torch.log_softmax(logits[row, keep - 1 - count:keep - 1].float(), dim=-1).cpu()
                 for row, count in enumerate(wanted)]
+
+
+def cache_argument(network, cache) -> dict:
+    """The forward's KV-cache keyword: `cache` where the model's forward takes it (transformers 5.24 deprecates
+    `past_key_values`), `past_key_values` for a model whose own code predates it (trust_remote_code)."""
+    import inspect
+
+    return {"cache" if "cache" in inspect.signature(network.forward).parameters else "past_key_values": cache}
 
 
 MIN_SHARED_PREFIX = 32  # tokens: below this, running the prefix apart saves less than it costs

@@ -108,7 +108,13 @@ class LoadedModel:
         """As generate(), plus the bytes the KV cache held at the end (measured, not predicted)."""
         return self._generate(prompts, max_new_tokens, keep_cache=True)
 
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int, keep_cache: bool):
+    def generate_keeping_prompt_cache(self, prompts: list[list[int]], max_new_tokens: int, sink):
+        """As generate(), then, after the batch's timing ends, sink(width, past_key_values): the batch's KV cache
+        for the fidelity stage (harness.fidelity.prompt_cache), prompts left-padded to `width` tokens."""
+        generations, timing, _ = self._generate(prompts, max_new_tokens, keep_cache=False, cache_sink=sink)
+        return generations, timing
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, keep_cache: bool, cache_sink=None):
         import torch
         from transformers import LogitsProcessorList
 
@@ -124,17 +130,22 @@ class LoadedModel:
             output = self.model.generate(
                 input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
                 logits_processor=LogitsProcessorList([clock]), pad_token_id=pad,
-                return_dict_in_generate=keep_cache,
+                return_dict_in_generate=keep_cache or cache_sink is not None,
             )
-        cache_bytes = 0
+        cache_bytes, past = 0, None
+        if keep_cache or cache_sink is not None:
+            past = output.past_key_values
+            output = output.sequences
         if keep_cache:
             from harness.measure.memory import kv_cache_bytes
 
-            cache_bytes = kv_cache_bytes(output.past_key_values)
-            output = output.sequences
+            cache_bytes = kv_cache_bytes(past)
         if is_cuda():
             torch.cuda.synchronize()
         end = time.perf_counter()
+        if cache_sink is not None:
+            cache_sink(width, past)
+        del past
         new = output[:, width:].tolist()
         stops = stop_ids(self.model.generation_config, self.tokenizer)
         results = []
