@@ -295,11 +295,12 @@ def _fp4_serving(kind: str, scheme: str = "w4a4") -> dict[str, EngineServing]:
         sglang = EngineServing(refusal="SGLang cannot load an NVFP4 weight-only (NVFP4A16) checkpoint: its "
                                        "compressed-tensors reader takes NVFP4 only with FP4 activations "
                                        "(compressed_tensors.py:_is_fp4a4_nvfp4, SGLang 0.5.10)")
+    kernels = ("FP4 tensor cores on Blackwell (10.0+), Marlin weight-only FP4 below" if scheme != "w4a16" else
+               "weight-only FP4 kernels (Marlin below Blackwell)")
     return {
         "vllm": _from_checkpoint("vLLM", FP4_NATIVE_CC, _FP4_FALLBACK,
-                                 f"reads the {kind} scheme from the checkpoint (no --quantization flag); FP4 "
-                                 "tensor cores on Blackwell (10.0+), Marlin weight-only FP4 below (8.0+; 7.5+ from "
-                                 f"vLLM {turing})", **vllm_versions),
+                                 f"reads the {kind} scheme from the checkpoint (no --quantization flag); {kernels} "
+                                 f"(8.0+; 7.5+ from vLLM {turing})", **vllm_versions),
         "sglang": sglang,
         "trtllm": _from_checkpoint("TensorRT-LLM", FP4_NATIVE_CC, None,
                                    f"serves {kind} checkpoints on Blackwell (10.0+)"),
