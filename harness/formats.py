@@ -213,7 +213,8 @@ register(FormatSpec(
 #     @v0.5.4: both before the oldest release planned (0.6), so no `since`.
 #   fp8 (Fp8Config): Marlin below 8.9 since v0.5.1 (vllm-project/vllm#5975); weight_block_size (DeepSeek-style
 #     block FP8) @v0.6.6, absent @v0.6.5; block FP8 through Marlin @v0.9.0 (fp8.py@v0.8.5: "Marlin doesn't
-#     support block-wise fp8", so below 8.9 only the Triton FP8 kernel, which needs 8.9).
+#     support block-wise fp8", so below 8.9 only the Triton FP8 kernel, which needs 8.9: DeepSeek-R1 on A800 failed
+#     with "type fp8e4nv not supported in this architecture", vllm-project/vllm#15336, #13885).
 #   compressed-tensors block FP8 (strategy "block"): _is_fp8_w8a8 takes BLOCK @v0.11.0, absent @v0.10.2; its
 #     W8A16Fp8 fallback raises "Unsupported weight strategy=block" up to @v0.14.0 and takes blocks @v0.16.0.
 #   compressed-tensors NVFP4: W4A16Fp4 (NVFP4A16, Marlin, 8.0+) @v0.9.0; W4A4Fp4 @v0.9.1, which below 10.0 only
