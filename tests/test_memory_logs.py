@@ -18,12 +18,6 @@ from scripts.memory_log_table import CHECKS, CASES, UNGRADED, compare, load_case
 # Checks the planner fails today, case id -> {check: why}; each runs as a strict xfail. Remove an entry when
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
-    'vllm-0.5.3-llama31-405b-fp8-8xh100': {
-        'weights': ("predicted 0.83x the log: the fixture's modules_to_not_convert is reduced to lm_head (no public "
-                    "copy of the published list was found); with the modules Hugging Face's FbgemmFp8Config "
-                    'conversion example leaves 16-bit (layers 0 and 125, self_attn of layers 1-124, lm_head) it is '
-                    '0.97x, still 1.8 GiB a GPU short of the 57.75 logged'),
-    },
     'vllm-0.6.6-llama3-8b-a100-40gb': {
         'kv_tokens': ('predicted 1.73x the log: V0 profiled a whole 8,192-token prefill plus the '
                       "sampler at 9.37 GiB of activations; the plan's 0.6 rules count far less"),
