@@ -31,10 +31,11 @@ KNOWN_FAILURES = {
                     '@v0.7.2) and the AWQ export and its config are reconstructed, so what else it kept is not known'),
     },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
-        'kv_tokens': ("predicted 2.25x the log: planned on V0 as it ran (V1 before 0.9 took pipeline parallelism "
-                      "only with Ray), whose default chunks prefill above 32K tokens (2,048-token profile); an "
-                      'unchunked 60,000-token profile gives 53,024 tokens (0.91x), and the excerpt elides whether '
-                      'chunked prefill was off; the config is reconstructed (no public copy of the unsloth export)'),
+        'kv_tokens': ("predicted 1.12x the log: V0 as it ran (V1 took pipeline parallelism only with Ray before 0.9), "
+                      "its default 2,048-token chunked profile, and the KV blocks split over the 2 stages' virtual "
+                      "engines as the error counts them (vllm/worker/worker.py:raise_if_cache_size_invalid@v0.8.5); "
+                      "the unsloth export's 16-bit modules (llm_int8_skip_modules) and the utilization are not in "
+                      "the thread (config reconstructed, 0.9 assumed)"),
     },
     'vllm-0.5.0-deepseek-coder-6.7b-2xt4': {
         'kv_tokens': ("predicted 3.10x the log under 0.5.0's rules (the version assumed from the date): V0 0.5 "

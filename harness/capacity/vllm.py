@@ -161,8 +161,9 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     memory, kv_flag, util, formula = _memory(shape, fmt, target, workload, rules, gpu_memory_utilization, batched,
                                              seq_cap, release)
     per_block = memory.kv_bytes_per_token * BLOCK_SIZE
-    kv_tokens = memory.kv_cache_bytes // per_block * BLOCK_SIZE
-    concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
+    engines = v0_virtual_engines(rules, target.pipeline_parallel_size)
+    kv_tokens = memory.kv_cache_bytes // per_block // engines * BLOCK_SIZE
+    concurrency = engines * (memory.kv_cache_bytes // engines // memory.kv_bytes_per_sequence)
     seqs = _max_num_seqs(concurrency, seq_cap, batched, workload.max_num_seqs is not None, notes)
     fits = concurrency >= 1 and refusal is None
     sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE)
@@ -185,6 +186,15 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
                       notes=tuple(notes), reason=reason, gpu_memory_utilization=util,
                       shared_prefix_tokens=sharing.tokens if sharing else 0,
                       max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
+
+
+def v0_virtual_engines(rules: VllmRules, pipeline_parallel_size: int) -> int:
+    """How many parts V0 splits the KV cache into: one per pipeline stage, each a virtual engine with its own
+    scheduler and num_gpu_blocks // pipeline_parallel_size blocks (vllm/worker/cache_engine.py:CacheEngine.__init__
+    @v0.8.5), so one sequence has that share, and the start-up check (vllm/worker/worker.py:
+    raise_if_cache_size_invalid@v0.8.5) and its "maximum number of tokens that can be stored in KV cache" are per
+    virtual engine. V1 keeps one KV cache: 1."""
+    return pipeline_parallel_size if rules.engine == "V0" and pipeline_parallel_size > 1 else 1
 
 
 def token_budget(workload: Workload) -> int:
