@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from harness.candidates import SIMULATED_METHOD  # a quant_method no engine knows: the weights load as stored
 from harness.errors import UserError
 
 BITS = (8, 6, 5, 4, 3)
 GROUP_SIZES = (128, 32)
-SIMULATED_METHOD = "quantgate-simulated"  # not a method transformers or vLLM knows: the weights load as stored
 SKIPPED_FILES = ("quantgate_seal.json",)  # the source's own cache seal; a rung gets its own
 
 

@@ -53,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"--latency-requests of the demo run in 3 (default {FULL['latency_requests']})")
     parser.add_argument("--fidelity-items", type=int,
                         help=f"items per public set in 6 (default {FULL['fidelity_items']}: every item)")
+    parser.add_argument("--fidelity-rungs", default="default",
+                        help="the ladder's rungs in 6, comma-separated (benchmarks/fidelity_bench.py RUNGS; default: "
+                             "builtin,w8a8,fp8,nvfp4,rtn,decoys)")
     parser.add_argument("--batch-size", type=int, default=8, help="generation batch size, every side (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every side (default 1)")
     parser.add_argument("--no-lm-eval-default-batch", dest="lm_eval_default_batch", action="store_false",
@@ -71,6 +74,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.steps) - set(STEPS)
     if unknown:
         parser.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(STEPS)}")
+    from benchmarks.fidelity_bench import parse_rungs
+    from harness.errors import UserError
+
+    try:
+        args.fidelity_rungs = parse_rungs(args.fidelity_rungs)  # checked before anything is measured
+    except UserError as exc:
+        parser.error(str(exc).replace("--rungs", "--fidelity-rungs", 1))
     return args
 
 
@@ -127,7 +137,7 @@ def main(argv: list[str]) -> int:
             from benchmarks.fidelity_bench import run_fidelity_bench
 
             fidelity_run = run_fidelity_bench(demo, work / "fidelity", args.fidelity_items, args.calibration_samples,
-                                              args.threads, args.batch_size)
+                                              args.threads, args.batch_size, rungs=args.fidelity_rungs)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -38,6 +38,9 @@ from harness.quant_config import QuantizationInfo, infer_method, read_quantizati
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size")
 # method -> vLLM's --quantization name for it (None: vLLM has no such method)
+# benchmarks/rtn_ladder.py's and decoys.py's rungs: 16-bit weights with simulated damage, marked so by a
+# quant_method no engine knows (transformers skips it and loads the weights as stored).
+SIMULATED_METHOD = "quantgate-simulated"
 VLLM_METHODS = {"gptq": "gptq", "awq": "awq", "bitsandbytes": "bitsandbytes",
                 "compressed-tensors": "compressed-tensors", "fp8": "fp8"}
 # Storage layouts whose transformers/GPTQModel kernels are CUDA-only (GPTQModel 7.6: gemv_awq.py and
@@ -262,6 +265,10 @@ def _json_object(file: Path, name: str) -> dict:
 
 def vllm_refusal(info: QuantizationInfo) -> str | None:
     """Why no vLLM device can load the checkpoint (vLLM 0.32's readers; see the module notes); None: it may."""
+    if info.method == SIMULATED_METHOD:
+        return (f"a {SIMULATED_METHOD} rung (16-bit weights with simulated rounding, built by the fidelity bench) "
+                "has a quant_method vLLM does not know: judge it with the transformers backend, or serve its weights "
+                "as a plain 16-bit checkpoint without the quantization_config")
     if info.method == "gptq":
         return _gptq_refusal(info)
     if info.method == "awq":

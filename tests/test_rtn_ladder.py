@@ -119,6 +119,9 @@ def test_a_rung_changes_only_the_linear_weights_and_is_judged_as_a_candidate(bas
                                   allow_tokenizer_mismatch=False) == []
     assert candidate.format_spec().bits == 16 and candidate.weight_format() is None  # planned as stored: 16-bit
     assert not_runnable_here(candidate, cuda=False) is None
+    # vLLM does not know the method: the served backend refuses it with the reason, never --quantization <it>
+    refusal = candidate.format_spec().serving_on("vllm").refusal
+    assert refusal and "judge it with the transformers backend" in refusal
     # transformers skips the unknown method and loads the stored weights as they are
     from transformers import AutoModelForCausalLM
 
