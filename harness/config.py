@@ -154,6 +154,7 @@ class RunSpec(BaseModel):
     # Ray started for the run).
     executor: str = "local"
     ray_address: str | None = None
+    cache_url: str | None = None  # --cache URL: the cache in an fsspec store every node reads (executors.remote_cache)
 
     @field_validator("executor")
     @classmethod

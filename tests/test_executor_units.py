@@ -209,3 +209,63 @@ def test_the_reports_vllm_plan_says_it_serves_across_nodes_where_the_format_span
     spanned = report.model_copy(update={"formats": {**report.formats, "gptq": plan_across_nodes(gptq, wide,
                                                                                               four_gpu_nodes)}})
     assert "--distributed-executor-backend ray" in report_json(spanned)
+
+
+# ---------------------------------------------------------------- --cache URL (fsspec)
+
+
+def _cache_with_entries(root: Path) -> None:
+    from harness.cache import seal_dir
+
+    (root / "results").mkdir(parents=True)
+    (root / "results" / "measure-abc.json").write_text('{"memory": {}}')
+    (root / "results" / ".measure-abc.json.123.tmp").write_text("half")  # an atomic write under way
+    (root / "models" / "demo").mkdir(parents=True)
+    (root / "models" / "demo" / "config.json").write_text("{}")
+    for name, sealed in (("int8-0123", True), ("gptq-4567", False)):
+        artifact = root / "artifacts" / name
+        artifact.mkdir(parents=True)
+        (artifact / "quantgate_manifest.json").write_text(json.dumps({"format": name}))
+        (artifact / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+        if sealed:
+            seal_dir(artifact)
+
+
+def test_a_cache_url_carries_results_and_sealed_artifacts_to_another_node(tmp_path):
+    from harness.cache import SEAL, is_sealed
+    from harness.executors.remote_cache import RemoteCache, check_url
+
+    url = (tmp_path / "store").as_uri()  # file:///...
+    check_url(url)
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    _cache_with_entries(node_a)
+    remote = RemoteCache(url)
+    assert remote.push(node_a, formats=("int8", "gptq")) == 5  # result, model, int8's manifest, weights and seal
+    store = tmp_path / "store"
+    assert (store / "artifacts" / "int8-0123" / SEAL).is_file()
+    assert not (store / "artifacts" / "gptq-4567").exists()  # not sealed: a quantization that did not finish
+    assert not list(store.rglob(".*.tmp"))
+    assert remote.push(node_a, formats=("int8",)) == 0  # nothing new
+
+    assert remote.pull(node_b, ("gptq",)) == 2  # the shared kinds only: no int8 artifact for a gptq task
+    assert not (node_b / "artifacts").exists()
+    assert remote.pull(node_b, ("int8",)) == 3
+    assert is_sealed(node_b / "artifacts" / "int8-0123", required=("quantgate_manifest.json",))
+    assert (node_b / "results" / "measure-abc.json").read_text() == '{"memory": {}}'
+    assert remote.pull(node_b, ("int8",)) == 0
+
+
+def test_a_cache_url_is_checked_before_any_work(tmp_path):
+    from harness.errors import UserError
+    from harness.executors.registry import check_executor
+    from harness.executors.remote_cache import check_url
+
+    with pytest.raises(UserError, match="not a URL .*set QUANTGATE_CACHE"):
+        check_url(str(tmp_path))
+    with pytest.raises(UserError, match="fsspec cannot open it"):
+        check_url("nosuchprotocol://bucket/quantgate")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot write there"):
+        check_url((tmp_path / "file" / "cache").as_uri())
+    with pytest.raises(UserError, match="a cache URL is for --executor ray"):
+        check_executor(RunSpec(cache_url=(tmp_path / "store").as_uri()))

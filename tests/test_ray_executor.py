@@ -90,9 +90,10 @@ def test_resume_may_move_to_another_executor(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text(json.dumps(RunSpec(out=str(out)).model_dump()))
-    args = _run_args(["--resume", "--out", str(out), "--executor", "ray", "--ray-address", "head:6379"])
+    args = _run_args(["--resume", "--out", str(out), "--executor", "ray", "--ray-address", "head:6379",
+                      "--cache", "s3://bucket/quantgate"])
     spec = spec_from_args(args)
-    assert (spec.executor, spec.ray_address) == ("ray", "head:6379")
+    assert (spec.executor, spec.ray_address, spec.cache_url) == ("ray", "head:6379", "s3://bucket/quantgate")
 
 
 def _run_args(argv):
@@ -283,3 +284,20 @@ def test_a_worker_node_killed_mid_run_is_survived_or_named(cluster, tiny, local_
     finally:
         cluster.add_node(num_cpus=1, resources={"node_b2": 1}, object_store_memory=80 * 2**20)
         cluster.wait_for_nodes()
+
+
+@pytest.mark.slow
+def test_a_cache_url_is_reused_by_a_run_with_an_empty_cache(cluster, tiny, local_reference, tmp_path):
+    """--cache file://STORE: a second run whose own cache is empty (another machine's) finds every stage in the
+    store: nothing is quantized, measured or generated again, and it scores as the local executor."""
+    store = (tmp_path / "store").as_uri()
+    first = quantgate("run", *tiny, "--out", str(tmp_path / "one"), "--executor", "ray", "--ray-address",
+                      cluster.address, "--cache", store, cache=tmp_path / "cache-a")
+    assert "pushed to " + store in first.stderr, first.stderr
+    assert list((tmp_path / "store" / "artifacts").glob("int8-*/quantgate_seal.json"))
+    second = quantgate("run", *tiny, "--out", str(tmp_path / "two"), "--executor", "ray", "--ray-address",
+                       cluster.address, "--cache", store, cache=tmp_path / "cache-b")
+    assert "quantizing" not in second.stderr and "loading the model" not in second.stderr, second.stderr
+    assert "int8: reusing cached artifact" in second.stderr, second.stderr
+    report = json.loads((tmp_path / "two" / "report.json").read_text())
+    assert comparable(report) == comparable(local_reference)

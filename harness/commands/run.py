@@ -105,6 +105,9 @@ def add_parser(subparsers) -> None:
     control.add_argument("--ray-address", metavar="ADDRESS", help="the Ray cluster of --executor ray, e.g. "
                          "ray://head:10001 or head:6379 (default: RAY_ADDRESS, else a local Ray started for the run "
                          "and stopped after it)")
+    control.add_argument("--cache", metavar="URL", dest="cache_url", help="with --executor ray: the cache in an fsspec "
+                         "store no node needs to mount, e.g. s3://bucket/quantgate or file:///shared/quantgate "
+                         "(default: QUANTGATE_CACHE, a directory every node must mount)")
     control.add_argument("--no-cache", action="store_true", help="recompute every stage (the cache is refreshed)")
     control.add_argument("--resume", action="store_true", help="continue the run in --out with its saved settings")
     inputs.add_argument("--trust-remote-code", action="store_true", help="allow models that need custom code")
@@ -176,6 +179,7 @@ def flag_values(args) -> tuple[dict, dict]:
         "use_cache": False if args.no_cache else None, "fresh_after": time.time() if args.no_cache else None,
         "trust_remote_code": True if args.trust_remote_code else None,
         "executor": getattr(args, "executor", None), "ray_address": getattr(args, "ray_address", None),
+        "cache_url": getattr(args, "cache_url", None),
         **vllm_values(args), **candidate_values(args),
     }
     return overrides, capacity
@@ -223,7 +227,7 @@ def vllm_values(args) -> dict:
             "pipeline_parallel_size": args.pipeline_parallel_size, "devices": devices}
 
 
-RESUMABLE_ELSEWHERE = ("executor", "ray_address")
+RESUMABLE_ELSEWHERE = ("executor", "ray_address", "cache_url")
 
 
 def refuse_conflicting_flags(saved, overrides: dict, capacity: dict, config: str | None, saved_path: Path) -> None:

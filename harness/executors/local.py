@@ -8,8 +8,16 @@ import threading
 from collections.abc import Iterator
 
 from harness import progress
+from harness.errors import UserError
 from harness.executors.base import Executor
 from harness.records import FormatRun
+
+
+def check(spec) -> None:
+    """--cache URL is for a cluster's nodes; on this machine the cache is the directory QUANTGATE_CACHE names."""
+    if spec.cache_url:
+        raise UserError(f"--cache {spec.cache_url}: a cache URL is for --executor ray; on one machine set "
+                        "QUANTGATE_CACHE to a directory instead")
 
 
 class LocalExecutor(Executor):

@@ -22,11 +22,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from harness import progress
 from harness.cache import CACHE_ENV, cache_root
 from harness.errors import UserError
 from harness.executors.base import ClusterInfo, ClusterNode, Executor, Placement
+from harness.executors.remote_cache import RemoteCache, check_url
 from harness.executors.resources import task_request, unmet_reason
 from harness.records import FormatRun
 
@@ -42,6 +44,8 @@ def check(spec) -> None:
     """Before any work: Ray installed, and something answering at a HOST:PORT address (ray.init would retry an
     unreachable one for ever, deaf to SIGTERM)."""
     check_installed()
+    if spec.cache_url:
+        check_url(spec.cache_url)
     address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
     if address and "://" not in address and address not in ("auto", "local"):
         host, _, port = address.rpartition(":")
@@ -85,6 +89,9 @@ class RayExecutor(Executor):
         self._nodes: dict[str, str] = {}
         self._cluster = describe_cluster(ray)
         self._address = ray.get_runtime_context().gcs_address
+        self._remote = RemoteCache(inputs.spec.cache_url) if inputs.spec.cache_url else None
+        if self._remote is not None:  # the converted demo model, which tasks on other nodes load
+            progress.say(f"cache: {self._remote.url} (pushed {self._remote.push(cache_root(), ('models',))} file(s))")
         self._inputs = ray.put(inputs)
         self._task = ray.remote(run_chain_task)
         progress.say(f"Ray {ray.__version__} cluster of {len(self._cluster.nodes)} node(s): " + ", ".join(
@@ -107,7 +114,8 @@ class RayExecutor(Executor):
         cluster = (self._cluster.gpus_per_node(), self._address)
         ref = self._task.options(**request.ray_options(), max_retries=1, retry_exceptions=False,
                                  name=f"quantgate {fmt}").remote(
-            self.chain, self._inputs, fmt, str(cache_root()), bool(getattr(progress, "_quiet", False)), cluster)
+            self.chain, self._inputs, fmt, str(cache_root()), bool(getattr(progress, "_quiet", False)), cluster,
+            self._remote)
         self._pending[ref] = fmt
 
     def wait(self) -> Iterator[tuple[str, FormatRun]]:
@@ -131,6 +139,8 @@ class RayExecutor(Executor):
             return FormatRun(fmt, status="failed", error=f"its Ray task was lost, and again when retried once: "
                                                          f"{type(exc).__name__}: {_first_line(exc)}")
         self._nodes[fmt] = node
+        if self._remote is not None:
+            self._remote.pull(cache_root())  # its stage results, which the report reads here
         return run
 
     def cancel(self) -> None:
@@ -170,13 +180,14 @@ def node_name(address: str, node_id: str) -> str:
     return f"{address} ({node_id[:8]})"
 
 
-def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool,
-                   cluster: tuple[int, str | None] = (0, None)) -> tuple[FormatRun, str]:
+def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool, cluster: tuple[int, str | None] = (0, None),
+                   remote: RemoteCache | None = None) -> tuple[FormatRun, str]:
     """The body of one format's Ray task, on whichever node Ray chose: the chain, with this run's cache, the GPUs
     Ray gave the task, and the cluster (the GPUs of its largest node, its address) for a vLLM server that must span
-    nodes (harness.runtime.vllm.multinode). The chain runs in a thread so that a cancel (a KeyboardInterrupt in
-    this, the task's main thread) is seen at once, and the worker subprocesses it started are killed before the task
-    ends."""
+    nodes (harness.runtime.vllm.multinode). With --cache URL, what the chain may reuse is pulled from that store
+    first, and what it wrote is pushed there after it, finished or not (harness.executors.remote_cache). The chain
+    runs in a thread so that a cancel (a KeyboardInterrupt in this, the task's main thread) is seen at once, and
+    the worker subprocesses it started are killed before the task ends."""
     import ray
 
     from harness.runtime.vllm.multinode import CLUSTER_ADDRESS_ENV, NODE_GPUS_ENV
@@ -191,6 +202,8 @@ def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool,
     node = node_name(ray.util.get_node_ip_address(), context.get_node_id())
     gpus = ",".join(str(g) for g in ray.get_gpu_ids()) or None
     progress.say(f"{fmt}: running on node {node}" + (f", GPUs {gpus}" if gpus else ""))
+    if remote is not None:
+        progress.say(f"{fmt}: {remote.pull(Path(cache), (fmt,))} file(s) pulled from {remote.url}")
     box: dict = {}
 
     def run() -> None:
@@ -210,6 +223,8 @@ def run_chain_task(chain, inputs, fmt: str, cache: str, quiet: bool,
             _kill_children()  # the chain may be between two workers: keep killing until it has returned
             thread.join(0.2)
         raise
+    if remote is not None:  # the stages it finished, for a retry elsewhere and for later runs on any node
+        progress.say(f"{fmt}: {remote.push(Path(cache), formats=(fmt,))} file(s) pushed to {remote.url}")
     if "error" in box:
         raise box["error"]
     progress.say(f"{fmt}: finished on node {node}")
