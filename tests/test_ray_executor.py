@@ -188,6 +188,24 @@ def test_a_task_whose_memory_no_node_has_is_named_not_left_pending(cluster, tiny
     assert time.monotonic() - started < 240
 
 
+@pytest.mark.slow
+def test_a_task_out_of_memory_is_diagnosed_as_on_one_machine(cluster, tiny, tmp_path):
+    """int8's worker held to 0.25 GiB (its Ray task asks for that much, and gets it): the worker runs out, and the
+    format's reason is the one-machine diagnosis (test_faults' out-of-memory case) while the baseline finishes."""
+    config = tmp_path / "run.toml"
+    config.write_text('[formats.baseline]\n[formats.int8]\nmemory_limit_gib = 0.25\n')
+    out = tmp_path / "run"
+    quantgate("run", "--config", str(config), tiny[0], tiny[1], *tiny[4:], "--out", str(out), "--executor", "ray",
+              "--ray-address", cluster.address, "--no-cache", cache=tmp_path / "cache", check_codes=(1,),
+              timeout=600)
+    report = json.loads((out / "report.json").read_text())
+    assert report["formats"]["baseline"]["status"] == "ok"
+    reason = report["formats"]["int8"]["reasons"][0]
+    assert "ran out of memory" in reason and "GiB RSS, past its memory limit" in reason, reason
+    assert "--batch-size" in reason
+    assert "int8" in report["cluster"]["formats"]  # it ran as a Ray task
+
+
 def _start(args, cache: Path, env: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
     """The CLI in the background, its stderr collected line by line as it comes."""
     env = {**os.environ, "QUANTGATE_CACHE": str(cache), "PYTHONPATH": str(ROOT), **(env or {})}
