@@ -29,10 +29,11 @@ KNOWN_FAILURES = {
         'kv_memory': SAME_MODEL_PROFILED_LESS,
     },
     'vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb': {
-        'weights': ("predicted 0.95x the log with V0 0.7's absorbed MLA weights counted (W_QR, W_Q_UK, W_UV_O: "
-                    '1.79 GiB, vllm/attention/backends/mla/utils.py@v0.7.3); 0.47 GiB is still short. The run is '
-                    "PR #13109's branch (0.7.2 itself turns MLA off under AWQ: vllm/config.py:ModelConfig.use_mla"
-                    '@v0.7.2) and the AWQ export and its config are reconstructed, so what else it kept is not known'),
+        'weights': ("predicted 0.96x the log with V0 0.7's absorbed MLA weights counted (W_QR, W_Q_UK, W_UV_O and "
+                    "the dequantized kv_b_proj behind W_UK/W_UV: 1.90 GiB, vllm/attention/backends/mla/utils.py"
+                    "@v0.7.3); 0.37 GiB is still short. The run is PR #13109's branch (0.7.2 itself turns MLA off "
+                    "under AWQ: vllm/config.py:ModelConfig.use_mla@v0.7.2) and the AWQ export and its config are "
+                    "reconstructed, so what else it kept is not known"),
     },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
         'kv_tokens': ("predicted 1.12x the log: V0 as it ran (V1 took pipeline parallelism only with Ray before 0.9), "

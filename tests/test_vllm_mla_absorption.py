@@ -33,3 +33,15 @@ def test_the_plan_holds_them_as_weights():
     with_absorbed = plan_vllm(shape, bf16, target, work, version="0.7.2").memory
     without = plan_vllm(shape, bf16, target, work, version="0.6.6").memory
     assert with_absorbed.weights_bytes - without.weights_bytes == vllm_mla_absorbed_bytes(shape, bf16, 1, "0.7.2")
+
+
+def test_a_quantized_kv_b_proj_keeps_its_dequantized_copy():
+    shape = _lite_shape()
+    config = json.loads(CASE.read_text(encoding="utf-8"))["config"]
+    from harness.capacity.checkpoint import checkpoint_format
+
+    awq = checkpoint_format(config, "deepseek-coder-v2-lite-awq")
+    bf16 = weight_format("baseline")
+    kv_b_copy = 27 * 512 * 16 * (128 + 128) * 2  # kv_lora_rank x heads x (nope + v), 16-bit, every MLA layer
+    assert vllm_mla_absorbed_bytes(shape, awq, 1, "0.7.3") - vllm_mla_absorbed_bytes(shape, bf16, 1, "0.7.3") == \
+        kv_b_copy

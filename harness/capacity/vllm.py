@@ -122,7 +122,8 @@ def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, versi
     (vllm_versions.absorbs_mla_weights; 0 for other models and releases), on the most-loaded pipeline stage: per MLA
     layer W_QR (q_in x heads/tp x rope dim, 16-bit), W_Q_UK (q_in x heads/tp x kv_lora_rank) and W_UV_O
     (heads/tp x kv_lora_rank x hidden), the two products FP8 where the checkpoint's q_proj is (requantized), else
-    16-bit; q_in is q_lora_rank, or hidden without a query LoRA."""
+    16-bit; q_in is q_lora_rank, or hidden without a query LoRA. W_UK and W_UV are kept as views of kv_b_proj's
+    weight, which for a quantized kv_b_proj is its dequantized 16-bit copy (kv_lora_rank x its outputs per GPU)."""
     if not shape.attention.is_mla or not absorbs_mla_weights(version, pp):
         return 0
     stage = pipeline_stage(shape, pp)
@@ -133,11 +134,14 @@ def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, versi
     heads = shape.attention.heads // tp
     kv_lora = kv_b.in_features
     rope = shape.attention.latent_dim - kv_lora
-    stored = fmt.storage_of(query, stage.layers)[0][1]
+    stored = fmt.storage_of(query, stage.layers)[0][1] if fmt.bits < 16 else None
     fp8 = stored is not None and stored.bits == 8 and stored.label.startswith("float8")
     product_bytes = 1 if fp8 else FP16_BYTES
     products = query.in_features * heads * kv_lora + heads * kv_lora * shape.hidden
-    return kv_b.count * (query.in_features * heads * rope * FP16_BYTES + products * product_bytes)
+    # W_UK and W_UV stay as views of kv_b_proj's weight: a 16-bit copy where kv_b_proj is quantized (dequantized)
+    kv_b_quantized = fmt.bits < 16 and fmt.storage_of(kv_b, stage.layers)[0][1] is not None
+    kv_b_copy = kv_lora * (kv_b.out_features // tp) if kv_b_quantized else 0
+    return kv_b.count * ((query.in_features * heads * rope + kv_b_copy) * FP16_BYTES + products * product_bytes)
 
 
 def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
