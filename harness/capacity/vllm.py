@@ -11,7 +11,10 @@ Memory, by release (the rules and their sources: harness.capacity.vllm_versions,
   Token budget (--max-num-batched-tokens unset): V0 (to 0.7) profiles max(max_model_len, 2048) tokens, chunking
   prefill (512, 2048 from 0.6.5) only above 32,768 tokens; V1 (from 0.8) chunks at 2048, or 8192 on a >= 70 GiB GPU
   (not an A100; by name H100/H200 before 0.8.5), 16384 on >= 160 GiB from 0.28.
-The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of one sequence of max_model_len.
+  Weights: V0 0.7 adds an MLA model's absorbed up-projections (vllm_mla_absorbed_bytes).
+The KV cache comes in blocks of BLOCK_SIZE tokens; concurrency = KV // bytes of one sequence of max_model_len. V0
+splits it over its pipeline stages' virtual engines (v0_virtual_engines): a sequence has KV // pipeline stages, and
+under tensor parallelism only its driver samples, so the other workers log more room (v0_other_worker_kv_bytes).
 Prefix caching (on by default in V1, vllm/v1/core/kv_cache_manager.py): a prompt prefix every request shares keeps
 its whole blocks once (hashed per full block), so with a shared prefix of P tokens
 (common.prefix_sharing) concurrency = (KV - shared) // (one sequence - shared), shared = P // BLOCK_SIZE blocks.
