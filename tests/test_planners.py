@@ -159,8 +159,11 @@ def test_int8_is_planned_for_vllm_through_its_bitsandbytes_plugin_and_for_sglang
 
 def test_kernel_choice_follows_the_gpu_and_the_shapes():
     assert _plan("vllm", LLAMA3_8B, fmt="gptq", gpu=gpu_by_name("H100")).arg("--quantization") == "gptq_marlin"
-    on_t4 = _plan("vllm", LLAMA3_8B, fmt="awq", gpu=T4)
+    on_t4 = _plan("vllm", LLAMA3_8B, fmt="awq", gpu=T4, vllm_version="0.13")
     assert on_t4.arg("--quantization") == "awq" and on_t4.arg("--dtype") == "half"  # T4: no Marlin, no bf16
+    # vLLM 0.14 brought its Marlin kernels to Turing (marlin_utils.py: `< 75` from v0.14.0, `< 80` before)
+    newer = _plan("vllm", LLAMA3_8B, fmt="awq", gpu=T4, vllm_version="0.14")
+    assert newer.arg("--quantization") == "awq_marlin" and any("(compute capability 7.5+)" in n for n in newer.notes)
     demo = _plan("vllm", DEMO_CONFIG, fmt="awq", group=64)  # 576-wide layers: Marlin needs inputs % 128
     assert demo.arg("--quantization") == "awq" and any("not Marlin" in n and "576" in n for n in demo.notes)
     assert _plan("vllm", LLAMA3_8B, gpu=gpu_of_size(24)).arg("--quantization") == "awq"  # GPU unknown: plain

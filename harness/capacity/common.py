@@ -309,7 +309,7 @@ def quantization_method(shape: ModelShape, fmt: WeightFormat, gpu: Gpu, tp: int,
         return None, f"{engine} {version}".strip() + f" has no --quantization {serving.quantization}"
     if serving.note:
         notes.append(serving.note)
-    method, note = kernel_method(shape, fmt, serving, gpu, tp, engine)
+    method, note = kernel_method(shape, fmt, serving, gpu, tp, engine, marlin_capability(key, release))
     if method is None:
         return None, note
     if note:
@@ -354,13 +354,26 @@ def capability_tier(serving: EngineServing, gpu: Gpu, engine: str) -> str | None
     return None
 
 
+# vLLM's 4-bit Marlin (gptq_marlin, awq_marlin) runs from compute capability 7.5 (Turing) since 0.14
+# (quantization/utils/marlin_utils.py query_marlin_supported_quant_types: `< 75` at v0.14.0, `< 80` at v0.13.0).
+VLLM_TURING_MARLIN_SINCE = (0, 14)
+TURING_MARLIN_CC = 7.5
+
+
+def marlin_capability(key: str, release: tuple[int, ...] | None) -> float:
+    """The compute capability engine `key`'s 4-bit Marlin kernels need at `release` (None: the newest)."""
+    if key == "vllm" and (release is None or release >= VLLM_TURING_MARLIN_SINCE):
+        return TURING_MARLIN_CC
+    return MARLIN_MIN_CC
+
+
 def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, gpu: Gpu, tp: int,
-                  engine: str) -> tuple[str | None, str | None]:
+                  engine: str, marlin_min_cc: float = MARLIN_MIN_CC) -> tuple[str | None, str | None]:
     """The --quantization value on this GPU (serving.quantization or its Marlin variant) and a note (None: nothing
     to say); (None, why) when none of its kernels runs on the GPU (KERNEL_MIN_CC).
 
-    With a Marlin variant (gptq_marlin, awq_marlin), Marlin is the fast path on compute capability >= 8.0 when the
-    shapes allow it; naming plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0
+    With a Marlin variant (gptq_marlin, awq_marlin), Marlin is the fast path on compute capability >= marlin_min_cc
+    (8.0; 7.5 in vLLM from 0.14) when the shapes allow it; naming plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0
     (vLLM's get_min_capability()). An unknown GPU gets the plain name, which every CUDA GPU from those capabilities
     runs.
     """
@@ -370,16 +383,18 @@ def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, 
         if has_capability(gpu, minimum) is False:
             return None, _kernels_need(gpu, engine, method, minimum)
         return method, None
-    marlin = has_capability(gpu, MARLIN_MIN_CC)
+    marlin = has_capability(gpu, marlin_min_cc)
     if marlin is None:
         return method, (f"{engine}: --quantization {method} runs on any CUDA GPU of compute capability "
-                        f"{minimum:.1f}+; on 8.0+ {method}_marlin is the fast path (--target-gpu picks it)")
+                        f"{minimum:.1f}+; on {marlin_min_cc:.1f}+ {method}_marlin is the fast path (--target-gpu "
+                        "picks it)")
     problem = marlin_shape_problem(shape, fmt, tp)
     if marlin and problem is None:
-        return f"{method}_marlin", f"{engine}: {method}_marlin, the Marlin 4-bit kernel (compute capability 8.0+)"
+        return f"{method}_marlin", (f"{engine}: {method}_marlin, the Marlin 4-bit kernel (compute capability "
+                                    f"{marlin_min_cc:.1f}+)")
     if not has_capability(gpu, minimum):
         return None, _kernels_need(gpu, engine, method, minimum)
-    why = problem if marlin else f"Marlin needs compute capability {MARLIN_MIN_CC:.1f}"
+    why = problem if marlin else f"Marlin needs compute capability {marlin_min_cc:.1f}"
     return method, f"{engine}: plain {method} kernel, not Marlin: {why}"
 
 
