@@ -136,6 +136,13 @@ def test_deepseek_v3_fp8_fits_on_eight_h200():
     plans = plan_engines(shape, fmt, Target(gpu_by_name("H200"), 8), Workload(max_model_len=32768))
     assert plans["vllm"].servable and plans["vllm"].fits, plans["vllm"].reason
     assert plans["vllm"].arg("--quantization") is None
+    # DeepSeek's own fp8 quant_method (Fp8Config with weight_block_size) loads from vLLM 0.6.6, where the
+    # compressed-tensors block scheme waited for 0.11.0: the plan follows the checkpoint's method
+    early = plan_engines(shape, fmt, Target(gpu_by_name("H200"), 8), Workload(max_model_len=32768),
+                         vllm_version="0.6.5")["vllm"]
+    assert not early.servable and "0.6.6" in early.reason, early.reason
+    assert plan_engines(shape, fmt, Target(gpu_by_name("H200"), 8), Workload(max_model_len=32768),
+                        vllm_version="0.7.3")["vllm"].servable
 
 
 def test_storage_of_each_scheme_per_weight():

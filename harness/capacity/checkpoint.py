@@ -32,7 +32,7 @@ from harness.capacity.storage import (ALL_LINEAR, BNB_4BIT, BNB_4BIT_DOUBLE_QUAN
                                       module_path, mxfp4_backend)
 from harness.capacity.shapes import Linear, config_fields
 from harness.errors import UserError
-from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
+from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec, scheme_spec
 from harness.quant_config import WeightScheme, read_quantization
 
 
@@ -99,7 +99,8 @@ def _fp8(quant: dict, info) -> WeightFormat:
     storage = fp8_block(tuple(block)) if block else FP8_TENSOR
     name = "fp8-block" if block else "fp8"
     return _format(name, 8, (StorageRule(ALL_LINEAR, storage),), info.unquantized_modules,
-                   f"fp8 checkpoint: {storage.label}; activations {quant.get('activation_scheme', 'dynamic')}")
+                   f"fp8 checkpoint: {storage.label}; activations {quant.get('activation_scheme', 'dynamic')}",
+                   spec=scheme_spec(name, "fp8"))  # Fp8Config's own releases, not compressed-tensors'
 
 
 def _fbgemm_fp8(quant: dict) -> WeightFormat:
@@ -129,7 +130,7 @@ def _modelopt(quant: dict, where: str) -> WeightFormat:
         group = int(body.get("group_size") or 16)
         storage = replace(NVFP4, group_size=group)
         return _format("nvfp4", 4, (StorageRule(ALL_LINEAR, storage),), excluded,
-                       f"ModelOpt NVFP4 checkpoint: {storage.label}")
+                       f"ModelOpt NVFP4 checkpoint: {storage.label}", spec=scheme_spec("nvfp4", "modelopt"))
     raise UserError(f"{where}: quant_algo {algo or None!r}: quantgate sizes ModelOpt FP8 and NVFP4 checkpoints")
 
 
