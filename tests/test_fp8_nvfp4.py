@@ -286,3 +286,28 @@ def _version(package: str) -> str:
     from importlib.metadata import version
 
     return version(package)
+
+
+@pytest.mark.slow
+def test_a_run_judges_fp8_and_nvfp4_with_fidelity_and_a_verdict(demo_checkpoint, tmp_path):
+    """Issue #41's "done when", end to end on a tiny model: `quantgate run --formats baseline,fp8,nvfp4` quantizes
+    both, scores them, teacher-forces them against the baseline and gives each a verdict and a served size."""
+    from conftest import quantgate
+    from test_faults import SIZES, write_sets
+
+    model = tiny_bf16_llama(demo_checkpoint, tmp_path / "model", hidden_size=128, intermediate_size=256,
+                            num_key_value_heads=4)
+    out = tmp_path / "run"
+    quantgate("run", "--model", str(model), "--formats", "baseline,fp8,nvfp4", "--evalsets",
+              str(write_sets(tmp_path / "sets")), *SIZES, "--calibration-samples", "2", "--out", str(out),
+              cache=tmp_path / "cache", timeout=1200)
+    report = json.loads((out / "report.json").read_text())
+    for fmt in ("fp8", "nvfp4"):
+        entry = report["formats"][fmt]
+        assert entry["status"] == "ok", entry
+        assert entry["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE") and entry["reasons"], entry
+        fidelity = entry["fidelity"]
+        assert set(fidelity) == {"qa", "sum"} and all(f["kl"]["value"] > 0 for f in fidelity.values()), fidelity
+    # FP4 weights move the model further than FP8's
+    kl = {fmt: max(f["kl"]["value"] for f in report["formats"][fmt]["fidelity"].values()) for fmt in ("fp8", "nvfp4")}
+    assert kl["nvfp4"] > kl["fp8"], kl
