@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.rtn_ladder import SIMULATED_METHOD, write_variant
+from benchmarks.rtn_ladder import SIMULATED_METHOD, print_built, write_variant
 from harness.errors import UserError
 
 SLICES = ("digits", "cjk")
@@ -230,15 +230,7 @@ def main(argv: list[str]) -> int:
         decoys = (Decoy(args.slice or "digits", args.target or "lm_head", args.damage or "permute", args.factor),)
     else:
         decoys = DECOYS
-    try:
-        if not (args.source / "config.json").is_file():
-            raise UserError(f"{args.source}: not a checkpoint directory (no config.json)")
-        for name, path in build_decoys(args.source, args.root, decoys).items():
-            print(f"{name}={path}")
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return print_built(args.source, lambda: build_decoys(args.source, args.root, decoys))
 
 
 if __name__ == "__main__":

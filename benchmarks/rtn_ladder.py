@@ -196,10 +196,16 @@ def main(argv: list[str]) -> int:
         RtnScheme(b, args.group, sym) for b in BITS for sym in (True, False)))
         if (args.bits is None or s.bits == args.bits) and not (args.asym and s.symmetric)
         and not (args.sym and not s.symmetric))
+    return print_built(args.source, lambda: build_ladder(args.source, args.root, schemes))
+
+
+def print_built(source: Path, build: Callable[[], dict[str, Path]]) -> int:
+    """The builders' command lines end alike: check the source, build, print NAME=PATH per rung; bad input is one
+    line and exit 2."""
     try:
-        if not (args.source / "config.json").is_file():
-            raise UserError(f"{args.source}: not a checkpoint directory (no config.json)")
-        for name, path in build_ladder(args.source, args.root, schemes).items():
+        if not (source / "config.json").is_file():
+            raise UserError(f"{source}: not a checkpoint directory (no config.json)")
+        for name, path in build().items():
             print(f"{name}={path}")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

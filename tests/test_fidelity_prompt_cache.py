@@ -12,32 +12,21 @@ from harness.fidelity.prompt_cache import read_batches
 from harness.fidelity.teacher import compare_to_reference, write_reference
 from harness.jobs import FidelityTask, GenerateItem, GenerateTask
 from harness.worker import generate_evalset
+from test_fidelity import _TinyRuntime
 
 
-class _TinyGenerator:
-    """A float32 tiny Llama behind the transformers backend's own generate and teacher-forcing code."""
+class _TinyGenerator(_TinyRuntime):
+    """test_fidelity's float32 tiny Llama behind the transformers backend's own generate and teacher-forcing code,
+    generating to the token limit (no stop token)."""
 
     def __init__(self, noise: float = 0.0):
-        import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         from harness.runtime.transformers_backend import LoadedModel
 
-        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                             eos_token_id=None, bos_token_id=None)
-        torch.manual_seed(0)
-        self.model = LlamaForCausalLM(config).eval()
+        super().__init__(noise)
         self.model.generation_config.eos_token_id = None
-        generator = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for parameter in self.model.parameters():
-                parameter.mul_(4.0)
-                parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
-        self.device = torch.device("cpu")
         self.tokenizer = types.SimpleNamespace(pad_token_id=0, eos_token_id=None,
                                                decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids)))
-        for name in ("_generate", "generate", "generate_keeping_prompt_cache", "next_token_logprobs"):
+        for name in ("_generate", "generate", "generate_keeping_prompt_cache"):
             setattr(self, name, types.MethodType(getattr(LoadedModel, name), self))
 
 
