@@ -18,6 +18,11 @@ from harness.errors import UserError
 Release = tuple[int, ...]  # an engine release, (0, 9, 1), as harness.capacity.vllm_versions.parse_release reads it
 
 
+def release_text(release: Release) -> str:
+    """(0, 9, 1) -> "0.9.1" (as harness.capacity.vllm_versions writes releases; this layer may not import it)."""
+    return ".".join(str(part) for part in release)
+
+
 @dataclass(frozen=True)
 class EngineServing:
     """How one serving engine takes a format's checkpoint, as the capacity planners (harness.capacity) plan
@@ -56,8 +61,6 @@ class EngineServing:
         what a newer release adds, for the refusal on a GPU below the floor."""
         if self.refusal or not (self.since or self.fallback_since or self.floors):
             return self
-        from harness.capacity.vllm_versions import release_text  # harness.capacity imports this module
-
         if release is not None and self.since and release < self.since:
             return replace(self, refusal=f"{engine} {{version}} does not load {format_name} checkpoints: "
                                          f"{engine} {release_text(self.since)} is the first release that does")
