@@ -45,6 +45,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from harness.formats import release_text  # noqa: F401  (re-exported: the planners import it from here)
+
 Release = tuple[int, ...]
 
 # Released minors (the package registry's sdists; 0.15 was never published as one)
@@ -167,10 +169,6 @@ def parse_release(version: str) -> Release:
     if not match:
         raise ValueError(f"vLLM version {version!r}: expected a version like 0.6.4 or 0.34")
     return tuple(int(part) for part in match.group(1).split("."))
-
-
-def release_text(release: Release) -> str:
-    return ".".join(str(part) for part in release)
 
 
 def rules_for(version: str) -> tuple[VllmRules, str, str]:
