@@ -49,6 +49,13 @@ KNOWN_FAILURES = {
                     "the remainder (vllm/distributed/utils.py:get_pp_indices@v0.7.2); 27 MoE layers plus the "
                     "absorbed MLA weights come to about 39.3 GiB of the 39.66 logged"),
     },
+    'vllm-0.6.6-deepseek-v3-fp8-32xrtx4090-tp8-pp4': {
+        'weights': ("predicted 1.31x the log, the same cause as the 0.7.2 DeepSeek-R1 TP8 PP2 case: pipeline_stage's "
+                    "bound puts ceil(61/4) = 16 MoE layers, the 3 dense ones, embedding and lm_head on one stage, "
+                    "where 0.6.6 gives the driver's first stage layers 0-14 (3 dense + 12 MoE) and the embedding "
+                    "(vllm/distributed/utils.py:get_pp_indices@v0.6.6, the last stage takes the remainder); that "
+                    "stage sizes to 16.72 GiB (0.99x the log)"),
+    },
     'vllm-0.5.0-deepseek-coder-6.7b-2xt4': {
         'kv_tokens': ("predicted 3.10x the log under 0.5.0's rules (the version assumed from the date): V0 0.5 "
                       'derives max_model_len 65,536 (16,384 x the linear rope factor 4) and profiles that whole batch '
