@@ -21,7 +21,7 @@ from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines,
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
-from harness.diagnose.settings import Setting, merged, number, settings_given, settings_in
+from harness.diagnose.settings import Setting, is_on, merged, number, settings_given, settings_in
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
 MAX_UTILIZATION = 0.95  # above this the CUDA context and other processes are left too little
@@ -149,9 +149,11 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         facts = read_vllm(text) or VllmFacts()
         return _vllm(_with_settings(facts, settings, context), source, context)
     if (oom := read_torch_oom(text)) is not None:
-        return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source))
+        return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source),
+                              settings, context.flags_text)
     if (failure := last_error(text)) is not None and failure.memory and engine is None:
-        return diagnose_torch(text, None, failure.line, source, context.weights_16bit_bytes, bool(context.model_source))
+        return diagnose_torch(text, None, failure.line, source, context.weights_16bit_bytes,
+                              bool(context.model_source), settings, context.flags_text)
     if (trace := read_nvidia_smi(text)) is not None:
         return _smi(trace, source, context)
     facts = read_vllm(text)
@@ -241,7 +243,8 @@ def _sane_utilization(changes: tuple[Change, ...], diagnosis: Diagnosis, setting
     return tuple(kept)
 
 
-ACTIVATION_MARGIN_GIB = 1.0  # the least a share must hold beyond the weights: a profile run's activations
+ACTIVATION_MARGIN_GIB = 1.0
+ENC_DEC_PROFILE_SEQS = 16  # where the log does not show --max-num-seqs: a sixteenth of vLLM's default 256  # the least a share must hold beyond the weights: a profile run's activations
 
 
 def _gib_of(text: str) -> float | None:
@@ -397,6 +400,8 @@ def _kv_too_small(facts, source, figures, per_token, utilization, total_gib, con
                    f"the cache has {available:.2f} GiB (about {holds:,} tokens)")
     else:
         length_text, tokens_text = str(facts.v0_too_long.value).split(":")
+        if not tokens_text:
+            return _kv_too_small_uncounted(int(length_text), facts, source, figures, utilization)
         length, holds, line = int(length_text), int(tokens_text), facts.v0_too_long.line
         available = holds * per_token[0] / GIB if per_token else None
         needed = length * per_token[0] / GIB if per_token else None
@@ -436,6 +441,28 @@ def _kv_too_small(facts, source, figures, per_token, utilization, total_gib, con
     return Diagnosis(source, "vllm", "kv_cache_too_small",
                      summary + "; a smaller batch (--max-num-seqs) does not help: one sequence does not fit",
                      tuple(figures), tuple(changes), missing)
+
+
+def _kv_too_small_uncounted(length: int, facts, source, figures, utilization) -> Diagnosis:
+    """V0's 'max seq len ... larger than the maximum number of tokens that can be stored in KV cache' without the
+    count (retyped, or cut): the length is still the lever vLLM's own message names first, by how much is unknown."""
+    figures.append(Figure("max seq len", f"{length:,} tokens, more than the KV cache holds",
+                          f"log line {facts.v0_too_long.line}"))
+    current = utilization or DEFAULT_UTILIZATION
+    tp = int(number(facts.settings, "tensor_parallel_size") or 1)
+    changes = [Change(f"--max-model-len {length // 2:,}", "one sequence must fit the KV cache; the message does not say "
+                      "how many tokens it holds (the next start's '# GPU blocks' line does: x 16 tokens)"),
+               Change(f"--tensor-parallel-size {2 * tp}", "splits the weights and the KV heads over more GPUs: more KV "
+                      "room per sequence")]
+    if current < MAX_UTILIZATION:
+        changes.insert(1, Change(f"--gpu-memory-utilization {min(MAX_UTILIZATION, current + 0.05):.2f}",
+                                 "more of the GPU for the KV cache, as vLLM's message suggests, if nothing else uses "
+                                 "the GPU"))
+    return Diagnosis(source, "vllm", "kv_cache_too_small",
+                     f"the KV cache holds fewer tokens than one sequence of --max-model-len {length:,}; a smaller batch "
+                     "(--max-num-seqs) does not help: one sequence does not fit", tuple(figures), tuple(changes),
+                     ("how many tokens the KV cache holds: the error's figure in brackets, or the '# GPU blocks' "
+                      "start-up line",))
 
 
 def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Diagnosis:
@@ -485,6 +512,28 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
                      () if weights else ("the weights' size: the log's 'Model loading took' line, or --model DIR",))
 
 
+def _lm_eval_oom(source: str, figures: list[Figure], seqs: float | None, utilization: float) -> Diagnosis:
+    """lm-eval driving vLLM: its model_args reach vllm.LLM, and its loglikelihood requests ask for prompt
+    log-probabilities (lm_eval/models/vllm_causallms.py: SamplingParams(prompt_logprobs=1, max_tokens=1)): vocabulary-
+    sized logits for every prompt token of a step, which vLLM's start-up profile (the last token's logits only) did not
+    count. With --batch_size auto lm-eval hands vLLM every request at once, so a step holds up to max_num_seqs prompts:
+    fewer sequences per step is the lever, set in --model_args."""
+    fewer = (int(seqs // 4) if seqs >= 8 else max(1, int(seqs // 2))) if seqs else 16
+    return Diagnosis(source, "vllm", "oom_under_load",
+                     "lm-eval's requests ran vLLM out of memory after start-up: prompt log-probabilities "
+                     "(loglikelihood tasks) keep logits over the vocabulary for every prompt token of a step, up to "
+                     "max_num_seqs prompts at once, beyond what vLLM's start-up profile counted", tuple(figures), (
+                         Change(f"max_num_seqs={fewer} in --model_args", "fewer prompts per step: their logits shrink "
+                                "in proportion (lm-eval passes model_args to vllm.LLM)", "max_num_seqs_down"),
+                         Change("max_num_batched_tokens=2048 in --model_args", "caps the prompt tokens of one step",
+                                "max_num_batched_tokens_down"),
+                         Change(f"gpu_memory_utilization={math.floor((utilization - 0.1) * 100) / 100:.2f} in "
+                                "--model_args", "a smaller KV cache leaves room for the logits",
+                                "gpu_memory_utilization_down")),
+                     ("which task ran out: loglikelihood tasks (prompt log-probabilities) need far more than "
+                      "generate_until ones",))
+
+
 def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: str | None) -> Diagnosis:
     oom = facts.oom
     settings = facts.settings
@@ -511,6 +560,8 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                              Change("--cpu-offload-gb 4", "keeps part of the weights in CPU memory (slower)")))
     current = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
     lower = f"{math.floor((current - 0.05) * 100) / 100:.2f}"
+    if facts.lm_eval and facts.oom_during in (None, "profile run"):
+        return _lm_eval_oom(source, figures, seqs, current)
     if facts.oom_during == "sampler warm-up":
         warmed = facts.oom_text.value if facts.oom_text else (int(seqs) if seqs else 256)
         return Diagnosis(source, "vllm", "sampler_warm_up",
@@ -548,17 +599,22 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                              Change(f"--max-lora-rank {max(8, int(rank // 2)) if rank else 16}", "smaller slots"),
                              Change(f"--max-num-seqs {int(seqs // 2) if seqs else 64}", "fewer sequences")))
     if facts.oom_during == "encoder":
+        fewer_seqs = Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else ENC_DEC_PROFILE_SEQS}",
+                            "fewer dummy inputs in the profile run (an encoder-decoder model profiles one encoder "
+                            "input per sequence, up to --max-num-seqs, 256 by default)")
+        fewer_items = Change("--limit-mm-per-prompt '{\"image\": 1, \"video\": 0}'",
+                             "fewer and smaller multimodal items in the profile run")
+        shorter = Change("--max-model-len 8192", "shorter dummy sequences")
+        # Llama 3.2 Vision (vllm#8879, a maintainer): "set max_num_seqs=16 and enforce_eager=True": the cross-attention
+        # layers' block tables multiply with --max-num-seqs, and their image-dependent cross-attention does not suit
+        # the CUDA graphs V0 captures for decoder-only models
+        eager = Change("--enforce-eager", "no CUDA graphs beside the encoder's buffers")
+        changes = (fewer_seqs, eager, fewer_items, shorter) if facts.enc_dec else (fewer_items, shorter, fewer_seqs)
         return Diagnosis(source, "vllm", "activation_peak",
                          f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "
-                         f"{tried}): it profiles --max-num-seqs inputs of the largest size", tuple(figures),
-                         tuple(sorted((
-                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 2}",
-                                    "fewer dummy inputs in the profile run (an encoder-decoder model profiles one "
-                                    "encoder input per sequence)"),
-                             Change("--limit-mm-per-prompt '{\"image\": 1, \"video\": 0}'",
-                                    "fewer and smaller multimodal items in the profile run"),
-                             Change("--max-model-len 8192", "shorter dummy sequences")),
-                             key=lambda c: 0 if c.setting.startswith("--max-num-seqs") == facts.enc_dec else 1)))
+                         f"{tried}): it profiles --max-num-seqs inputs of the largest size"
+                         + (" (an encoder-decoder model: one encoder input per sequence)" if facts.enc_dec else ""),
+                         tuple(figures), changes)
     if facts.oom_during == "wake up":
         return Diagnosis(source, "vllm", "memory_held_elsewhere",
                          "vLLM's sleep-mode allocator (cumem) ran out of memory waking up: it shares the GPU with "
@@ -584,16 +640,43 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         changes.insert(0, Change("--enforce-eager", "the batch and length are already small: what is left at start-up "
                                  "is torch.compile's and CUDA graphs' memory"))
     chunked = facts.flags.get("enable_chunked_prefill")
+    release = _release(facts)
     if generation != "V1" and not (chunked and chunked.value not in (False, "False", "false")):
-        changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",
-                                 "V0 without chunked prefill profiles a whole --max-model-len prompt in one forward; "
-                                 "chunked, the peak follows 2,048 tokens (V1 always chunks)"))
+        if release is None or release >= CHUNKED_PREFILL_FROM:
+            changes.insert(0, Change("--enable-chunked-prefill --max-num-batched-tokens 2048",
+                                     "V0 without chunked prefill profiles a whole --max-model-len prompt in one "
+                                     "forward; chunked, the peak follows 2,048 tokens (V1 always chunks)"))
         if "max_model_len" not in settings:
             changes.insert(0, Change("--max-model-len 8192", "V0 profiles one prompt of --max-model-len (by default "
                                      "the model's whole context) in one forward: a shorter one lowers the peak"))
+    if generation == "V0" and release is not None and release >= CUDA_GRAPHS_FROM and oom is None \
+            and facts.oom_during is None and not is_on(settings, "enforce_eager"):
+        # V0 sizes the KV cache from the profile run (its peak is inside the share), then captures CUDA graphs on top
+        # of the share (model_runner.capture_model: "CUDA graphs can take additional 1~3 GiB memory per GPU. If you
+        # are running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode"): with no
+        # figure and no frame to place the failure, the allocation outside the share comes first
+        changes.insert(0, Change("--enforce-eager", f"vLLM {facts.version.value} (V0) captures CUDA graphs after the KV "
+                                 "cache took its share, outside what it profiled: no graphs, no such allocation"))
+        return Diagnosis(source, "vllm", "out_of_memory",
+                         f"vLLM {facts.version.value} ran out of memory; the log shows no figure or frame placing "
+                         "it: the start-up allocation its profile does not count is the CUDA-graph pool",
+                         tuple(figures), tuple(changes),
+                         ("the traceback (capture_model, profile_run or load_model in its frames) would settle which "
+                          "phase ran out",))
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))
+
+
+CUDA_GRAPHS_FROM = (0, 2, 6)  # vLLM PR #1926 (CUDA graphs, --enforce-eager), in the release of 12-2023
+CHUNKED_PREFILL_FROM = (0, 4, 1)  # --enable-chunked-prefill
+
+
+def _release(facts: VllmFacts) -> tuple[int, ...] | None:
+    if facts.version is None:
+        return None
+    parts = tuple(int(p) for p in re.findall(r"\d+", str(facts.version.value))[:3])
+    return parts or None
 
 
 # --- vLLM under load ----------------------------------------------------------------------------------------------

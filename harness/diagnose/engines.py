@@ -143,6 +143,8 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             changes = [Change(f"--tp {2 * int(number(settings, 'tensor_parallel_size') or 1)}",
                               "splits the weights over more GPUs"),
                        Change("quantize the weights (awq, gptq or fp8)", "smaller weights")]
+        elif (batch := _last_batch(text)) is not None and batch[0] == "prefill":
+            kind, summary, changes = _sglang_prefill(batch[1], settings, fraction)
         elif re.search(r"decode|forward_decode|bench_serving|#running-req", around):
             # decoding, or a load test's many running requests (SGLang's FAQ: an OOM while decoding needs a lower
             # --max-running-requests)
@@ -159,6 +161,40 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
     larger = Change(f"--mem-fraction-static {min(0.95, (current or SGLANG_DEFAULT_FRACTION) + 0.05):.2f}",
                     "a larger KV pool")
     return _kv_short_or_fits(source, "sglang", "KV pool", facts, figures, "--context-length", larger)
+
+
+# the scheduler's batch lines (sglang srt/managers/scheduler.py, tp_worker.py before it): "Prefill batch. #new-seq: N,
+# #new-token: T, #cached-token: C, ..." and "Decode batch. #running-req: R, #token: T, ..."
+_SGLANG_BATCH = re.compile(r"(Prefill|Decode) batch\.(?:.*?#new-token: (\d+))?")
+# the new tokens one prefill batch may take where chunked prefill is on: --chunked-prefill-size, 8192 by default
+SGLANG_CHUNK = 8192
+
+
+def _last_batch(text: str) -> tuple[str, int | None] | None:
+    """The phase of the last batch the scheduler logged ("prefill" with its new tokens, or "decode"), if any."""
+    found = None
+    for line in text.splitlines():
+        if "batch." in line and (match := _SGLANG_BATCH.search(line)):
+            found = (match.group(1).lower(), int(match.group(2)) if match.group(2) else None)
+    return found
+
+
+def _sglang_prefill(new_tokens: int | None, settings: dict[str, Setting], fraction: Change):
+    """An OOM right after a prefill batch: the batch's activations, bounded by --max-prefill-tokens (the new tokens
+    of one prefill batch: PrefillAdder's rem_input_tokens) and, where chunked prefill is on, --chunked-prefill-size
+    (rem_chunk_tokens). A batch above the default chunk shows chunking was off: --max-prefill-tokens is the bound in
+    place. SGLang's tuning guide: an OOM in prefill lowers these before --mem-fraction-static moves."""
+    chunk = number(settings, "chunked_prefill_size")
+    target = 2 ** int(math.log2(max(new_tokens // 2, 512))) if new_tokens else 4096
+    seen = f"the last prefill batch took {new_tokens:,} new tokens" if new_tokens else "a prefill batch ran out"
+    prefill_cap = Change(f"--max-prefill-tokens {target}", f"{seen}: this caps the new tokens of one prefill batch, "
+                         "and so its activations", "max_prefill_tokens_down")
+    chunked = Change(f"--chunked-prefill-size {int(chunk // 2) if chunk else target}",
+                     "prefills long prompts in chunks of this many tokens", "chunked_prefill_size_down")
+    chunking_off = chunk is None and new_tokens is not None and new_tokens > SGLANG_CHUNK
+    changes = [prefill_cap, chunked] if chunking_off else [chunked, prefill_cap]
+    return ("activation_peak", f"a prefill batch ran out of memory ({seen}): the activations of one prefill batch, "
+            "beside the static share (weights + KV pool)", changes + [fraction])
 
 
 # --- TGI ----------------------------------------------------------------------------------------------------------

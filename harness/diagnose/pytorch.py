@@ -14,6 +14,17 @@ GIB = 2**30
 
 # (pattern over the traceback and the lines before the error, kind, summary, changes)
 _PHASES = (
+    # torch.load deserializes each tensor onto the device it was saved from (torch/serialization.py:
+    # default_restore_location -> _cuda_deserialize) unless map_location says otherwise: a checkpoint saved from cuda:0
+    # lands on cuda:0 in every process of a multi-GPU resume, and beside the model and optimizer it is loaded into
+    (r"serialization\.py|_cuda_deserialize|restore_location|torch\.load\(", "weights_loading",
+     "loading a checkpoint ran out: torch.load put its tensors back on the GPU they were saved from, beside the model "
+     "and optimizer they are loaded into",
+     (Change("torch.load(path, map_location='cpu') (or this process's own device), and drop the loaded dict after "
+             "load_state_dict", "the checkpoint's copy stays off this GPU; load_state_dict copies into the tensors "
+             "already there", "other"),
+      Change("lower the batch size (per_device_train_batch_size)", "the first step after the resume needs its "
+             "activations beside the model and optimizer"))),
     (r"value_buffer|key_buffer|kv_buffer|mem_manager|max_total_token_num", "kv_cache_too_small",
      "the engine's KV buffer, preallocated at start-up for its whole token budget, did not fit",
      (Change("--max_total_token_num lower (the KV token budget preallocated at start-up)",
@@ -54,8 +65,46 @@ _PHASES = (
 )
 
 
+# an LLM fine-tune (PEFT LoRA/QLoRA, trl's SFTTrainer, a fine-tuning script): the base weights are frozen (4-bit
+# under QLoRA) and hold no optimizer state, so the activations kept for the backward pass are the bulk of a step, and
+# gradient checkpointing is the lever (transformers' single-GPU training guide; PEFT's QLoRA path turns it on,
+# prepare_model_for_kbit_training(use_gradient_checkpointing=True); trl's SFTTrainer stopped turning it on by default
+# in 0.7.2, huggingface/trl#725)
+_FINE_TUNE = re.compile(r"\b(?:q?lora|peft|sft|SFTTrainer|trl|fine-?tun\w*|finetun\w*)\b", re.I)
+# and training, not inference with an adapter: a fine-tune, a trainer, a backward pass, epochs
+_TRAINING = re.compile(r"\btrain|fine-?tun|finetun|\bsft\b|SFTTrainer|backward|\bepoch", re.I)
+# on already: a setting, or LLaMA-Factory (llmtuner), which checkpoints unless --disable_gradient_checkpointing
+_CHECKPOINTING_ON = re.compile(r"(?:gradient|activation|grad)_checkpoint\w*\s*[:=]\s*true|--gradient[_-]checkpointing"
+                               r"(?!\s*(?:=\s*)?(?:false|0)\b)|gradient_checkpointing_enable\(|finetuning_type|llmtuner|"
+                               r"llamafactory", re.I)
+
+
+def _fine_tune_without_checkpointing(context: str, settings: dict) -> bool:
+    if not (_FINE_TUNE.search(context) and _TRAINING.search(context)):
+        return False
+    setting = settings.get("gradient_checkpointing")
+    if setting is not None:
+        return setting.value is False
+    return not _CHECKPOINTING_ON.search(context)
+
+
+def _checkpointing_first(figures: list, quoted: str, source: str) -> Diagnosis:
+    return Diagnosis(source, "pytorch-oom", "training_step",
+                     "a fine-tuning step ran out of memory with gradient checkpointing off: with the base weights "
+                     "frozen, the activations kept for the backward pass (batch x sequence length x layers) are the "
+                     "bulk of it", tuple(figures), (
+                         Change("gradient_checkpointing=True (TrainingArguments / --gradient_checkpointing)",
+                                "keeps one activation per layer and recomputes the rest in the backward pass: the "
+                                "activations shrink by about the number of layers, for about a third more compute"),
+                         Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
+                                "activations grow with the batch"),
+                         Change("shorter sequences (max_length / cutoff_len / max_seq_length)",
+                                "activations grow with the length")),
+                     failing_line=quoted)
+
+
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
-                   has_model: bool) -> Diagnosis:
+                   has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
     figures = oom_figures(oom, line) if oom is not None else []
     lines = text.splitlines()
     quoted = lines[line - 1].strip()[:300] if 0 < line <= len(lines) else ""
@@ -71,9 +120,13 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                              Change("quantize (awq or gptq 4-bit)", "a quarter of the 16-bit weights"),
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          failing_line=quoted)
-    for pattern, kind, summary, changes in _PHASES:
-        if re.search(pattern, around):
-            return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
+    phase = next((p for p in _PHASES if re.search(p[0], around)), None)
+    if (phase is None or phase[1] in ("training_step", "optimizer_state")) and _fine_tune_without_checkpointing(
+            f"{text}\n{flags_text}", settings or {}):
+        return _checkpointing_first(figures, quoted, source)
+    if phase is not None:
+        _, kind, summary, changes = phase
+        return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
     allocated = oom.allocated if oom is not None else None
     if oom is None:  # no figures: what else holds the GPU is the first thing to rule out
         return Diagnosis(source, "pytorch-oom", "out_of_memory",

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from harness.diagnose.failures import says_oom
 from harness.flags import command_words, flag_pairs
 from harness.measure.oom import OomFigures, parse_cuda_oom, parse_size
 
@@ -53,6 +54,7 @@ class VllmFacts:
     total_gib: Quoted | None = None  # the GPU's total memory, from a memory-profiling line
     load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
     serving_line: int | None = None  # the first line that shows the server serving
+    lm_eval: bool = False  # lm-eval drives this vLLM (lm_eval --model vllm): its requests, not a server's clients
 
 
 @dataclass
@@ -110,10 +112,12 @@ _FACT_LINES = (
                          r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GI?B\)\.(?: "
                          r"Based on the available memory, the estimated maximum model length is (\d+)\.)?", re.I),
               lambda m: ":".join(g or "" for g in m.groups())),
+    # V0's worker (raise_if_cache_size_invalid; llm_engine._init_cache before 0.4) and its copies for other devices;
+    # the count in brackets may be missing where a user retyped the message ("maxinum", no figure)
     _FactLine("v0_too_long",
-              re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
-                         r"stored in KV cache \((\d+)\)"),
-              lambda m: f"{m.group(1)}:{m.group(2)}"),
+              re.compile(r"max seq len \((\d+)\) is larger than the max\w* number of tokens that can be stored in "
+                         r"(?:the )?KV cache(?: \((\d+)\))?", re.I),
+              lambda m: f"{m.group(1)}:{m.group(2) or ''}"),
     _FactLine("free_below",
               re.compile(r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than (?:desired "
                          r"GPU memory utilization ?|the engine's budget[^(]*)\(([\d.]+), ([\d.]+) GiB\)"),
@@ -148,6 +152,13 @@ _VLLM_WORDS = ("non-default", "serve", "took", "KV", "kv_cache", "oncurrency", "
                "memory profiling", "Mamba", "enc_dec", "EncoderDecoder", "cross_attention", "mllama", "V0", "V1",
                "EngineCore", "gpu_model_runner", "VllmWorker", "v1/", "worker.py", "llm_engine", "model_runner",
                "memory", "Memory", "Capturing", "File \"", "Error", "ERROR", "USE_V1")
+# V0's encoder-decoder runner, or a model vLLM runs as one: Llama 3.2 Vision (model_type mllama,
+# MllamaForConditionalGeneration: cross-attention to the image encoder's states) and Whisper
+_ENC_DEC = re.compile(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama|Llama-3\.2-\d+B-Vision|whisper", re.I)
+# lm-eval's vLLM backend (lm_eval/models/vllm_causallms.py, registered as "vllm"), run from its command line
+_LM_EVAL_VLLM = re.compile(r"lm[_-]eval\b[^\n]*--model[ =]vllm\b|vllm_causallms")
+# the release as a user states it beside the log ("in vllm 0.2.7", "vllm==0.6.3", "vLLM version 0.5.4")
+_VERSION_SAID = re.compile(r"\bvllm(?:==| version | v| )v?(\d+\.\d+\.\d+)\b", re.I)
 _CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
 # an OOM line without PyTorch's figures ("CUDA error: out of memory"), or a traceback through a start-up phase
 _BARE_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", re.I)
@@ -225,8 +236,7 @@ def read_vllm(text: str) -> VllmFacts | None:
             seen = True
             seqs, blocks = (match.group(1), match.group(2)) if match.group(1) else ("", match.group(3))
             facts.mamba_blocks = Quoted(f"{seqs}:{blocks}", number)
-        facts.enc_dec = facts.enc_dec or bool(re.search(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama",
-                                                        line))
+        facts.enc_dec = facts.enc_dec or bool(_ENC_DEC.search(line))
         facts.v0_lines = facts.v0_lines or bool(_V0_ONLY.search(line))
         facts.v1_lines = facts.v1_lines or bool(_V1_ONLY.search(line))
         if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
@@ -239,14 +249,18 @@ def read_vllm(text: str) -> VllmFacts | None:
         # ("ValueError: Failed to find a kernel that can implement the NVFP4 linear layer")
         other_failure = _non_memory_exception(lines)
         for number, line in enumerate(lines, 1):
-            if _BARE_OOM.search(line) or (not other_failure and (
+            bare = bool(_BARE_OOM.search(line)) or says_oom(line)  # "[Usage]: Llama-3.2-11B-Vision OOM" (a title)
+            if bare or (not other_failure and (
                     (_PHASE_FRAME.search(line) and ("ERROR" in line or "Traceback" in text))
                     or _VLLM_FRAME.search(line))):
-                seen = seen or bool(_BARE_OOM.search(line) or _VLLM_FRAME.search(line)) \
+                seen = seen or bare or bool(_VLLM_FRAME.search(line)) \
                     or facts.weights_gib is not None or facts.v0_lines or facts.v1_lines
                 facts.oom_text, facts.oom_line = Quoted(line.strip()[:300], number), number
                 facts.oom_during = oom_phase(lines, len(lines))
                 break
+    facts.lm_eval = bool(_LM_EVAL_VLLM.search(text))
+    if facts.version is None and (match := _VERSION_SAID.search(text)):
+        facts.version = Quoted(match.group(1), text.count("\n", 0, match.start()) + 1)
     if facts.kv_tokens is None and facts.kv_blocks is not None:
         block = facts.flags.get("block_size")
         facts.kv_tokens = Quoted(facts.kv_blocks.value * int(block.value if block else V0_BLOCK_TOKENS),
@@ -254,9 +268,14 @@ def read_vllm(text: str) -> VllmFacts | None:
     return facts if seen else None
 
 
+# PyTorch's own OOM message ("... with 128.00 MiB allocated in private pools (e.g., CUDA Graphs) ...") names CUDA graphs
+# whatever phase ran out: not a sign of graph capture
+_TORCH_POOLS = re.compile(r"allocated in private pools \(e\.g\., CUDA Graphs\)", re.I)
+
+
 def oom_phase(lines: list[str], number: int) -> str | None:
     """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
-    around = "\n".join(lines[max(0, number - 40):min(len(lines), number + 15)])
+    around = _TORCH_POOLS.sub("", "\n".join(lines[max(0, number - 40):min(len(lines), number + 15)]))
     lowered = around.lower()
     if "cumem_allocator" in lowered or "wake_up" in lowered:
         return "wake up"

@@ -36,6 +36,7 @@ ALIASES = {
     "kv_cache_dtype": "kv_cache_dtype", "enforce_eager": "enforce_eager", "disable_cuda_graph": "disable_cuda_graph",
     "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
     "max_running_requests": "max_running_requests", "chunked_prefill_size": "chunked_prefill_size",
+    "max_prefill_tokens": "max_prefill_tokens", "max_prefill": "max_prefill_tokens",
     "cuda_graph_max_bs": "cuda_graph_max_bs", "cuda_graph_sizes": "cuda_graph_sizes",
     "cuda_graph_capture_sizes": "cuda_graph_sizes", "max_num_tokens": "max_num_tokens",
     "quantization": "quantization", "quantize": "quantization", "dtype": "dtype", "block_size": "block_size",
