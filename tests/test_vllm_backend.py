@@ -330,7 +330,8 @@ def test_saturation_prompts_share_no_prefix():
 
 
 def test_a_local_gpu_is_planned_with_its_own_kernels():
-    """The served GPU plan knows the device's compute capability: Marlin on an H200 (9.0), plain GPTQ on a T4."""
+    """The served GPU plan knows the device's compute capability: Marlin on an H200 (9.0); on a T4 (7.5) plain GPTQ
+    up to vLLM 0.13, Marlin from 0.14 (its marlin_utils.py gate went from 8.0 to 7.5)."""
     from harness.capacity import Target, Workload, model_shape, plan_vllm, weight_format
     from harness.capacity.gpus import this_gpu
 
@@ -341,9 +342,10 @@ def test_a_local_gpu_is_planned_with_its_own_kernels():
     assert h200.compute_capability == 9.0 and h200.memory_bytes == 150_121_545_728
     plan = plan_vllm(shape, fmt, Target(h200), Workload(max_model_len=4096), version="0.32")
     assert plan.arg("--quantization") == "gptq_marlin"
-    t4 = plan_vllm(shape, fmt, Target(this_gpu("Tesla T4", 15_828_320_256, "7.5")), Workload(max_model_len=4096),
-                   version="0.32")
-    assert t4.arg("--quantization") == "gptq"
+    t4 = Target(this_gpu("Tesla T4", 15_828_320_256, "7.5"))
+    assert plan_vllm(shape, fmt, t4, Workload(max_model_len=4096), version="0.13").arg("--quantization") == "gptq"
+    assert plan_vllm(shape, fmt, t4, Workload(max_model_len=4096), version="0.32").arg("--quantization") == \
+        "gptq_marlin"
 
 
 def test_a_gpu_server_without_a_plan_takes_vllm_defaults():
