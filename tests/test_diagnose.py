@@ -492,3 +492,61 @@ def test_pytorchs_private_pools_phrase_is_no_sign_of_graph_capture():
             "128.00 MiB allocated in private pools (e.g., CUDA Graphs), and 185.98 MiB is reserved by PyTorch but "
             "unallocated.\n")
     assert diagnose_text(text, "x", Context(engine="vllm")).kind != "cuda_graph_capture"
+
+
+# a vLLM start-up that fitted: its reader alone answers "fits"
+_FITTED_START = ("INFO 12-07 10:00:00 [gpu_worker.py:642] Available KV cache memory: 2.97 GiB\n"
+                 "INFO 12-07 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 150,745 tokens\n")
+_FAILURE_STATEMENTS = (
+    "    Tried to allocate 136.00 MiB. GPU 0 has a total capacity of 22.36 GiB of\n    which 120.88 MiB is free.",
+    'It consistently crashed on MMLU with "Tried to allocate 31.50 GiB", but MMLU alone worked.',
+    "The single-GPU recipe OOMs at the KV-cache check on stock vLLM",
+    "with LoRA on, the system will exceed the memory limit unless eager mode is on",
+    "prompt_logprobs deserialization then OOMed asking for 2.82 GiB",
+    "the server ran out of GPU memory after an hour",
+    "RuntimeError: CUDA error: out of memory",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "ERROR 12-07 10:00:01 [core.py:1] EngineCore failed to start.",
+    "Traceback (most recent call last):",
+)
+
+
+@pytest.mark.parametrize("statement", _FAILURE_STATEMENTS)
+@pytest.mark.parametrize("engine", [None, "vllm"])
+def test_failure_evidence_anywhere_is_never_fits_nor_refused(statement, engine):
+    """Issue #40's rule: an error, a traceback or an out-of-memory statement (PyTorch's message or only its body,
+    or a person's words) is never 'fits' and never 'no message diagnose reads'; its line is quoted."""
+    from harness.diagnose.advise import diagnose_all
+
+    assert diagnose_text(_FITTED_START, "x", Context(engine=engine)).kind == "fits"
+    for text in (_FITTED_START + statement, statement):
+        found = diagnose_all(text, "x", Context(engine=engine))
+        assert all(d.kind not in ("fits", "within_watermark") for d in found), [d.summary for d in found]
+        main = found[0]
+        assert main.failing_line and main.failing_line in text, main.failing_line
+        if main.kind == "not_recognised":
+            assert any("would let diagnose decide" in m for m in main.missing)
+
+
+def test_a_pytorch_oom_body_without_the_exception_name_is_read_with_its_figures():
+    """The figures of a quoted or wrapped message ('Tried to allocate ... total capacity ...') are PyTorch's."""
+    d = diagnose_text(_FAILURE_STATEMENTS[0], "x")
+    assert d.reader == "pytorch-oom"
+    figures = {f.label: f.value for f in d.figures}
+    assert figures["tried to allocate"] == "136.00 MiB" and figures["GPU total"] == "22.36 GiB"
+    assert figures["free"] == "120.88 MiB"
+
+
+def test_advice_about_memory_is_no_failure():
+    """'to avoid OOM', 'to avoid exceeding memory', BLOOM: words about memory, not a failure."""
+    with pytest.raises(NotADiagnosableLog):
+        diagnose_text("INFO loading BLOOM; to avoid OOM and to avoid exceeding memory, set max_model_len\n", "x")
+
+
+def test_an_out_of_memory_statement_is_answered_not_refused_by_the_command(tmp_path, capsys):
+    """Exit 2 stays for input that is not a log (empty, binary, too large, no message); a stated failure is read."""
+    log = tmp_path / "said.txt"
+    log.write_text('It consistently crashed on MMLU with "Tried to allocate 31.50 GiB".\n')
+    assert cli.main(["diagnose", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "fits" not in out and "31.50 GiB" in out

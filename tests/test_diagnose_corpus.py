@@ -144,10 +144,19 @@ def graded_table(corpus: list[dict] = CASES) -> tuple[list[Graded], str]:
                      f"{'yes' if g.right else 'no'} |")
     right = sum(g.right for g in rows)
     lines.append("")
-    lines.append(f"First change confirmed in {right} of {len(rows)} logs ({right / max(len(rows), 1):.0%}).")
+    lines.append(f"First change confirmed in {right} of {len(rows)} logs ({right / max(len(rows), 1):.1%}).")
     return rows, "\n".join(lines)
 
 
+def _share_now() -> str:
+    rows = [grade(case, with_flags=True) for case in CASES if case["failed"]]
+    right = sum(g.right for g in rows)
+    return f"{right} of {len(rows)} = {right / max(len(rows), 1):.1%}"
+
+
+# strict: once the share reaches 85% this XPASSes and fails, and the mark is to go
+@pytest.mark.xfail(strict=True, reason=f"issue #40: the first change is a confirmed lever in {_share_now()} of the "
+                   f"corpus, below {FIRST_CHANGE_RIGHT:.0%}; docs/troubleshooting.md's table lists the misses")
 def test_first_change_is_a_confirmed_lever_in_most_logs():
     if not any(case["failed"] for case in CASES):
         pytest.skip("the corpus is empty")
@@ -165,8 +174,9 @@ def held_out_block(held_out: list[dict]) -> str:
     if not held_out:
         return ("No held-out logs at present: the earlier set joined the corpus once it had been seen, and the next "
                 "one is being collected (tests/fixtures/diagnose_holdout/README.md).")
-    return ("The held-out logs (tests/fixtures/diagnose_holdout/, never used to tune the readers):\n\n"
-            + graded_table(held_out)[1])
+    return ("The held-out logs (tests/fixtures/diagnose_holdout/, collected blind and never used to tune which change "
+            "comes first; the rules for what is a failure were fixed after their one blind grading, see its README):"
+            "\n\n" + graded_table(held_out)[1])
 
 
 def test_held_out_logs_share_no_source_with_the_corpus():

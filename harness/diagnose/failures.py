@@ -11,12 +11,22 @@ from dataclasses import dataclass
 from harness.logtext import is_cause
 from harness.measure.oom import parse_cuda_oom
 
-_MEMORY = re.compile(r"out of memory|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
+# PyTorch's OOM message without its exception name in front (quoted, wrapped or cut): its figures say it ran out
+TORCH_OOM_BODY = r"Tried to allocate \d+(?:\.\d+)?\s*(?:bytes|[KMGT]i?B|B)\b|total capac(?:i)?ty of \d"
+# a user's own words for it ("the system will exceed the memory limit", "exceeded GPU memory")
+EXCEEDS_MEMORY = (r"\bexceed(?:s|ed|ing)?\s+(?:(?:the|its|our|available|total|GPU|device|VRAM|CUDA|host|system)\s+){0,3}"
+                  r"memory|\bmemory\s+(?:limit\s+|budget\s+)?(?:was\s+|is\s+)?exceeded")
+# OOM as the failure, also as a verb ("OOMs at the KV-cache check", "OOMed", "OOM'd")
+OOM_WORD = r"(?<![A-Za-z])OOM(?:s|ed|ing|'d|'s)?(?![A-Za-z])"
+# a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM")
+SHORT_OF_MEMORY = r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)"
+_MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
                      r"KV cache is needed, which is larger than|is larger than the maximum number of tokens that can be "
                      r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
                      r"CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|Failed to allocate memory|"
                      r"memory allocation failed|insufficient memory|not enough GPU memory|"
-                     r"Cannot allocate memory|can't allocate memory|component creation attempt|No free blocks left|OOM", re.I)
+                     r"Cannot allocate memory|can't allocate memory|component creation attempt|No free blocks left|OOM|"
+                     + TORCH_OOM_BODY + "|" + EXCEEDS_MEMORY, re.I)
 _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(| ?: | ?:$)|Traceback \(most recent call last\)|"
                     r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
                     r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
@@ -49,7 +59,8 @@ class FailureLine:
 
 
 _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"", "fatal", "panicked", "dumped",
-                  "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than")
+                  "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than",
+                  "capacity", "exceed", "insufficient", "vram")
 
 
 @functools.lru_cache(maxsize=4)
@@ -68,19 +79,21 @@ def failure_lines(text: str) -> tuple[FailureLine, ...]:
 
 
 def _benign_oom_word(line: str) -> bool:
-    """'OOM' in a word (ROOM, BLOOM) or in advice ('to avoid OOM'), not an out-of-memory failure."""
-    if re.search(r"out of memory|OutOfMemory|Not enough memory|No available memory|is larger than|less than|"
+    """'OOM' in a word (ROOM, BLOOM) or in advice ('to avoid OOM', 'to avoid exceeding memory'), not an
+    out-of-memory failure."""
+    if re.search(SHORT_OF_MEMORY + r"|OutOfMemory|Not enough memory|No available memory|is larger than|less than|"
                  r"component creation attempt|No free blocks left|"
                  r"Error in memory profiling|ALLOC_FAILED|MemoryAllocation|allocate memory|allocation failed|"
-                 r"insufficient memory|not enough GPU memory", line, re.I):
+                 r"not enough GPU memory|" + TORCH_OOM_BODY, line, re.I):
         return False
-    return not re.search(r"(?<![A-Za-z])OOM(?![A-Za-z])", line) or bool(
-        re.search(r"avoid (?:an? )?OOM|prevent (?:an? )?OOM|to reduce OOM|OOM risk", line, re.I))
+    return not (re.search(OOM_WORD, line) or re.search(EXCEEDS_MEMORY, line, re.I)) or bool(
+        re.search(r"(?:avoid|prevent|reduce|against) (?:an? )?(?:OOM|exceed)|OOM risk", line, re.I))
 
 
 def says_oom(line: str) -> bool:
-    """The word OOM standing alone as the failure ("[Bug] OOM when running bench_serving"), not advice about it."""
-    return bool(re.search(r"(?<![A-Za-z])OOM(?![A-Za-z])", line)) and not _benign_oom_word(line)
+    """The word OOM standing alone as the failure ("[Bug] OOM when running bench_serving"), or a person's words for
+    it ("will exceed the memory limit"), not advice about it."""
+    return bool(re.search(OOM_WORD, line) or re.search(EXCEEDS_MEMORY, line, re.I)) and not _benign_oom_word(line)
 
 
 def identity_of(line: str) -> str:

@@ -128,7 +128,7 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         _, kind, summary, changes = phase
         return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
     allocated = oom.allocated if oom is not None else None
-    if oom is None:  # no figures: what else holds the GPU is the first thing to rule out
+    if oom is None:  # no figures: the tokens per step first, then what else holds the GPU
         return Diagnosis(source, "pytorch-oom", "out_of_memory",
                          "the GPU ran out of memory; the message has no figures to tell this process's memory from "
                          "another's", (), (

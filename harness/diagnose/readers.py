@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness.diagnose.failures import says_oom
+from harness.diagnose.failures import TORCH_OOM_BODY, says_oom
 from harness.flags import command_words, flag_pairs
 from harness.measure.oom import OomFigures, parse_cuda_oom, parse_size
 
@@ -151,7 +151,7 @@ _VLLM_WORDS = ("non-default", "serve", "took", "KV", "kv_cache", "oncurrency", "
                "throughput", "Uvicorn", "API server", "Running:", "preempted", "sampler", "initial_memory",
                "memory profiling", "Mamba", "enc_dec", "EncoderDecoder", "cross_attention", "mllama", "V0", "V1",
                "EngineCore", "gpu_model_runner", "VllmWorker", "v1/", "worker.py", "llm_engine", "model_runner",
-               "memory", "Memory", "Capturing", "File \"", "Error", "ERROR", "USE_V1")
+               "memory", "Memory", "Capturing", "File \"", "Error", "ERROR", "USE_V1", "Tried to allocate")
 # V0's encoder-decoder runner, or a model vLLM runs as one: Llama 3.2 Vision (model_type mllama,
 # MllamaForConditionalGeneration: cross-attention to the image encoder's states) and Whisper
 _ENC_DEC = re.compile(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama|Llama-3\.2-\d+B-Vision|whisper", re.I)
@@ -239,7 +239,7 @@ def read_vllm(text: str) -> VllmFacts | None:
         facts.enc_dec = facts.enc_dec or bool(_ENC_DEC.search(line))
         facts.v0_lines = facts.v0_lines or bool(_V0_ONLY.search(line))
         facts.v1_lines = facts.v1_lines or bool(_V1_ONLY.search(line))
-        if facts.oom is None and "out of memory" in line.lower() and (oom := parse_cuda_oom(line)):
+        if facts.oom is None and (oom := torch_oom_at(lines, number - 1)):
             seen = True
             facts.oom, facts.oom_line = oom, number
             if facts.oom_during is None:
@@ -249,7 +249,8 @@ def read_vllm(text: str) -> VllmFacts | None:
         # ("ValueError: Failed to find a kernel that can implement the NVFP4 linear layer")
         other_failure = _non_memory_exception(lines)
         for number, line in enumerate(lines, 1):
-            bare = bool(_BARE_OOM.search(line)) or says_oom(line)  # "[Usage]: Llama-3.2-11B-Vision OOM" (a title)
+            # "[Usage]: Llama-3.2-11B-Vision OOM" (a title), "it will exceed the memory limit" (a user's words)
+            bare = bool(_BARE_OOM.search(line)) or says_oom(line)
             if bare or (not other_failure and (
                     (_PHASE_FRAME.search(line) and ("ERROR" in line or "Traceback" in text))
                     or _VLLM_FRAME.search(line))):
@@ -313,10 +314,35 @@ def _read_load(facts: VllmFacts, stats: re.Match | None, preempted: re.Match | N
 
 
 def read_torch_oom(text: str) -> tuple[OomFigures, int] | None:
-    for number, line in enumerate(text.splitlines(), 1):
-        if "out of memory" in line.lower() and (figures := parse_cuda_oom(line)):
+    lines = text.splitlines()
+    for number in range(1, len(lines) + 1):
+        if (figures := torch_oom_at(lines, number - 1)) is not None:
             return figures, number
     return None
+
+
+_TORCH_BODY = re.compile(TORCH_OOM_BODY, re.I)
+BODY_LINES = 4  # a message wrapped by a terminal or a quote spans a few lines
+
+
+def torch_oom_at(lines: list[str], index: int) -> OomFigures | None:
+    """PyTorch's OOM figures from the line at index: the whole message, or its body without the exception name in
+    front ("Tried to allocate 136.00 MiB. GPU 0 has a total capacity of ...", quoted or wrapped over the next lines);
+    the figures themselves say memory ran out."""
+    line = lines[index][:4000]
+    named = "out of memory" in line.lower()
+    if not named and not _TORCH_BODY.search(line):
+        return None
+    figures = parse_cuda_oom(line if named else "CUDA out of memory. " + line)
+    if figures is not None and figures.total:
+        return figures
+    window = [line]
+    for following in lines[index + 1:index + BODY_LINES]:
+        if not following.strip() or "out of memory" in following.lower() or "Tried to allocate" in following:
+            break
+        window.append(following.strip()[:4000])
+    joined = " ".join(window)
+    return parse_cuda_oom(joined if named else "CUDA out of memory. " + joined) or figures
 
 
 @dataclass(frozen=True)
