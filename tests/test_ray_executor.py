@@ -316,6 +316,7 @@ def test_a_cache_url_is_reused_by_a_run_with_an_empty_cache(cluster, tiny, local
     second = quantgate("run", *tiny, "--out", str(tmp_path / "two"), "--executor", "ray", "--ray-address",
                        cluster.address, "--cache", store, cache=tmp_path / "cache-b")
     assert "quantizing" not in second.stderr and "loading the model" not in second.stderr, second.stderr
-    assert "int8: reusing cached artifact" in second.stderr, second.stderr
     report = json.loads((tmp_path / "two" / "report.json").read_text())
+    # from the report, not the console: Ray forwards a task's last lines after the driver may have exited
+    assert {name: fmt["stages_run"] for name, fmt in report["formats"].items()} == {"baseline": [], "int8": []}
     assert comparable(report) == comparable(local_reference)

@@ -32,7 +32,7 @@ import importlib.metadata
 
 from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
-                                             marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
+                                             marlin_capability, marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
                                              prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
@@ -43,7 +43,7 @@ from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightForm
 from harness.capacity.shapes import ModelShape, pipeline_stage
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
                                             VllmRules, absorbs_mla_weights, canonical, engine_rules,
-                                            mla_entry_align_bytes, release_text, rules_for)
+                                            mla_entry_align_bytes, parse_release, release_text, rules_for)
 
 KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
 NEWEST_VERSION = KNOWN_VERSIONS[-1]
@@ -417,6 +417,8 @@ def _quantization_errors(method: str | None, shape: ModelShape, fmt: WeightForma
         return [f"--quantization {method}: not a quantization method of vLLM {version}"]
     errors = []
     minimum = fmt.serving_on("vllm").min_capability or KERNEL_MIN_CC.get(method, 0.0)
+    if method.endswith("_marlin"):  # from 0.14 vLLM's Marlin runs on Turing (common.marlin_capability)
+        minimum = marlin_capability("vllm", parse_release(version) if version else None)
     if has_capability(gpu, minimum) is False:
         errors.append(f"--quantization {method} needs compute capability {minimum}")
     if method.endswith("_marlin") and marlin_shape_problem(shape, fmt, tp):
