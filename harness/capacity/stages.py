@@ -59,18 +59,18 @@ def plan_uneven_vllm(shape: ModelShape, fmt: WeightFormat, stages: tuple[Gpu, ..
     pp, layers = len(stages), shape.layers
     if pp < 2 or pp > layers:
         return None
-    release = rules_for(version)[1]
+    rules, release, _ = rules_for(version)
     if engine_rules(release, pp)[0] != engine_rules(release, 1)[0]:
         return None
     notes: list[str] = []
     utilization = gpu_memory_utilization
-    if utilization is None and rules_for(version)[0].default_utilization is None:
+    if utilization is None and rules.default_utilization is None:
         utilization = UNEVEN_UTILIZATION
         notes.append(f"vLLM {release}: --gpu-memory-utilization {UNEVEN_UTILIZATION:g} set: its extensible KV cache "
                      "would size one --kv-cache-memory-bytes for every stage, whatever its GPU and layers")
     if workload.non_torch_bytes is None:  # the NCCL buffers of a deployment over tp x pp GPUs, on every stage
         workload = replace(workload, non_torch_bytes=non_torch_bytes(
-            tp * pp, since_start=rules_for(version)[0].non_torch == "since start"))
+            tp * pp, since_start=rules.non_torch == "since start"))
     cache: dict[tuple[int, int], EnginePlan] = {}
 
     def stage_plan(index: int, kept: int) -> EnginePlan:
@@ -133,15 +133,16 @@ def _best_partition(layers: int, weights: list[int], stage_tokens) -> tuple[int,
     for _ in range(layers * pp):
         room = [stage_tokens(i, kept) for i, kept in enumerate(counts)]
         source = room.index(min(room))
+        if counts[source] == 1:
+            break
         improved = False
         for sink in sorted((i for i in range(pp) if i != source), key=lambda i: -room[i]):
-            if counts[source] == 1:
-                break
             candidate = list(counts)
             candidate[source] -= 1
             candidate[sink] += 1
-            if smallest(candidate) > best:
-                counts, best, improved = candidate, smallest(candidate), True
+            tokens = smallest(candidate)
+            if tokens > best:
+                counts, best, improved = candidate, tokens, True
                 break
         if not improved:
             break
