@@ -18,6 +18,7 @@ LIMIT_BYTES, or half the free disk, keeps what fits and teacher-forces the rest 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,15 +43,13 @@ class CachedBatch:
         import torch
 
         dtype = getattr(torch, self.dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
         tensors = []
         with open(self.path, "rb") as stream:
             for shapes in self.layers:
                 pair = []
                 for shape in shapes:
-                    count = 1
-                    for size in shape:
-                        count *= size
-                    raw = bytearray(stream.read(count * torch.empty((), dtype=dtype).element_size()))
+                    raw = bytearray(stream.read(math.prod(shape) * itemsize))
                     whole = torch.frombuffer(raw, dtype=dtype).reshape(shape)
                     pair.append(whole[rows].to(device))
                 tensors.append(tuple(pair))

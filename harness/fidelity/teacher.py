@@ -18,6 +18,7 @@ import numpy as np
 
 from harness import progress
 from harness.cache import atomic_write_json, read_json
+from harness.fidelity.prompt_cache import read_batches
 
 TINY = 1e-12
 LOGITS_BYTES = 256 * 2**20  # float32 logits one batched forward may keep: bounds the batch on long answers
@@ -101,7 +102,7 @@ class forced_logprobs:
                  use_cache: bool = True) -> None:
         self.model, self.sequences, self.batch_size = model, sequences, batch_size
         self.item_ids = list(item_ids)
-        self.batches = [] if not use_cache else _read_batches(prompt_cache_dir)
+        self.batches = [] if not use_cache else read_batches(prompt_cache_dir)
         self.cached = 0
 
     def __iter__(self):
@@ -117,12 +118,6 @@ class forced_logprobs:
             yield rest[position], logprobs
 
 
-def _read_batches(directory: Path | None) -> list:
-    from harness.fidelity.prompt_cache import read_batches
-
-    return read_batches(directory)
-
-
 def continuation_logprobs(model, batches, sequences: Sequence[tuple[Sequence[int], int]],
                           item_ids: Sequence[str]) -> Iterator[tuple[int, object]]:
     """(index, log-probabilities [len(ids) - first, vocab]) for the sequences whose item a cached generation
@@ -135,15 +130,7 @@ def continuation_logprobs(model, batches, sequences: Sequence[tuple[Sequence[int
         rows = [(row, position_of[item_id]) for row, item_id in enumerate(batch.item_ids)
                 if item_id in position_of and int(sequences[position_of[item_id]][1]) == batch.prompt_lengths[row]
                 and len(sequences[position_of[item_id]][0]) > batch.prompt_lengths[row]]
-        group: list[tuple[int, int]] = []
-        for row, index in rows:
-            longest = max([len(sequences[i][0]) - sequences[i][1] for _, i in group]
-                          + [len(sequences[index][0]) - sequences[index][1]])
-            if group and (len(group) + 1) * longest * vocab * 4 > LOGITS_BYTES:
-                yield from _continuation_batch(model, batch, group, sequences)
-                group = []
-            group.append((row, index))
-        if group:
+        for group in _logit_groups(rows, lambda entry: len(sequences[entry[1]][0]) - sequences[entry[1]][1], vocab):
             yield from _continuation_batch(model, batch, group, sequences)
 
 
@@ -183,16 +170,25 @@ def teacher_forced_logprobs(model, sequences: Sequence[tuple[Sequence[int], int]
             yield index, model.next_token_logprobs([int(t) for t in ids], first)
         return
     vocab = int(getattr(network.config, "vocab_size", 0) or 0) or 1
-    batch: list[int] = []
-    for index in order:
-        ids, first = sequences[index]
-        keep = max([len(ids) - first] + [len(sequences[i][0]) - sequences[i][1] for i in batch]) + 1
-        if batch and (len(batch) >= batch_size or (len(batch) + 1) * keep * vocab * 4 > LOGITS_BYTES):
-            yield from zip(batch, _batch_logprobs(model, [sequences[i] for i in batch]))
-            batch = []
-        batch.append(index)
-    if batch:
+    # logits_to_keep is the continuation's positions plus one (the last prompt token's)
+    for batch in _logit_groups(order, lambda i: len(sequences[i][0]) - sequences[i][1] + 1, vocab, batch_size):
         yield from zip(batch, _batch_logprobs(model, [sequences[i] for i in batch]))
+
+
+def _logit_groups(entries: Sequence, positions, vocab: int, limit: int | None = None) -> Iterator[list]:
+    """`entries` in consecutive groups whose kept logits (rows x the longest row's `positions` x vocab, float32)
+    stay within LOGITS_BYTES, at most `limit` rows a group (a group of one may pass the bound)."""
+    group: list = []
+    longest = 0
+    for entry in entries:
+        wanted = max(longest, positions(entry))
+        if group and ((limit and len(group) >= limit) or (len(group) + 1) * wanted * vocab * 4 > LOGITS_BYTES):
+            yield group
+            group, wanted = [], positions(entry)
+        group.append(entry)
+        longest = wanted
+    if group:
+        yield group
 
 
 def _batch_logprobs(model, batch: list[tuple[Sequence[int], int]]) -> list:
