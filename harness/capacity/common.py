@@ -373,9 +373,9 @@ def kernel_method(shape: ModelShape, fmt: WeightFormat, serving: EngineServing, 
     to say); (None, why) when none of its kernels runs on the GPU (KERNEL_MIN_CC).
 
     With a Marlin variant (gptq_marlin, awq_marlin), Marlin is the fast path on compute capability >= marlin_min_cc
-    (8.0; 7.5 in vLLM from 0.14) when the shapes allow it; naming plain gptq/awq there forces the slower kernel. Plain AWQ needs 7.5, plain GPTQ 6.0
-    (vLLM's get_min_capability()). An unknown GPU gets the plain name, which every CUDA GPU from those capabilities
-    runs.
+    (8.0; 7.5 in vLLM from 0.14) when the shapes allow it; naming plain gptq/awq there forces the slower kernel.
+    Plain AWQ needs 7.5, plain GPTQ 6.0 (vLLM's get_min_capability()). An unknown GPU gets the plain name, which
+    every CUDA GPU from those capabilities runs.
     """
     method = serving.quantization
     minimum = serving.min_capability or KERNEL_MIN_CC.get(method, 0.0)

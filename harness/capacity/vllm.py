@@ -32,8 +32,8 @@ import importlib.metadata
 
 from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
-                                             marlin_capability, marlin_shape_problem, needs_half_dtype, parse_flags, pipeline_note,
-                                             prefix_sharing, prefix_sharing_note, quantization_method,
+                                             marlin_capability, marlin_shape_problem, needs_half_dtype, parse_flags,
+                                             pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
                                              render_command, short_of_one_sequence)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes,
