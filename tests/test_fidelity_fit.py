@@ -1,0 +1,74 @@
+"""benchmarks/fidelity_fit.py: the ladder's fit with intervals, the coincidence count the defaults must keep at 0,
+fidelity's time share from progress lines, and the plot."""
+
+from benchmarks import fidelity_fit
+
+
+def row(fmt, kl, delta, *, margin=2.0, spread=1.0, agree=95.0, family="rtn", status=None, verdict="NO-GO",
+        model="demo"):
+    return {"model": model, "format": fmt, "family": family, "evalset": "s", "metric": "f1",
+            "kl": {"value": kl, "ci_low": kl * 0.8, "ci_high": kl * 1.2},
+            "top1_agreement": {"value": agree, "ci_low": agree - 2, "ci_high": min(agree + 2, 100)},
+            "delta": delta, "ci_low": delta - spread, "ci_high": delta + spread, "margin": margin,
+            "fidelity_status": status, "verdict": verdict}
+
+
+def test_the_fit_recovers_a_known_slope_and_its_interval_holds_it():
+    # drop in margins = 10 x KL, with noise that differs per rung
+    rows = [row(f"r{i}", kl, -2.0 * 10 * kl * (1 + 0.1 * ((-1) ** i)))
+            for i, kl in enumerate([0.01, 0.02, 0.05, 0.1, 0.2, 0.4])]
+    result = fidelity_fit.fit(rows)
+    assert result["points"] == 6 and result["rungs"] == 6
+    low, high = result["drop_per_nat_ci"]
+    assert low <= result["drop_per_nat"] <= high and low < 10 < high
+    assert abs(result["kl_at_margin"] - 0.1) < 0.02
+    kl_low, kl_high = result["kl_at_margin_ci"]
+    assert kl_low <= result["kl_at_margin"] <= kl_high
+
+
+def test_decoys_and_rows_without_a_margin_stay_out_of_the_fit():
+    rows = [row("a", 0.1, -2.0), row("b", 0.2, -4.0), row("d", 0.001, -40.0, family="decoy"),
+            row("m", 0.3, -1.0, margin=None)]
+    assert fidelity_fit.fit(rows)["points"] == 2
+
+
+def test_a_fit_needs_two_rungs():
+    assert fidelity_fit.fit([row("a", 0.1, -2.0)]) == {}
+
+
+def test_safety_factor_at_the_fit_and_at_the_low_end():
+    factor = fidelity_fit.safety_factor({"kl_at_margin": 0.2, "kl_at_margin_ci": [0.1, 0.4]}, 0.05)
+    assert factor == {"at_fit": 4.0, "at_low_end": 2.0}
+
+
+def test_coincidences_find_a_fidelity_pass_past_the_margin_and_a_go_past_it():
+    fine = row("ok", 0.01, -0.5, agree=99.0)  # passes fidelity, task interval [-1.5, 0.5] within the margin
+    fooled = row("decoy-x", 0.01, -6.0, agree=99.0, family="decoy")  # passes fidelity, task [-7, -5] past -2
+    damaged = row("r3", 0.5, -6.0, agree=60.0, verdict="GO")  # a GO that lies past the margin
+    found = fidelity_fit.coincidences([fine, fooled, damaged], max_kl=0.05, min_agreement=90.0)
+    assert found["fidelity_passes"] == 2
+    assert [r["format"] for r in found["passes_past_margin"]] == ["decoy-x"]
+    assert found["go_past_margin"] == ["demo/r3"]
+    # the run's own check outranks the interval test: a row the rule failed (tail condition) is not a pass
+    fooled["fidelity_status"] = "fail"
+    assert fidelity_fit.coincidences([fooled], 0.05, 90.0)["passes_past_margin"] == []
+
+
+def test_time_shares_from_finished_progress_bars():
+    log = "\n".join([
+        "[quantgate] gptq: generating squad_200 [######..................] 8/30 eta   20s",
+        "[quantgate] gptq: generating squad_200 [########################] 30/30  40.0s",
+        "[quantgate] gptq: generating cmrc_200 [########################] 30/30  60.0s",
+        "[quantgate] gptq: fidelity squad_200 [########################] 30/30   4.0s",
+        "[quantgate] gptq: fidelity cmrc_200 [########################] 30/30   6.0s",
+        "[quantgate] baseline: fidelity reference squad_200 [########################] 30/30   1.5s",
+        "[quantgate] baseline: generating squad_200 [########################] 30/30  30.0s"])
+    shares = fidelity_fit.time_shares(log)
+    assert shares["gptq"] == {"generation_s": 100.0, "fidelity_s": 10.0, "share": 0.1}
+    assert shares["baseline"]["share"] == 0.05
+
+
+def test_the_plot_is_written(tmp_path):
+    rows = [row("a", 0.1, -2.0), row("b", 0.2, -4.0, family="format"), row("d", 0.01, -1.0, family="decoy")]
+    path = fidelity_fit.plot(rows, tmp_path / "ladder.png", 0.05)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
