@@ -550,3 +550,129 @@ def test_an_out_of_memory_statement_is_answered_not_refused_by_the_command(tmp_p
     assert cli.main(["diagnose", str(log)]) == 0
     out = capsys.readouterr().out
     assert "fits" not in out and "31.50 GiB" in out
+
+
+# --- rules generalised on the enlarged corpus (issue #40): each by the kind of failure, in its engine's own names ---
+
+
+def _trtllm_oom(where: str, flags: str = "") -> object:
+    log = (f"[TRT-LLM] [I] {where}\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity of "
+           "79.11 GiB of which 2.00 GiB is free.\n")
+    return diagnose_text(log, "x", Context(engine="trtllm", flags_text=flags))
+
+
+def test_trtllm_oom_while_estimating_the_kv_cache_bounds_max_seq_len_first():
+    estimating = _trtllm_oom("Estimating the KV cache size with a temporary KV cache (warmup of dummy requests)")
+    assert estimating.reader == "trtllm" and estimating.changes[0].lever == "max_seq_len_down"
+    assert estimating.changes[0].setting.startswith("--max_seq_len ")
+    bounded = _trtllm_oom("Estimating the KV cache size", "--max_seq_len 4096")
+    assert bounded.changes[0].lever != "max_seq_len_down"  # a bounded length is no lever
+    serving = _trtllm_oom("Serving requests")
+    assert serving.changes[0].lever == "kv_cache_free_gpu_memory_fraction_down"
+    large_batch = _trtllm_oom("Estimating the KV cache size", "--max_batch_size 720")
+    assert [c.lever for c in large_batch.changes[:2]] == ["max_batch_size_down", "max_seq_len_down"]
+
+
+_GRAPH_OOM = ("INFO [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)\n"
+              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB. GPU 0 has a total capacity "
+              "of 22.36 GiB of which 120.88 MiB is free. Including non-PyTorch memory, this process has 22.23 GiB "
+              "memory in use. Of the allocated memory 21.50 GiB is allocated by PyTorch, and 200.00 MiB is reserved "
+              "by PyTorch but unallocated.\n")
+
+
+def test_a_share_above_the_top_comes_down_first_when_graphs_run_out():
+    high = diagnose_text(_GRAPH_OOM, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.98"))
+    assert high.kind == "cuda_graph_capture"
+    assert (high.changes[0].setting, high.changes[0].lever) == ("--gpu-memory-utilization 0.95",
+                                                                "gpu_memory_utilization_down")
+    usual = diagnose_text(_GRAPH_OOM, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert usual.changes[0].lever == "enforce_eager"
+
+
+def test_vllm_lora_oom_never_suggests_its_defaults_and_drops_graphs_first():
+    log = ("vllm serve meta-llama/Meta-Llama-3-70B --enable-lora --tensor-parallel-size 8\n"
+           "the server runs out of memory with LoRA enabled (torch.OutOfMemoryError: CUDA out of memory)\n")
+    d = diagnose_text(log, "x", Context(engine="vllm"))
+    settings = [c.setting for c in d.changes]
+    assert "--max-loras 1" not in settings and "--max-lora-rank 16" not in settings  # vLLM's defaults
+    assert d.changes[0].lever == "enforce_eager"
+    many = diagnose_text(log, "x", Context(engine="vllm", flags_text="--max-loras 4 --max-lora-rank 64"))
+    assert [c.setting for c in many.changes[:2]] == ["--max-loras 2", "--max-lora-rank 32"]
+    eager = diagnose_text(log, "x", Context(engine="vllm", flags_text="--enforce-eager"))
+    assert all(c.lever != "enforce_eager" for c in eager.changes)
+
+
+def test_vllms_own_utilization_hint_comes_first_where_the_kv_cache_is_short():
+    log = ("vllm serve Qwen/Qwen3-30B-A3B --gpu-memory-utilization 0.9\n"
+           "ERROR the engine OOMs at the KV-cache check: only 0.07 GiB left for KV\n"
+           "WARNING --gpu-memory-utilization=0.94\n"
+           "is equivalent to 0.9200 without CUDA graph profiling.\n")
+    d = diagnose_text(log, "x")
+    assert d.reader == "vllm" and d.kind != "cuda_graph_capture"  # graph *profiling* is no capture
+    assert (d.changes[0].setting, d.changes[0].lever) == ("--gpu-memory-utilization 0.94", "gpu_memory_utilization_up")
+    too_high = diagnose_text(log.replace("=0.94", "=0.99"), "x")  # past the top: not followed
+    assert too_high.changes[0].setting != "--gpu-memory-utilization 0.99"
+
+
+def test_a_vllm_traceback_cut_inside_the_kv_cache_check_is_no_kv_memory():
+    log = ("python -m vllm.entrypoints.openai.api_server --model Qwen/Qwen2.5-0.5B-Instruct "
+           "--gpu_memory_utilization 0.4\n"
+           "ERROR 06-04 12:00:49 [core.py:500] Traceback (most recent call last):\n"
+           'ERROR 06-04 12:00:49 [core.py:500]   File "/x/vllm/v1/engine/core.py", line 141, in _initialize_kv_caches\n'
+           "ERROR 06-04 12:00:49 [core.py:500]     get_kv_cache_config(vllm_config, kv_cache_spec_one_worker,\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    d = diagnose_text(log, "x")
+    assert (d.reader, d.kind) == ("vllm", "no_kv_cache_memory")
+    assert d.changes[0].lever == "gpu_memory_utilization_up" and d.changes[0].setting > "--gpu-memory-utilization 0.4"
+
+
+def test_an_oom_at_inference_after_a_fine_tune_is_read_as_generate():
+    log = ("CUDA out of memory at inference after fine-tuning a LoRA adapter\n"
+           "Training was fine, but running the generate script with num_beams=4 runs out of memory.\n")
+    d = diagnose_text(log, "x")
+    assert d.kind == "generate" and d.changes[0].lever == "batch_size_down" and "num_beams" in d.changes[0].setting
+
+
+_TRAIN_OOM = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB (GPU 3; 79.35 GiB total "
+              "capacity; 77.08 GiB already allocated; 415.19 MiB free; 77.54 GiB reserved in total by PyTorch)\n")
+
+
+def test_a_batch_size_said_in_words_is_in_place_and_zero_offloads_before_anything_else():
+    said = diagnose_text("I already set batch_size 1 and it still fails.\n" + _TRAIN_OOM, "x")
+    assert all(c.lever != "batch_size_down" for c in said.changes) and said.changes[0].lever == "max_model_len_down"
+    zero = diagnose_text("full fine-tune with DeepSpeed zero3, set batch_size 1.\n" + _TRAIN_OOM, "x")
+    assert zero.changes[0].lever == "cpu_offload" and "offload_optimizer" in zero.changes[0].setting
+    offloaded = diagnose_text("zero3 with offload_optimizer on cpu, set batch_size 1.\n" + _TRAIN_OOM, "x")
+    assert all(c.lever != "cpu_offload" for c in offloaded.changes)
+    flagged = diagnose_text(_TRAIN_OOM, "x", Context(flags_text="--micro_batch_size 1 --zero_stage 3"))
+    assert flagged.changes[0].lever == "cpu_offload"
+    larger = diagnose_text("zero3, set batch_size 8.\n" + _TRAIN_OOM, "x")
+    assert larger.changes[0].lever == "batch_size_down"
+
+
+def test_a_vision_language_model_at_one_sample_lowers_the_image_resolution_first():
+    log = ("python -m lmms_eval --model qwen2_vl --tasks ocrbench --batch_size 1\n"
+           "RuntimeError: CUDA out of memory.\n")
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "other" and "max_pixels" in d.changes[0].setting
+    text_model = diagnose_text(log.replace("lmms_eval --model qwen2_vl", "my_eval --model llama"), "x")
+    assert text_model.changes and all("max_pixels" not in c.setting for c in text_model.changes)
+
+
+def test_tgi_loads_a_model_named_8bit_at_16_bits_unless_quantize_says_so():
+    args = ('2023-08-17T10:47:36Z  INFO text_generation_launcher: Args { model_id: "org/Llama-2-7b-chat-hf-8bit", '
+            "quantize: None, dtype: Some(BFloat16), max_total_tokens: 2048 }\n")
+    command = "docker run ghcr.io/huggingface/text-generation-inference:1.0.1 --model-id $model --dtype bfloat16\n"
+    d = diagnose_text(command + args, "x")
+    assert d.reader == "tgi" and d.kind == "not_recognised"  # no error line: not 'fits', not claimed as a failure
+    assert (d.changes[0].setting, d.changes[0].lever) == ("--quantize bitsandbytes", "quantize_smaller")
+    quantized = diagnose_text(command + args.replace("quantize: None", "quantize: Some(Bitsandbytes)"), "x")
+    assert not quantized.changes
+    plain = diagnose_text(command + args.replace("-8bit", ""), "x")
+    assert not plain.changes
+
+
+def test_a_shell_variable_is_not_a_setting():
+    from harness.diagnose.settings import settings_in
+    assert "model" not in settings_in("text-generation-launcher --model-id $model --max-total-tokens 2048")

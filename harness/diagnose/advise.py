@@ -191,7 +191,8 @@ def _vllm_has_story(facts: VllmFacts, without_oom: bool = False) -> bool:
     """Lines only vLLM prints (without_oom: a PyTorch OOM alone is not vLLM's)."""
     return any((facts.no_kv_memory, facts.kv_needed, facts.v0_too_long, facts.free_below,
                 None if without_oom else facts.oom, facts.kv_tokens,
-                facts.load, facts.oom_text if not without_oom or facts.oom_during == "sampler warm-up" else None, facts.profiling_disturbed, facts.mamba_blocks,
+                facts.load, facts.oom_text if not without_oom or facts.oom_during == "sampler warm-up" else None,
+                facts.profiling_disturbed, facts.mamba_blocks, facts.kv_check,
                 facts.kv_memory_gib is not None and facts.kv_memory_gib.value <= 0))
 
 
@@ -259,7 +260,27 @@ def _where(line: int | None) -> str:
 # --- vLLM ---------------------------------------------------------------------------------------------------------
 
 
+# kinds where more of the GPU for vLLM is a remedy (not CUDA-graph capture or warm-ups outside the share, not memory
+# another process holds)
+_SHARE_HELPS = ("kv_cache_too_small", "no_kv_cache_memory", "weights_do_not_fit", "activation_peak", "out_of_memory")
+
+
 def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
+    """vLLM's own recommendation comes first where the log quotes it: once it profiles CUDA-graph memory (0.21 on) the
+    same --gpu-memory-utilization leaves the KV cache less, and it names the share that gives back what it had."""
+    diagnosis = _vllm_reading(facts, source, context)
+    hint = facts.utilization_hint
+    current = number(facts.settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
+    if hint is None or diagnosis.kind not in _SHARE_HELPS or not current < hint.value <= MAX_UTILIZATION:
+        return diagnosis
+    first = Change(f"--gpu-memory-utilization {hint.value:.2f}",
+                   f"vLLM's own figure (log line {hint.line}): with CUDA-graph memory profiled inside the share, "
+                   f"{hint.value:.2f} leaves the KV cache what {current} left it before", "gpu_memory_utilization_up")
+    return replace(diagnosis, changes=(first,) + tuple(
+        c for c in diagnosis.changes if not c.setting.startswith("--gpu-memory-utilization")))
+
+
+def _vllm_reading(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     figures: list[Figure] = []
 
     def quote(label: str, value: str, line: int | None) -> None:
@@ -351,7 +372,8 @@ def _vllm(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     if facts.kv_needed or facts.v0_too_long:
         return _kv_too_small(facts, source, figures, per_token, utilization, total_gib, context)
     if facts.no_kv_memory or (facts.kv_memory_gib is not None and facts.kv_memory_gib.value <= 0) or (
-            facts.kv_blocks is not None and facts.kv_blocks.value == 0):
+            facts.kv_blocks is not None and facts.kv_blocks.value == 0) or (
+            facts.kv_check is not None and facts.oom is None and facts.oom_text is None):
         return _no_kv_memory(facts, source, figures, utilization, total_gib, context)
     if facts.oom is not None or facts.oom_text is not None:
         if facts.oom is not None and facts.serving_line and facts.oom_line > facts.serving_line:
@@ -534,6 +556,23 @@ def _lm_eval_oom(source: str, figures: list[Figure], seqs: float | None, utiliza
                       "generate_until ones",))
 
 
+LORA_DEFAULT_SLOTS = 1  # vLLM's --max-loras default
+LORA_DEFAULT_RANK = 16  # vLLM's --max-lora-rank default
+
+
+def _share_above_the_top_first(changes: list[Change], current: float) -> tuple[Change, ...]:
+    """A --gpu-memory-utilization above MAX_UTILIZATION leaves the CUDA context, the graphs and the warm-up buffers
+    allocated outside vLLM's share almost nothing: bringing the share down is the first change, before any other."""
+    if current <= MAX_UTILIZATION:
+        return tuple(changes)
+    lower = min(MAX_UTILIZATION, math.floor((current - 0.03) * 100) / 100)
+    return (Change(f"--gpu-memory-utilization {lower:.2f}",
+                   f"{current} leaves {1 - current:.0%} of the GPU outside vLLM's share for what it allocates after "
+                   "sizing the KV cache (CUDA graphs, the sampler's warm-up, the CUDA context): a little less share, "
+                   "a little less KV cache", "gpu_memory_utilization_down"),) + tuple(
+        c for c in changes if not c.setting.startswith("--gpu-memory-utilization"))
+
+
 def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: str | None) -> Diagnosis:
     oom = facts.oom
     settings = facts.settings
@@ -566,11 +605,11 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         warmed = facts.oom_text.value if facts.oom_text else (int(seqs) if seqs else 256)
         return Diagnosis(source, "vllm", "sampler_warm_up",
                          f"the sampler warm-up ran out of memory: it allocates logits for {warmed} dummy sequences "
-                         "(--max-num-seqs) over the vocabulary", tuple(figures), (
+                         "(--max-num-seqs) over the vocabulary", tuple(figures), _share_above_the_top_first([
                              Change(f"--max-num-seqs {max(1, int(warmed) // 4)}", "a quarter of the warm-up's logits "
                                     "(here the batch size is the lever, as the log says)"),
                              Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share for the "
-                                    "warm-up")))
+                                    "warm-up")], current))
     if facts.oom_during == "mamba":
         return Diagnosis(source, "vllm", "state_cache",
                          f"the Mamba (recurrent) state cache ran out of memory (tried {tried}): it holds a state per "
@@ -579,25 +618,34 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                                     "fewer state blocks"),
                              Change("--max-model-len lower", "less KV cache beside the states")))
     if facts.oom_during == "cuda graph capture":
+        changes = [Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode at small "
+                          "batches)"),
+                   Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                          "fewer and smaller graph sizes to capture (they go up to --max-num-seqs)"),
+                   Change("--cuda-graph-sizes 1 2 4 8 16 32 (older: --compilation-config "
+                          "'{\"cudagraph_capture_sizes\": [1, 2, 4, 8, 16, 32]}')", "captures fewer sizes"),
+                   Change(f"--gpu-memory-utilization {lower}", "leaves the graphs room outside vLLM's share")]
         return Diagnosis(source, "vllm", "cuda_graph_capture",
-                         f"CUDA-graph capture ran out of memory (tried {tried})", tuple(figures), (
-                             Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode "
-                                    "at small batches)"),
-                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
-                                    "fewer and smaller graph sizes to capture (they go up to --max-num-seqs)"),
-                             Change("--cuda-graph-sizes 1 2 4 8 16 32 (older: --compilation-config "
-                                    "'{\"cudagraph_capture_sizes\": [1, 2, 4, 8, 16, 32]}')", "captures fewer sizes"),
-                             Change(f"--gpu-memory-utilization {lower}", "leaves the graphs room outside vLLM's "
-                                    "share")))
+                         f"CUDA-graph capture ran out of memory (tried {tried})", tuple(figures),
+                         _share_above_the_top_first(changes, current))
     if facts.oom_during == "lora":
-        loras = number(settings, "max_loras")
-        rank = number(settings, "max_lora_rank")
+        # vLLM's defaults are --max-loras 1 and --max-lora-rank 16 (EngineArgs): at or under them those are no lever.
+        # The LoRA buffers also sit in every CUDA graph captured after the KV cache took its share (one per batch
+        # size), so where graphs are on, eager mode is what is left
+        loras = number(settings, "max_loras") or LORA_DEFAULT_SLOTS
+        rank = number(settings, "max_lora_rank") or LORA_DEFAULT_RANK
+        changes = []
+        if loras > 1:
+            changes.append(Change(f"--max-loras {max(1, int(loras // 2))}", "fewer adapter slots"))
+        if rank > LORA_DEFAULT_RANK:
+            changes.append(Change(f"--max-lora-rank {max(8, int(rank // 2))}", "smaller slots"))
+        changes += [Change("--enforce-eager", "no CUDA graphs: each captured batch size keeps its own LoRA "
+                           "intermediate buffers, outside the share the KV cache was sized from"),
+                    Change(f"--max-num-seqs {int(seqs // 2) if seqs else 64}", "fewer sequences")]
         return Diagnosis(source, "vllm", "activation_peak",
                          f"LoRA buffers ran out of memory (tried {tried}): vLLM preallocates --max-loras adapters of "
-                         "--max-lora-rank for every layer", tuple(figures), (
-                             Change(f"--max-loras {max(1, int(loras // 2)) if loras else 1}", "fewer adapter slots"),
-                             Change(f"--max-lora-rank {max(8, int(rank // 2)) if rank else 16}", "smaller slots"),
-                             Change(f"--max-num-seqs {int(seqs // 2) if seqs else 64}", "fewer sequences")))
+                         "--max-lora-rank for every layer", tuple(figures),
+                         _share_above_the_top_first(changes, current))
     if facts.oom_during == "encoder":
         fewer_seqs = Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else ENC_DEC_PROFILE_SEQS}",
                             "fewer dummy inputs in the profile run (an encoder-decoder model profiles one encoder "

@@ -222,9 +222,15 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
                          f"the warm-up prefill of {facts.prefill_tokens.value:,} tokens did not fit: the activation "
                          "peak of one prefill batch", tuple(figures), tuple(changes),
                          failing_line=f"Not enough memory to handle {facts.prefill_tokens.value} prefill tokens")
+    named = _named_quantization(settings)
     hit = _oom_line(text)
     if hit is None:
-        return None
+        if named is None:
+            return None
+        return Diagnosis(source, "tgi", "not_recognised",
+                         "not recognised: no error line, but the launcher's Args load a model whose name says it is "
+                         f"quantized ({named[0]}) with quantize: None, so at 16 bits", tuple(figures), (named[1],),
+                         ("the error the shard printed (the launcher's whole log) would let diagnose decide",))
     line, quoted = hit
     around = "\n".join(x for x in _around(text, line).lower().splitlines() if "args {" not in x)
     if re.search(r"warmup|warm_up", around) and not re.search(r"shard \d+ failed to start|shardcannotstart", around):
@@ -237,6 +243,8 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
     elif re.search(r"load|weights|from_pretrained|get_model|shard \d+ failed to start|shardcannotstart", around):
         changes = [Change(f"--num-shard {2 * shards}", "splits the weights over more GPUs"),
                    Change("--quantize awq (a pre-quantized model) or --quantize eetq", "smaller weights")]
+        if named is not None:
+            changes.insert(0, named[1])
         kind, summary = "weights_do_not_fit", "the weights did not fit while the shard loaded them"
     else:
         changes = [Change(f"--max-batch-prefill-tokens {int(prefill // 2) if prefill else 4096:,}",
@@ -246,6 +254,26 @@ def diagnose_tgi(text: str, source: str, settings: dict[str, Setting], total_gib
                    Change(f"--num-shard {2 * shards}", "more GPUs")]
         kind, summary = "out_of_memory", "a TGI shard ran out of GPU memory"
     return Diagnosis(source, "tgi", kind, summary, tuple(figures), tuple(changes), failing_line=quoted[:300])
+
+
+# a checkpoint named as quantized ("...-8bit", "-4bit", "-int8", "-nf4"): bitsandbytes quantizes at load time, so TGI
+# loads it at --dtype unless --quantize bitsandbytes(-nf4) says otherwise; the name is not a setting (AWQ/GPTQ
+# checkpoints carry a quantization_config TGI reads itself, so they are left out)
+_QUANTIZED_NAME = re.compile(r"(?<![a-z0-9])(8bit|8-bit|int8|4bit|4-bit|nf4|bnb)(?![a-z0-9])", re.I)
+
+
+def _named_quantization(settings: dict[str, Setting]) -> tuple[str, Change] | None:
+    model = settings.get("model")
+    if model is None or settings.get("quantization") is not None:
+        return None
+    found = _QUANTIZED_NAME.search(str(model.value))
+    if found is None:
+        return None
+    four = found.group(1).lower() in ("4bit", "4-bit", "nf4")
+    flag = "--quantize bitsandbytes-nf4" if four else "--quantize bitsandbytes"
+    return found.group(1), Change(flag, f"the model id says {found.group(1)} but quantize is None: TGI loads it at "
+                                        f"16 bits; {flag} loads it at {'4' if four else '8'} bits, "
+                                        f"{'a quarter' if four else 'half'} of the 16-bit weights", "quantize_smaller")
 
 
 # --- TensorRT-LLM -------------------------------------------------------------------------------------------------
@@ -277,6 +305,12 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
                               "kv_cache_free_gpu_memory_fraction_down"),
                        Change(f"--max_num_tokens {int(tokens // 2) if tokens else 4096}", "bounds one step's tokens"),
                        Change(f"--max_batch_size {int(batch // 2) if batch else 64}", "fewer sequences at once")]
+            seq_len = number(settings, "max_seq_len")
+            if _TRTLLM_ESTIMATION.search(around) and (seq_len is None or seq_len > TRTLLM_LONG_SEQ):
+                changes.insert(0, Change(f"--max_seq_len {int(seq_len // 4) if seq_len else 8192}",
+                                         "the KV-cache size estimation runs dummy context requests and a temporary KV "
+                                         "cache sized for max_seq_len, which defaults to the model's whole context: "
+                                         "a bounded length bounds that warm-up", "max_seq_len_down"))
             if batch and batch > 8:  # an engine built for a large batch preallocates its runtime buffers for it
                 changes.insert(0, changes.pop())
             kind, summary = "out_of_memory", ("TensorRT-LLM ran out of GPU memory after its KV cache took its share "
@@ -304,6 +338,13 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
                           Change(f"--max_batch_size {int(number(settings, 'max_batch_size') // 2) if number(settings, 'max_batch_size') else 8}",
                                  "smaller decoder state and buffers")))
     return _kv_short_or_fits(source, "trtllm", "KV cache", facts, figures, "--max_seq_len", None)
+
+
+# the PyTorch backend sizes its KV cache by a profiling pass before the real one (tensorrt_llm/_torch/pyexecutor/
+# _util.py, KvCacheCreator): a temporary KV cache and dummy context requests of up to max_num_tokens / max_seq_len
+# tokens, and max_seq_len defaults to the model's max_position_embeddings; an OOM there needs a bounded length first
+_TRTLLM_ESTIMATION = re.compile(r"estimat|warm-?up|kv ?cache ?creator|_create_dummy|profil")
+TRTLLM_LONG_SEQ = 32768  # a max_seq_len above this is a long-context model's default, not a workload's bound
 
 
 # kvCacheManager.cpp (BlockManager::allocateBlock): TLLM_CHECK_WITH_INFO(hasFreeBlocks(...), "Can't allocate new blocks.

@@ -41,9 +41,13 @@ _PHASES = (
      (Change("shorter sequences (max_length / truncation)", "the mask is batch x length x length"),
       Change("lower the batch size", "the mask grows with the batch too"),
       Change("attn_implementation='sdpa' or 'flash_attention_2'", "no materialised mask"))),
-    (r"\.generate\(|generation/utils\.py|_sample\(|greedy_search|beam_search|model\.generate", "generate",
-     "generate() ran out: the KV cache and logits grow with batch x (prompt + new tokens)",
-     (Change("lower the batch size of generate()", "the KV cache and the logits grow with it"),
+    # the frames of generate(), or the person's words that it failed at inference ("OOM at inference after
+    # fine-tuning", "in the generate script"): inference after a fine-tune is not a training step
+    (r"\.generate\(|generation/utils\.py|_sample\(|greedy_search|beam_search|model\.generate|"
+     r"\b(?:at|during|in|for) inference\b|\bgenerat(?:e|ion|ing) (?:script|step|call)|\bnum_beams\b", "generate",
+     "generate() ran out: the KV cache and logits grow with batch x num_beams x (prompt + new tokens)",
+     (Change("lower the batch size of generate() (and num_beams: each beam is one more sequence)",
+             "the KV cache and the logits grow with it"),
       Change("shorter max_new_tokens / prompts (max_length)", "the KV cache grows with the sequence"),
       Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the cache"))),
     (r"\.backward\(|loss\.backward|autograd|training_step|trainer\.py|train_step|accelerator\.backward|"
@@ -103,6 +107,50 @@ def _checkpointing_first(figures: list, quoted: str, source: str) -> Diagnosis:
                      failing_line=quoted)
 
 
+# DeepSpeed ZeRO (stage 2 or 3) named in the log or the flags, and whether its CPU offload is on already
+_ZERO = re.compile(r"\bzero[-_ ]?(?:stage[-_ =]?)?[23]\b|\bzero_stage\b|deepspeed", re.I)
+_ZERO_OFFLOAD_ON = re.compile(r"offload_(?:optimizer|param)|zero[-_ ]?offload|ZeRO-Offload|cpu_offload", re.I)
+
+
+def _zero_offload(context: str, settings: dict) -> Change | None:
+    """A DeepSpeed ZeRO run without CPU offload, already at one sequence per GPU: the optimizer state and the
+    parameter shards leave the GPU before anything else (DeepSpeed's ZeRO-Offload / ZeRO-Infinity: offload_optimizer,
+    offload_param with device cpu), since no smaller batch is left."""
+    batch = settings.get("batch_size")
+    if not _ZERO.search(context) or _ZERO_OFFLOAD_ON.search(context) or batch is None or \
+            not isinstance(batch.value, (int, float)) or batch.value > 1:
+        return None
+    return Change("DeepSpeed ZeRO offload: zero_optimization.offload_optimizer and offload_param {\"device\": \"cpu\"}",
+                  "the optimizer state (fp32 Adam: 12 bytes per parameter) and the parameter shards move to CPU "
+                  "memory; the batch is already one sequence per GPU", "cpu_offload")
+
+
+# a vision-language model (Qwen2-VL, LLaVA, InternVL, ...) or an image-evaluation harness: images become tokens, as many
+# as the resolution allows (Qwen2-VL's processor: max_pixels 16384 x 28 x 28 by default, one token per 28 x 28 patch,
+# so up to 16,384 tokens per image), so at one sample per batch the image resolution is the lever
+_VISION_LANGUAGE = re.compile(r"qwen2?[-_.]?(?:\d[-_.]?\d?[-_]?)?vl|\bllava|internvl|\bVLM\b|-VL\b|lmms[-_]?eval|"
+                              r"pixel_values|max_pixels|image_processor|vision[-_ ]language", re.I)
+
+
+def _image_tokens_first(context: str, settings: dict) -> bool:
+    batch = settings.get("batch_size")
+    at_one = batch is not None and isinstance(batch.value, (int, float)) and batch.value <= 1
+    return bool(_VISION_LANGUAGE.search(context)) and (at_one or not _TRAINING.search(context))
+
+
+def _image_tokens(figures: list, quoted: str, source: str) -> Diagnosis:
+    return Diagnosis(source, "pytorch-oom", "activation_peak",
+                     "a vision-language model ran out on its image tokens: each image becomes as many tokens as its "
+                     "resolution allows, so one large image is a long sequence whatever the batch size",
+                     tuple(figures), (
+                         Change("lower the image resolution: the processor's max_pixels (Qwen2-VL: e.g. 256*28*28 "
+                                "instead of 16384*28*28), or fewer image tiles", "image tokens shrink in proportion "
+                                "to the pixels: their activations and KV cache with them", "other"),
+                         Change("lower the batch size", "fewer images at once"),
+                         Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the image tokens")),
+                     failing_line=quoted)
+
+
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
                    has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
     figures = oom_figures(oom, line) if oom is not None else []
@@ -121,8 +169,20 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          failing_line=quoted)
     phase = next((p for p in _PHASES if re.search(p[0], around)), None)
-    if (phase is None or phase[1] in ("training_step", "optimizer_state")) and _fine_tune_without_checkpointing(
-            f"{text}\n{flags_text}", settings or {}):
+    context = f"{text}\n{flags_text}"
+    if (phase is None or phase[1] in ("generate",)) and _image_tokens_first(context, settings or {}):
+        return _image_tokens(figures, quoted, source)
+    training = phase is None or phase[1] in ("training_step", "optimizer_state")
+    if training and (offload := _zero_offload(context, settings or {})) is not None:
+        checkpointing = Change("gradient_checkpointing=True", "recomputes activations instead of keeping them")
+        shorter = Change("shorter sequences (max_length / cutoff_len / max_seq_length)",
+                         "activations grow with the length")
+        return Diagnosis(source, "pytorch-oom", "training_step",
+                         "a DeepSpeed ZeRO training step ran out at one sequence per GPU: what is left on the GPU is "
+                         "the parameter and optimizer shards and one sequence's activations", tuple(figures),
+                         (offload, checkpointing, shorter) if _fine_tune_without_checkpointing(context, settings or {})
+                         else (offload, shorter, checkpointing), failing_line=quoted)
+    if training and _fine_tune_without_checkpointing(context, settings or {}):
         return _checkpointing_first(figures, quoted, source)
     if phase is not None:
         _, kind, summary, changes = phase

@@ -55,6 +55,8 @@ class VllmFacts:
     load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
     serving_line: int | None = None  # the first line that shows the server serving
     lm_eval: bool = False  # lm-eval drives this vLLM (lm_eval --model vllm): its requests, not a server's clients
+    kv_check: Quoted | None = None  # a traceback through the KV-cache memory check, its message cut off
+    utilization_hint: Quoted | None = None  # the --gpu-memory-utilization vLLM itself recommends (graph profiling)
 
 
 @dataclass
@@ -160,6 +162,18 @@ _LM_EVAL_VLLM = re.compile(r"lm[_-]eval\b[^\n]*--model[ =]vllm\b|vllm_causallms"
 # the release as a user states it beside the log ("in vllm 0.2.7", "vllm==0.6.3", "vLLM version 0.5.4")
 _VERSION_SAID = re.compile(r"\bvllm(?:==| version | v| )v?(\d+\.\d+\.\d+)\b", re.I)
 _CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
+# "CUDA graph (memory) profiling": the start-up profile estimating the graphs' memory (vLLM from 0.21), not a capture
+_GRAPH_PROFILING = re.compile(r"(?:cuda[ _]?graph|cudagraph)s?(?: memory)? profil\w*", re.I)
+# the functions that check the KV cache's memory at start-up and raise when none is left or one sequence does not fit
+# (V1 kv_cache_utils: get_kv_cache_config(s) -> check_enough_kv_cache_memory; V0 worker: raise_if_cache_size_invalid);
+# a traceback through them whose message was cut off is that failure
+_KV_CHECK_FRAME = re.compile(r"(?:\bin |[\s.=])(?:get_kv_cache_configs?|_?check_enough_kv_cache_memory|"
+                             r"raise_if_cache_size_invalid)\b(?:$|\()")
+# vLLM's recommendation once it profiles CUDA-graph memory: "--gpu-memory-utilization=0.95 is equivalent to 0.9325
+# without CUDA graph profiling", or "current gpu_memory_utilization=X is equivalent to Y without CUDA graph profiling;
+# increase to Z"
+_UTILIZATION_HINT = re.compile(r"(current )?gpu[-_]memory[-_]utilization=([\d.]+)\W{0,4}\s*is equivalent to [\d.]+\s+"
+                               r"without CUDA graph profiling(?:; increase to ([\d.]+))?", re.I)
 # an OOM line without PyTorch's figures ("CUDA error: out of memory"), or a traceback through a start-up phase
 _BARE_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", re.I)
 _VLLM_FRAME = re.compile(r'File ".*vllm/[^"]+", line \d+, in ')
@@ -260,6 +274,15 @@ def read_vllm(text: str) -> VllmFacts | None:
                 facts.oom_during = oom_phase(lines, len(lines))
                 break
     facts.lm_eval = bool(_LM_EVAL_VLLM.search(text))
+    for number, line in enumerate(lines, 1):
+        if facts.kv_check is None and _KV_CHECK_FRAME.search(line):
+            facts.kv_check = Quoted(line.strip()[:300], number)
+            seen = True
+    joined = " ".join(lines)  # the hint is often wrapped or quoted over two lines
+    if (hint := _UTILIZATION_HINT.search(joined)):
+        value = hint.group(3) or (None if hint.group(1) else hint.group(2))
+        if value:
+            facts.utilization_hint = Quoted(float(value), text.count("\n", 0, text.find("equivalent to")) + 1)
     if facts.version is None and (match := _VERSION_SAID.search(text)):
         facts.version = Quoted(match.group(1), text.count("\n", 0, match.start()) + 1)
     if facts.kv_tokens is None and facts.kv_blocks is not None:
@@ -276,7 +299,8 @@ _TORCH_POOLS = re.compile(r"allocated in private pools \(e\.g\., CUDA Graphs\)",
 
 def oom_phase(lines: list[str], number: int) -> str | None:
     """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
-    around = _TORCH_POOLS.sub("", "\n".join(lines[max(0, number - 40):min(len(lines), number + 15)]))
+    around = _GRAPH_PROFILING.sub("", _TORCH_POOLS.sub("", "\n".join(lines[max(0, number - 40):min(len(lines),
+                                                                                                number + 15)])))
     lowered = around.lower()
     if "cumem_allocator" in lowered or "wake_up" in lowered:
         return "wake up"

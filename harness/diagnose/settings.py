@@ -44,6 +44,8 @@ ALIASES = {
     "max_lora_rank": "max_lora_rank", "max_loras": "max_loras", "enable_lora": "enable_lora",
     "limit_mm_per_prompt": "limit_mm_per_prompt", "cpu_offload_gb": "cpu_offload_gb",
     "batch_size": "batch_size", "per_device_train_batch_size": "batch_size", "train_batch_size": "batch_size",
+    "micro_batch_size": "batch_size", "train_micro_batch_size_per_gpu": "batch_size",
+    "per_device_eval_batch_size": "batch_size", "eval_batch_size": "batch_size",
     "gradient_checkpointing": "gradient_checkpointing", "model": "model", "model_path": "model",
     "model_id": "model", "max_new_tokens": "max_new_tokens", "max_length": "max_length",
     "cutoff_len": "max_length", "max_seq_length": "max_length", "max_source_length": "max_length",
@@ -61,6 +63,12 @@ _RUST_FIELD = re.compile(r"\b([a-z_]\w*): (\"[^\"]*\"|Some\([^)]*\)|None|[\w.:/+
 _ADVICE = re.compile(r"out of memory|avoid fragmentation|Please try|Try increasing|try (?:lowering|reducing|setting)|"
                      r"You need to decrease|consider (?:increasing|decreasing|setting|lowering)", re.I)
 _SHORT_TP = re.compile(r"(?:^|\s)-tp[ =](\d+)")
+# vLLM's hint once CUDA-graph memory is profiled ("--gpu-memory-utilization=0.95 is equivalent to 0.9325 without CUDA
+# graph profiling"), often wrapped after the flag: the value named is advice, not the run's setting
+_EQUIVALENT = re.compile(r"is equivalent to [\d.]+\s+without CUDA graph", re.I)
+# a person's words for a batch size in place ("set batch_size 1", "even with batch size 1", "tried batch size of 2")
+_SAID_BATCH = re.compile(r"\b(?:set|setting|use|using|with|tried|already|even)\b[^.\n]{0,20}?\bbatch[ _-]?size"
+                         r"(?:\s*(?:of|to|is|=|:))?\s*(\d+)\b", re.I)
 
 
 def key_of(name: str) -> str | None:
@@ -79,9 +87,14 @@ def settings_in(text: str) -> dict[str, Setting]:
         if value is not None:
             found[key] = Setting(value, number)
 
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if len(line) > 20000:
             line = line[:20000]
+        if "batch" in line.lower() and not _ADVICE.search(line) and (said := _SAID_BATCH.search(line)):
+            put("batch_size", said.group(1), number)
+        if _EQUIVALENT.search(line + " " + (lines[number][:200] if number < len(lines) else "")):
+            continue
         if not ("--" in line or "=" in line or "Args {" in line or ": Some(" in line or "-tp" in line
                 or "non-default" in line):
             continue
@@ -119,8 +132,8 @@ def _value(key: str, raw: object) -> object | None:
         raw = raw.strip().strip("\"'").rstrip(",;)")
         if raw.startswith("Some("):
             raw = raw[5:].rstrip(")").strip("\"'")
-        if raw in ("None", "null", ""):
-            return None
+        if raw in ("None", "null", "") or raw.startswith("$"):
+            return None  # unset, or a shell variable the log does not expand ("--model-id $model")
     if key in SWITCHES:
         if isinstance(raw, bool):
             return raw
