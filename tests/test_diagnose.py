@@ -676,3 +676,14 @@ def test_tgi_loads_a_model_named_8bit_at_16_bits_unless_quantize_says_so():
 def test_a_shell_variable_is_not_a_setting():
     from harness.diagnose.settings import settings_in
     assert "model" not in settings_in("text-generation-launcher --model-id $model --max-total-tokens 2048")
+
+
+def test_memory_held_elsewhere_counts_what_pytorch_reserved_when_nvml_sees_no_process():
+    """Inside some containers PyTorch's "this process has 0 bytes memory in use" comes beside 36 GiB it allocated:
+    the other processes hold total - free - what this one reserved, not the whole GPU."""
+    message = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of "
+               "79.25 GiB of which 2.27 GiB is free. Including non-PyTorch memory, this process has 0 bytes memory in "
+               "use. Of the allocated memory 36.46 GiB is allocated by PyTorch, and 20.98 MiB is reserved by PyTorch "
+               "but unallocated.")
+    d = diagnose_text(message, "x")
+    assert d.kind == "memory_held_elsewhere" and "holds 40.50 GiB" in d.summary and "this process 36.48" in d.summary

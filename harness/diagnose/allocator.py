@@ -43,7 +43,10 @@ def held_elsewhere_gib(oom: OomFigures) -> float | None:
     total, free, in_use = gib(oom.total), gib(oom.free), gib(oom.in_use)
     if total is None or free is None or in_use is None:
         return None
-    held = total - free - in_use
+    # the process's own figure comes from NVML, which sees no process inside some containers ("this process has
+    # 0 bytes memory in use" beside 36 GiB allocated by PyTorch): it holds at least what PyTorch reserved
+    reserved = (gib(oom.allocated) or 0.0) + (oom.reserved_unallocated_bytes or 0) / GIB
+    held = total - free - max(in_use, reserved)
     return held if held > OTHER_PROCESS_GIB else None
 
 
@@ -53,7 +56,7 @@ def allocator_verdict(oom: OomFigures) -> Verdict | None:
     if held is not None and (tried is None or held >= tried or held >= 0.1 * (total or 0)):
         return Verdict("memory_held_elsewhere",
                        f"another process holds {held:.2f} GiB of the {total:.2f} GiB GPU (this process "
-                       f"{gib(oom.in_use):.2f}, free {gib(oom.free):.2f}): free that first",
+                       f"{total - gib(oom.free) - held:.2f}, free {gib(oom.free):.2f}): free that first",
                        (free_other_process(held),))
     free = gib(oom.free)
     if tried and free is not None and free >= FREE_BUT_FAILED * tried and free >= FRAGMENTED_MIN_GIB:
