@@ -687,3 +687,20 @@ def test_memory_held_elsewhere_counts_what_pytorch_reserved_when_nvml_sees_no_pr
                "but unallocated.")
     d = diagnose_text(message, "x")
     assert d.kind == "memory_held_elsewhere" and "holds 40.50 GiB" in d.summary and "this process 36.48" in d.summary
+
+
+def test_a_job_that_fits_alone_and_fails_after_others_is_carried_over_state():
+    log = ("Evaluating on 5 tasks one after another in one process; the third fails with "
+           "'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 31.50 GiB', but that task alone works fine.\n")
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "other" and "fresh process" in d.changes[0].setting
+    plain = diagnose_text(log.replace(", but that task alone works fine", ""), "x")
+    assert plain.changes and plain.changes[0].lever != "other"
+
+
+def test_tensorrts_own_allocator_error_frees_the_gpu_first():
+    d = diagnose_text("[TensorRT] ERROR: ../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)\n",
+                      "x")
+    assert d.kind == "memory_held_elsewhere" and d.changes[0].lever == "free_other_process"
+    torch_bare = diagnose_text("RuntimeError: CUDA error: out of memory\n", "x")  # a framework's step: not TensorRT's
+    assert torch_bare.changes[0].lever != "free_other_process"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from harness.diagnose.allocator import allocator_verdict, free_other_process, gib, oom_figures
+from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process, gib, oom_figures
 from harness.diagnose.records import Change, Diagnosis
 from harness.measure.oom import OomFigures
 
@@ -107,6 +107,14 @@ def _checkpointing_first(figures: list, quoted: str, source: str) -> Diagnosis:
                      failing_line=quoted)
 
 
+# a person's words that the same job fits by itself ("MMLU alone worked perfectly", "runs fine on its own")
+_WORKS_ALONE = re.compile(r"\b(?:alone|on its own|by itself|separately|individually)\s+(?:it\s+)?(?:works?|worked|"
+                          r"runs?|ran|fits?|fitted|is fine|was fine|succeeds?|succeeded)\b|\b(?:works?|worked|runs?|ran|"
+                          r"fits?|fine)\s+(?:\w+\s+)?(?:alone|on its own|by itself|separately|individually)\b", re.I)
+# TensorRT's own allocator (rtSafe / its default GPU allocator): "Cuda Error in allocate: 2 (out of memory)"
+_TENSORRT_ALLOCATOR = re.compile(r"Cuda Error in allocate: 2\b|safeRuntime\.cpp|cudaAllocator\.cpp|\bnvinfer", re.I)
+
+
 # DeepSpeed ZeRO (stage 2 or 3) named in the log or the flags, and whether its CPU offload is on already
 _ZERO = re.compile(r"\bzero[-_ ]?(?:stage[-_ =]?)?[23]\b|\bzero_stage\b|deepspeed", re.I)
 _ZERO_OFFLOAD_ON = re.compile(r"offload_(?:optimizer|param)|zero[-_ ]?offload|ZeRO-Offload|cpu_offload", re.I)
@@ -159,6 +167,31 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
     if oom is not None and (verdict := allocator_verdict(oom)) is not None:
         return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
                          failing_line=quoted)
+    if _WORKS_ALONE.search(text):
+        return Diagnosis(source, "pytorch-oom", "out_of_memory",
+                         "the same job fits when it runs alone and fails after others ran in the same process: the "
+                         "memory is enough; what the earlier jobs left behind is not (a batch size detected on an "
+                         "earlier, shorter job and reused, tensors or caches still referenced)", tuple(figures), (
+                             Change("run the failing job in a fresh process, or upgrade to a release that resets its "
+                                    "per-job state (lm-eval re-detects --batch_size auto per task since "
+                                    "EleutherAI/lm-evaluation-harness#3654)",
+                                    "it starts from what fitted when it ran alone", "other"),
+                             Change("an explicit batch size for the failing job (instead of auto)",
+                                    "no size carried over from a shorter job"),
+                             Change("torch.cuda.empty_cache() and drop references between jobs",
+                                    "returns what the earlier jobs cached")),
+                         failing_line=quoted)
+    if oom is None and _TENSORRT_ALLOCATOR.search(text):
+        return Diagnosis(source, "pytorch-oom", "memory_held_elsewhere",
+                         "TensorRT could not allocate device memory (its allocator's 'Cuda Error in allocate: 2'): an "
+                         "engine's memory is fixed when it is built, so at run time what else holds the GPU decides",
+                         tuple(figures), (
+                             free_other_process(),
+                             Change("a smaller builder workspace (config.max_workspace_size / trtexec --workspace)",
+                                    "the builder's scratch memory", "other"),
+                             Change("rebuild the engine for a smaller max batch (optimization profile)",
+                                    "activations sized at build time")),
+                         (f"which processes hold the GPU: {LIST_PROCESSES}",), failing_line=quoted)
     around = "\n".join(lines[max(0, line - 60):line + 10])
     total = gib(oom.total) if oom is not None else None
     if weights_16bit_bytes and total and weights_16bit_bytes / GIB > 0.8 * total:
