@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from harness.capacity.checkpoint import checkpoint_format
 from harness.capacity.vllm import v0_other_worker_kv_bytes, vllm_kv_bytes_per_token, vllm_mla_absorbed_bytes
 from harness.capacity.shapes import config_fields, derived_max_len
 from harness.errors import UserError
-from harness.capacity.vllm_versions import mxfp4_backend_of, undoes_bnb_double_quant
+from harness.capacity.vllm_versions import mxfp4_backend_of, pp_layer_partition, undoes_bnb_double_quant
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "memory_logs"
 GIB = 2**30
@@ -149,10 +149,23 @@ def logged_value(case: dict, check: str) -> float | None:
     raise ValueError(check)
 
 
-def plan(case: dict, shape, fmt):
+def driver_partition(case: dict, shape) -> tuple[int, ...] | None:
+    """vLLM's layers per pipeline stage for the case (the release's get_pp_indices); None without pipeline
+    parallelism or for another engine. A V0 log's per-worker lines ("model weights take", "Loading model weights
+    took", the KV memory) are the driver's, rank 0: the first stage's."""
+    if case["engine"] != "vllm" or case["pp"] == 1:
+        return None
+    return pp_layer_partition(shape.layers, case["pp"], vllm_version(case))
+
+
+def plan(case: dict, shape, fmt, *, driver: bool = False):
     """The engine's plan under the rules of the version that wrote the log (vLLM's newest known rules where the thread
-    does not say which version it ran)."""
+    does not say which version it ran), over vLLM's own pipeline split; driver: of the driver's GPU (the first
+    pipeline stage) rather than the most-loaded one."""
     engine, work, where = case["engine"], workload(case), target(case)
+    partition = driver_partition(case, shape)
+    if partition is not None:
+        where = replace(where, layer_partition=partition, planned_stage=0 if driver else None)
     if engine == "vllm":
         util = flag(case, "--gpu-memory-utilization")
         util = float(util) if util else case["logged"].get("gpu_memory_utilization")
@@ -171,10 +184,13 @@ def predicted_value(case: dict, check: str) -> float:
     """quantgate's figure for one check; raises where the planner cannot give it (the error is the finding)."""
     shape = _shape(json.dumps(case["config"], sort_keys=True))
     fmt = checkpoint_weight_format(case)
-    if check == "weights":
-        weights = planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"])[0]
+    if check == "weights":  # the driver's: the first pipeline stage's under vLLM's split
+        partition = driver_partition(case, shape)
+        stage = 0 if partition else None
+        weights = planned_weights_bytes(shape, fmt, case["tp"], pp=case["pp"], partition=partition, stage=stage)[0]
         if case["engine"] == "vllm":  # what the release adds at load (V0 0.7's absorbed MLA weights)
-            weights += vllm_mla_absorbed_bytes(shape, fmt, case["tp"], vllm_version(case), case["pp"])
+            weights += vllm_mla_absorbed_bytes(shape, fmt, case["tp"], vllm_version(case), case["pp"], partition,
+                                               stage)
         return float(weights)
     if check == "kv_per_token":  # as the engine version allocates them (vLLM 0.7.2-0.7.3 pads an MLA entry)
         per_worker = case["tp"] > 1 and case["logged"].get("activation_peak_gib") is not None and gpu_known(case)
@@ -187,11 +203,11 @@ def predicted_value(case: dict, check: str) -> float:
             return float(vllm_kv_bytes_per_token(shape.attention, kv_bytes, case["tp"], vllm_version(case),
                                                  gpu_vendor(case)))
         return float(kv_bytes_per_token(shape.attention, kv_bytes, case["tp"]))
-    planned = plan(case, shape, fmt)
-    if check == "kv_memory":
+    if check == "kv_memory":  # the driver's line, or another worker's (quoted_other_worker_kv)
+        planned = plan(case, shape, fmt, driver=True)
         other = quoted_other_worker_kv(case, shape, planned)
         return float(planned.memory.kv_cache_bytes if other is None else other)
-    return float(planned.kv_tokens)
+    return float(plan(case, shape, fmt).kv_tokens)
 
 
 def quoted_other_worker_kv(case: dict, shape, planned) -> int | None:

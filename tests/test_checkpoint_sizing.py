@@ -19,7 +19,9 @@ from harness.capacity import Target, Workload, gpu_by_name, model_shape, plan_en
 from harness.capacity.checkpoint import (MXFP4_PADDING, checkpoint_format, checkpoint_format_at, module_matches,
                                          plan_config)
 from harness.capacity.memory import LinearStorage
-from harness.capacity.shapes import Linear, pipeline_stage
+from harness.capacity.shapes import Linear, pipeline_stages
+from harness.capacity.vllm import vllm_mla_absorbed_bytes
+from harness.capacity.vllm_versions import pp_layer_partition
 from harness.commands import plan as plan_command
 from harness.errors import UserError
 from harness.formats import check_format_names
@@ -59,10 +61,16 @@ def _quantized_logs() -> list[dict]:
     return cases
 
 
-def _predicted_gib(config: dict, tp: int = 1, pp: int = 1, **options) -> float:
+def _predicted_gib(config: dict, tp: int = 1, pp: int = 1, version: str | None = None, **options) -> float:
+    """The checkpoint's weights on one GPU; under pipeline parallelism the driver's (the first stage of vLLM
+    `version`'s split, whose line the logs quote), with what that release adds at load (absorbed MLA weights)."""
     fmt = checkpoint_format(config, **options)
     shape = model_shape(plan_config(config))
-    return weights_bytes(pipeline_stage(shape, pp), fmt, tp) / GIB
+    if pp == 1:
+        return weights_bytes(shape, fmt, tp) / GIB
+    partition = pp_layer_partition(shape.layers, pp, version)
+    driver = pipeline_stages(shape, partition)[0]
+    return (weights_bytes(driver, fmt, tp) + vllm_mla_absorbed_bytes(shape, fmt, tp, version, pp, partition, 0)) / GIB
 
 
 def _checkpoint(name: str) -> dict:
@@ -74,7 +82,8 @@ def test_quantized_checkpoints_weigh_what_vllm_logged(case):
     options = {"undo_double_quant": case["id"] not in KEEPS_DOUBLE_QUANT}
     if case["id"] in MXFP4_BACKEND:
         options["mxfp4"] = MXFP4_BACKEND[case["id"]]
-    predicted = _predicted_gib(case["config"], case.get("tp") or 1, case.get("pp") or 1, **options)
+    predicted = _predicted_gib(case["config"], case.get("tp") or 1, case.get("pp") or 1, case["engine_version"],
+                               **options)
     logged = case["logged"]["weights_gib"]
     assert predicted == pytest.approx(logged, rel=TOLERANCE), f"{case['id']} ({case['source']})"
 

@@ -24,20 +24,6 @@ SAME_MODEL_PROFILED_LESS = ("predicted 1.73x the log: its profile peak was 9.37 
 # Checks the planner fails today, case id -> {check: why}; each runs as a strict xfail. Remove an entry when
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
-    'vllm-0.7.2-deepseek-r1-fp8-16xh20-3e-tp8-pp2': {
-        'weights': ("predicted 1.13x the log: the plan sizes pipeline_stage's bound (ceil(61/2) = 31 MoE layers, the 3 "
-                    "dense ones, embedding and lm_head all on one stage), where 0.7.2 gives the first stage, whose "
-                    "driver line the log quotes, layers 0-29 (3 dense + 27 MoE) and the embedding and the last stage "
-                    "the remainder (vllm/distributed/utils.py:get_pp_indices@v0.7.2); 27 MoE layers plus the "
-                    "absorbed MLA weights come to about 39.3 GiB of the 39.66 logged"),
-    },
-    'vllm-0.6.6-deepseek-v3-fp8-32xrtx4090-tp8-pp4': {
-        'weights': ("predicted 1.31x the log, the same cause as the 0.7.2 DeepSeek-R1 TP8 PP2 case: pipeline_stage's "
-                    "bound puts ceil(61/4) = 16 MoE layers, the 3 dense ones, embedding and lm_head on one stage, "
-                    "where 0.6.6 gives the driver's first stage layers 0-14 (3 dense + 12 MoE) and the embedding "
-                    "(vllm/distributed/utils.py:get_pp_indices@v0.6.6, the last stage takes the remainder); that "
-                    "stage sizes to 16.72 GiB (0.99x the log)"),
-    },
     'vllm-0.6.6-llama3-8b-a100-40gb': {
         'kv_tokens': SAME_MODEL_PROFILED_LESS,
         'kv_memory': SAME_MODEL_PROFILED_LESS,
@@ -50,8 +36,10 @@ KNOWN_FAILURES = {
                     "reconstructed, so what else it kept is not known"),
     },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
-        'kv_tokens': ("predicted 1.12x the log: V0 as it ran (V1 took pipeline parallelism only with Ray before 0.9), "
-                      "its default 2,048-token chunked profile, and the KV blocks split over the 2 stages' virtual "
+        'kv_tokens': ("predicted 1.22x the log with each stage's own layers (0.8.5's split 32/32, the embedding on "
+                      "one stage and the lm_head on the other): V0 as it ran (V1 took pipeline parallelism only "
+                      "with Ray before 0.9), its default 2,048-token chunked profile, and the KV blocks split over "
+                      "the 2 stages' virtual "
                       "engines as the error counts them (vllm/worker/worker.py:raise_if_cache_size_invalid@v0.8.5); "
                       "the unsloth export's 16-bit modules (llm_int8_skip_modules) and the utilization are not in "
                       "the thread (config reconstructed, 0.9 assumed)"),

@@ -13,7 +13,8 @@ from harness.capacity.gpus import BF16_MIN_CC, FP8_MIN_CC, KERNEL_MIN_CC, MARLIN
 from harness.units import format_bytes
 from harness.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              check_split, cuda_graph_bytes, kv_dtype_bytes, kv_heads_per_gpu,
-                                             planned_weights_bytes, shared_prefix_bytes, workload_non_torch)
+                                             loaded_stage, planned_weights_bytes, shared_prefix_bytes,
+                                             workload_non_torch)
 from harness.capacity.registry import engine_title
 from harness.capacity.shapes import Attention, ModelShape, pipeline_stage
 
@@ -31,6 +32,10 @@ class Target:
     gpu: Gpu
     num_gpus: int = 1  # tensor-parallel degree
     pipeline_parallel_size: int = 1  # pipeline stages
+    # the decoder layers of each stage as the engine splits them (vLLM: vllm_versions.pp_layer_partition); None:
+    # the engine's split is not modelled and the most-loaded stage is bounded (shapes.pipeline_stage)
+    layer_partition: tuple[int, ...] | None = None
+    planned_stage: int | None = None  # with a layer_partition, plan this stage's GPU (0: the first); None: the heaviest
 
     @property
     def total_gpus(self) -> int:
@@ -102,10 +107,16 @@ def pipeline_note(shape: ModelShape, target: Target) -> list[str]:
     pp = target.pipeline_parallel_size
     if pp == 1:
         return []
+    deployment = f"pipeline parallel over {pp} stages ({target.total_gpus} GPUs: tensor parallel {target.num_gpus} x " \
+                 f"pipeline parallel {pp})"
+    if target.layer_partition is not None:
+        split = "/".join(map(str, target.layer_partition))
+        which = "the most-loaded GPU's stage" if target.planned_stage is None else f"stage {target.planned_stage}"
+        return [f"{deployment}: the engine splits the {shape.layers} layers {split}; the figures are {which}'s, its "
+                "own layers' weights and KV cache (the embedding on the first stage, the lm_head on the last)"]
     kept = pipeline_stage(shape, pp).layers
     largest = " (those with the largest KV: full attention first)" if shape.attention.sliding_layers else ""
-    return [f"pipeline parallel over {pp} stages ({target.total_gpus} GPUs: tensor parallel {target.num_gpus} x "
-            f"pipeline parallel {pp}): the figures are the most-loaded GPU's, {kept} of {shape.layers} layers' weights "
+    return [f"{deployment}: the figures are the most-loaded GPU's, {kept} of {shape.layers} layers' weights "
             f"and KV cache{largest} and, conservatively, both the embedding and the lm_head"]
 
 
@@ -119,13 +130,14 @@ class PrefixSharing:
 
 
 def prefix_sharing(memory: MemoryBreakdown, shape: ModelShape, target: Target, workload: Workload, block_size: int,
-                   *, sliding: bool = True) -> PrefixSharing | None:
+                   *, sliding: bool = True, attention: Attention | None = None) -> PrefixSharing | None:
     """The plan's concurrency when every request opens with the workload's shared prefix: the KV cache holds the
     prefix's whole blocks once and each sequence's own tokens beside them,
         n = (KV - shared) // (one sequence - shared).
     None without a shared prefix, or one shorter than a block (nothing is shared then)."""
     tokens = min(workload.shared_prefix_tokens, workload.max_model_len - 1)
-    attention = pipeline_stage(shape, target.pipeline_parallel_size).attention  # the most-loaded GPU's layers
+    if attention is None:  # the most-loaded GPU's layers
+        attention = pipeline_stage(shape, target.pipeline_parallel_size).attention
     shared = shared_prefix_bytes(attention, tokens, kv_dtype_bytes(workload.kv_cache_dtype), target.num_gpus,
                                  block_size=block_size, sliding=sliding)
     if tokens <= 0 or shared <= 0:
@@ -427,15 +439,16 @@ def fixed_costs(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     """`shape` is the whole model's; the weights and the KV cache's layers are those of the most-loaded pipeline
     stage (the activation peak is one layer's at a time, and the sampler's, so the whole model's)."""
     tp, pp = target.num_gpus, target.pipeline_parallel_size
-    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes, pp=pp)
+    weights, weights_source = planned_weights_bytes(shape, fmt, tp, workload.weights_bytes, pp=pp,
+                                                    partition=target.layer_partition, stage=target.planned_stage)
     if workload.activation_bytes is not None:
         activation, activation_source = measured_activation(workload, tokens)
     else:
         activation = activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp)
         activation_source = "estimated from the config"
-    return FixedCosts(tp, pipeline_stage(shape, pp).attention, target.gpu.memory_bytes,
-                      kv_dtype_bytes(workload.kv_cache_dtype), weights, weights_source,
-                      activation, activation_source,
+    stage = loaded_stage(shape, fmt, tp, pp, target.layer_partition, target.planned_stage)
+    return FixedCosts(tp, stage.attention, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype),
+                      weights, weights_source, activation, activation_source,
                       workload_non_torch(workload, target.total_gpus), cuda_graph_bytes(workload.enforce_eager))
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from harness.formats import FORMAT_SPECS, EngineServing, FormatSpec
 from harness.capacity.storage import (LinearStorage, StorageRule, is_expert, rule_for,  # noqa: F401
                                       unconverted_copies, with_storage)
-from harness.capacity.shapes import NO_KV, Attention, LayerState, Linear, ModelShape, pipeline_stage
+from harness.capacity.shapes import (NO_KV, Attention, LayerState, Linear, ModelShape, pipeline_stage,
+                                     pipeline_stages)
 
 GIB = 2**30
 MIB = 2**20
@@ -304,7 +305,7 @@ def parameter_count(shape: ModelShape) -> int:
 
 def _embedding_params(shape: ModelShape, tp: int = 1) -> int:
     rows = math.ceil(shape.vocab / tp)  # vocabulary-parallel embedding and lm_head
-    return rows * shape.hidden * (1 if shape.tied_embeddings else 2)
+    return rows * shape.hidden * shape.embedding_matrices
 
 
 def _per_gpu(linear: Linear, attention: Attention, tp: int) -> tuple[int, int]:
@@ -360,21 +361,41 @@ def weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1) -> int:
     return int(round(linear_bytes + kept_16bit * FP16_BYTES))
 
 
+def loaded_stage(shape: ModelShape, fmt: WeightFormat, tp: int = 1, pp: int = 1,
+                 partition: tuple[int, ...] | None = None, stage: int | None = None) -> ModelShape:
+    """The most-loaded GPU's pipeline stage of `pp`: with the engine's split (`partition`, layers per stage), the
+    stage whose weights on `tp` GPUs are the largest (then the one with the most KV layers), each stage counted
+    from its own layers (shapes.pipeline_stages), or the stage numbered `stage` (0: the first, the driver's);
+    without a split, shapes.pipeline_stage's bound."""
+    if pp == 1:
+        return shape
+    if partition is None:
+        return pipeline_stage(shape, pp)
+    if len(partition) != pp:
+        raise ValueError(f"a split over {len(partition)} stages for pipeline parallel size {pp}")
+    stages = pipeline_stages(shape, partition)
+    if stage is not None:
+        return stages[stage]
+    return max(stages, key=lambda part: (weights_bytes(part, fmt, tp), part.attention.kv_layers))
+
+
 def planned_weights_bytes(shape: ModelShape, fmt: WeightFormat, tp: int = 1,
-                          measured: int | None = None, pp: int = 1) -> tuple[int, str]:
+                          measured: int | None = None, pp: int = 1,
+                          partition: tuple[int, ...] | None = None, stage: int | None = None) -> tuple[int, str]:
     """(weights on the most-loaded GPU, where the figure comes from): the estimate of weights_bytes for `shape`'s
-    most-loaded pipeline stage of `pp` (shapes.pipeline_stage) on `tp` GPUs, or a measured figure.
+    most-loaded pipeline stage of `pp` (loaded_stage, with the engine's split `partition` where given; `stage`: that
+    stage of it) on `tp` GPUs, or a measured figure.
 
     `measured` is the weights of one whole copy (no tensor or pipeline parallelism), as a run measures them; on
     `tp` x `pp` GPUs it is split as the estimate splits: measured x weights_bytes(stage, tp) / weights_bytes(whole, 1).
     """
-    stage = pipeline_stage(shape, pp)
+    part = loaded_stage(shape, fmt, tp, pp, partition, stage)
     if measured is None:
-        return weights_bytes(stage, fmt, tp), "estimated from the config"
+        return weights_bytes(part, fmt, tp), "estimated from the config"
     if tp == 1 and pp == 1:
         return int(measured), "measured"
     whole = weights_bytes(shape, fmt, 1)
-    return int(round(measured * weights_bytes(stage, fmt, tp) / whole)) if whole else int(measured), "measured"
+    return int(round(measured * weights_bytes(part, fmt, tp) / whole)) if whole else int(measured), "measured"
 
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, seqs: int = 256, act_dtype_bytes: int = 2,

@@ -104,7 +104,9 @@ def meta_shape(fields: dict[str, Any]) -> ModelShape:
     for key, count in counts.items():
         pattern, in_f, out_f, bias, split, quantized = key
         held = len(groups[key])
-        linears.append(Linear(pattern, in_f, out_f, count, bias, split, quantized, 0 if held in (0, layers) else held))
+        placed = held not in (0, layers)
+        linears.append(Linear(pattern, in_f, out_f, count, bias, split, quantized, held if placed else 0,
+                              tuple(sorted(groups[key])) if placed else ()))
     experts = next((positive_int(fields, f) for f in _EXPERT_COUNT_FIELDS if fields.get(f)), 0)
     top_k = positive_int(fields, "num_experts_per_tok") if experts and fields.get("num_experts_per_tok") else 0
     return ModelShape(model_type=str(fields.get("model_type")), hidden=hidden, vocab=vocab, tied_embeddings=tied,

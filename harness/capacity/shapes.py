@@ -113,7 +113,9 @@ class Linear:
     heads, replicated when there are fewer KV heads than GPUs), "none" (every GPU holds all of it).
     quantized=False: GPTQ/AWQ/LLM.int8 keep it 16-bit (MoE routers). `layers`: how many decoder layers hold it (0:
     every layer), for a model whose layers differ (DeepSeek's dense first layers and MoE layers); the `count` copies
-    are spread evenly over them.
+    are spread evenly over them. `at`: those layers' indices in the whole model (0-based), where known, so that a
+    pipeline stage holds the copies of its own layers (stage_of_range); empty with `layers` set: not placed (a
+    vision tower's, counted whole on every stage).
     """
 
     name: str
@@ -124,6 +126,7 @@ class Linear:
     split: str = "column"
     quantized: bool = True
     layers: int = 0
+    at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,16 @@ class ModelShape:
     max_len: int | None = None  # the longest max_model_len the config allows (derived_max_len)
     sglang_max_len: int | None = None  # the longest --context-length SGLang derives (sglang_context_length)
     torch_dtype: str | None = None
+    # vocab x hidden matrices held: None for the whole model (the embedding and lm_head, one if tied); a pipeline
+    # stage's own (stage_of_range: the embedding on the first stage, the lm_head on the last)
+    vocab_matrices: int | None = None
+
+    @property
+    def embedding_matrices(self) -> int:
+        """The vocab x hidden matrices this shape holds (embedding, lm_head)."""
+        if self.vocab_matrices is not None:
+            return self.vocab_matrices
+        return 1 if self.tied_embeddings else 2
 
     @property
     def layers(self) -> int:
@@ -187,7 +200,7 @@ def stage_of_layers(shape: ModelShape, kept: int) -> ModelShape:
     if kept == layers:
         return shape
     linears = tuple(replace(lin, count=lin.count // (lin.layers or layers) * min(kept, lin.layers or layers),
-                            layers=min(kept, lin.layers) if lin.layers else 0) for lin in shape.linears)
+                            layers=min(kept, lin.layers) if lin.layers else 0, at=()) for lin in shape.linears)
     windows, states = shape.attention.windows, shape.attention.states
     largest = sorted(range(layers), key=lambda i: (windows[i] == NO_KV, windows[i] is not None,
                                                    -(windows[i] or 0)))[:kept]
@@ -197,6 +210,51 @@ def stage_of_layers(shape: ModelShape, kept: int) -> ModelShape:
     per_layer_params = shape.other_params - shape.hidden  # all but the final norm is per layer
     other = math.ceil(per_layer_params * kept / layers) + shape.hidden
     return replace(shape, attention=attention, linears=linears, other_params=other)
+
+
+def stage_of_range(shape: ModelShape, start: int, end: int) -> ModelShape:
+    """The pipeline stage holding decoder layers start..end-1, as the engine builds it (vLLM's make_layers: the
+    layers of get_pp_indices' range; the embedding on the first stage, the final norm and lm_head on the last, a
+    tied lm_head there as its own copy of the embedding). A linear placed by layer (Linear.at) counts the copies of
+    the stage's own layers; one on every layer count / L a layer; one not placed (Linear.layers without `at`) is
+    bounded as stage_of_layers bounds it. Recurrent states: at most one a layer, as stage_of_layers counts them."""
+    layers = shape.layers
+    if not 0 <= start < end <= layers:
+        raise ValueError(f"a stage of layers {start}..{end - 1} of {layers}: a non-empty range within the model")
+    if (start, end) == (0, layers):
+        return shape
+    kept = end - start
+
+    def staged(lin: Linear) -> Linear:
+        if lin.at:
+            own = tuple(i for i in lin.at if start <= i < end)
+            return replace(lin, count=lin.count // len(lin.at) * len(own), layers=len(own), at=own)
+        held = lin.layers or layers
+        return replace(lin, count=lin.count // held * min(kept, held), layers=min(kept, lin.layers) if lin.layers
+                       else 0)
+
+    first, last = start == 0, end == layers
+    per_layer_params = shape.other_params - shape.hidden  # all but the final norm is per layer
+    attention = replace(shape.attention, windows=shape.attention.windows[start:end],
+                        states=shape.attention.states[:kept])
+    return replace(shape, attention=attention, linears=tuple(staged(lin) for lin in shape.linears),
+                   other_params=math.ceil(per_layer_params * kept / layers) + (shape.hidden if last else 0),
+                   vocab_matrices=(1 if first else 0) + (1 if last and not (first and shape.tied_embeddings) else 0))
+
+
+def stage_ranges(partition: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Each stage's (start, end) decoder layers from the layers per stage (get_pp_indices' partitions)."""
+    bounds = [0]
+    for count in partition:
+        bounds.append(bounds[-1] + count)
+    return tuple(zip(bounds, bounds[1:]))
+
+
+def pipeline_stages(shape: ModelShape, partition: tuple[int, ...]) -> tuple[ModelShape, ...]:
+    """Every pipeline stage's part of the model, for a split of `partition` layers per stage (stage_of_range)."""
+    if sum(partition) != shape.layers or min(partition, default=0) < 1:
+        raise ValueError(f"a split of {shape.layers} layers as {partition}: positive counts adding up to them")
+    return tuple(stage_of_range(shape, start, end) for start, end in stage_ranges(partition))
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -540,12 +598,13 @@ def _gqa_linears(fields: dict[str, Any], attention: Attention, model_type: str) 
             Linear("o_proj", q_width, hidden, layers, o_bias, "row")]
 
 
-def _mlp(name: str, hidden: int, width: int, count: int, bias: bool = False, layers: int = 0) -> list[Linear]:
-    """A gated MLP (gate, up: hidden -> width; down: width -> hidden), `count` copies over `layers` layers (0:
+def _mlp(name: str, hidden: int, width: int, count: int, bias: bool = False,
+         at: tuple[int, ...] = ()) -> list[Linear]:
+    """A gated MLP (gate, up: hidden -> width; down: width -> hidden), `count` copies over the layers `at` (empty:
     every layer)."""
-    return [Linear(f"{name}.gate_proj", hidden, width, count, bias, "column", layers=layers),
-            Linear(f"{name}.up_proj", hidden, width, count, bias, "column", layers=layers),
-            Linear(f"{name}.down_proj", width, hidden, count, bias, "row", layers=layers)]
+    return [Linear(f"{name}.gate_proj", hidden, width, count, bias, "column", layers=len(at), at=at),
+            Linear(f"{name}.up_proj", hidden, width, count, bias, "column", layers=len(at), at=at),
+            Linear(f"{name}.down_proj", width, hidden, count, bias, "row", layers=len(at), at=at)]
 
 
 def _norms(fields: dict[str, Any], layers: int, per_layer: int) -> int:
@@ -598,15 +657,17 @@ def _deepseek(fields: dict[str, Any], attention: Attention, model_type: str) -> 
     routed, width = positive_int(fields, "n_routed_experts"), positive_int(fields, "moe_intermediate_size")
     shared, top_k = _count(fields, "n_shared_experts"), positive_int(fields, "num_experts_per_tok")
     first_dense, freq = _count(fields, "first_k_dense_replace"), positive_int(fields, "moe_layer_freq", default=1)
-    moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0)
-    dense_layers = layers - moe_layers
+    moe_at = tuple(i for i in range(layers) if i >= first_dense and i % freq == 0)
+    dense_at = tuple(i for i in range(layers) if i not in moe_at)
+    moe_layers, dense_layers = len(moe_at), len(dense_at)
     dense_width = positive_int(fields, "intermediate_size") if dense_layers else 0
     if dense_layers:
-        linears += _mlp("mlp", hidden, dense_width, dense_layers, layers=dense_layers)
-    linears += _mlp("experts", hidden, width, moe_layers * routed, layers=moe_layers)
+        linears += _mlp("mlp", hidden, dense_width, dense_layers, at=dense_at)
+    linears += _mlp("experts", hidden, width, moe_layers * routed, at=moe_at)
     if shared:
-        linears += _mlp("shared_experts", hidden, shared * width, moe_layers, layers=moe_layers)
-    linears.append(Linear("router", hidden, routed, moe_layers, split="none", quantized=False, layers=moe_layers))
+        linears += _mlp("shared_experts", hidden, shared * width, moe_layers, at=moe_at)
+    linears.append(Linear("router", hidden, routed, moe_layers, split="none", quantized=False, layers=moe_layers,
+                          at=moe_at))
     if model_type == "deepseek_v3":
         norms += moe_layers * routed  # the router's e_score_correction_bias
     return _common(fields, attention, model_type, linears=tuple(linears), other_params=norms,

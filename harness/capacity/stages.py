@@ -7,9 +7,9 @@ get_kv_cache_configs, "Change the num_blocks of each worker to the smallest amon
 fewer layers on the smaller GPU until the stages' token counts meet: the plan here tries splits and keeps the one whose
 smallest stage holds the most tokens.
 
-Each stage is planned as a one-stage deployment of its own layers on its own GPU (shapes.stage_of_layers: the
-embedding and lm_head counted on every stage, as the even plan counts them, and the sampler too: at most one vocab x
-hidden matrix and one logits buffer too many a stage). vLLM's extensible KV cache (0.34, no utilization given) sizes
+Each stage is planned as a one-stage deployment of its own layers on its own GPU (shapes.stage_of_range: the
+embedding on the first stage, the lm_head on the last; the sampler is counted on every stage: at most one logits
+buffer too many a stage). vLLM's extensible KV cache (0.34, no utilization given) sizes
 --kv-cache-memory-bytes, one figure for every worker whatever its layers; the uneven plan sets the utilization
 instead (the release's 0.92 before it), so each worker's share follows its own GPU.
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from harness.capacity.common import EnginePlan, Target, Workload, render_command
 from harness.capacity.gpus import Gpu
 from harness.capacity.memory import WeightFormat, non_torch_bytes
-from harness.capacity.shapes import ModelShape, stage_of_layers
+from harness.capacity.shapes import ModelShape, stage_of_range, stage_ranges
 from harness.capacity.vllm import PROGRAM, plan_vllm
-from harness.capacity.vllm_versions import engine_rules, rules_for
+from harness.capacity.vllm_versions import engine_rules, pp_layer_partition, rules_for
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 UNEVEN_UTILIZATION = 0.92  # vLLM's default gpu_memory_utilization from 0.20 to 0.33
@@ -71,20 +71,22 @@ def plan_uneven_vllm(shape: ModelShape, fmt: WeightFormat, stages: tuple[Gpu, ..
     if workload.non_torch_bytes is None:  # the NCCL buffers of a deployment over tp x pp GPUs, on every stage
         workload = replace(workload, non_torch_bytes=non_torch_bytes(
             tp * pp, since_start=rules.non_torch == "since start"))
-    cache: dict[tuple[int, int], EnginePlan] = {}
+    cache: dict[tuple[int, int, int], EnginePlan] = {}
 
-    def stage_plan(index: int, kept: int) -> EnginePlan:
-        if (index, kept) not in cache:
-            cache[index, kept] = plan_vllm(stage_of_layers(shape, kept), fmt, Target(stages[index], tp), workload,
-                                           version=version, gpu_memory_utilization=utilization)
-        return cache[index, kept]
+    def stage_plan(index: int, split: tuple[int, ...]) -> EnginePlan:
+        start, end = stage_ranges(split)[index]
+        if (index, start, end) not in cache:
+            cache[index, start, end] = plan_vllm(stage_of_range(shape, start, end), fmt, Target(stages[index], tp),
+                                                 workload, version=version, gpu_memory_utilization=utilization)
+        return cache[index, start, end]
 
-    def stage_tokens(index: int, kept: int) -> int:
-        return stage_plan(index, kept).kv_tokens
+    def stage_tokens(index: int, split: tuple[int, ...]) -> int:
+        return stage_plan(index, split).kv_tokens
 
     partition = _best_partition(layers, [gpu.memory_bytes for gpu in stages], stage_tokens)
-    plans = tuple(StagePlan(stages[i], kept, stage_plan(i, kept)) for i, kept in enumerate(partition))
-    even_tokens = min(stage_tokens(i, kept) for i, kept in enumerate(_even_partition(layers, pp)))
+    plans = tuple(StagePlan(stages[i], kept, stage_plan(i, partition)) for i, kept in enumerate(partition))
+    even = pp_layer_partition(layers, pp, release)
+    even_tokens = min(stage_tokens(i, even) for i in range(pp))
     binding = min(plans, key=lambda stage: stage.plan.kv_tokens).plan
     kv_tokens = binding.kv_tokens
     concurrency = min(stage.plan.max_concurrency for stage in plans)
@@ -106,19 +108,10 @@ def plan_uneven_vllm(shape: ModelShape, fmt: WeightFormat, stages: tuple[Gpu, ..
                               notes=tuple(notes), reason=reason)
 
 
-def _even_partition(layers: int, pp: int) -> tuple[int, ...]:
-    """get_pp_indices' default split: layers // pp each, the remainder to the stages before the last."""
-    base, extra = divmod(layers, pp)
-    counts = [base] * pp
-    for i in range(extra):
-        counts[pp - 2 - i] += 1
-    return tuple(counts)
-
-
 def _best_partition(layers: int, weights: list[int], stage_tokens) -> tuple[int, ...]:
-    """The split whose smallest stage holds the most KV tokens (stage_tokens(index, layers) -> tokens): start in
-    proportion to the GPUs' memory, then move one layer at a time from the stage that binds to the stage with the
-    most room while that raises the smallest stage's tokens."""
+    """The split whose smallest stage holds the most KV tokens (stage_tokens(index, split) -> that stage's tokens):
+    start in proportion to the GPUs' memory, then move one layer at a time from the stage that binds to the stage
+    with the most room while that raises the smallest stage's tokens."""
     pp, total = len(weights), sum(weights)
     counts = [max(1, round(layers * w / total)) for w in weights]
     while sum(counts) > layers:
@@ -127,11 +120,11 @@ def _best_partition(layers: int, weights: list[int], stage_tokens) -> tuple[int,
         counts[weights.index(max(weights))] += 1
 
     def smallest(split: list[int]) -> int:
-        return min(stage_tokens(i, kept) for i, kept in enumerate(split))
+        return min(stage_tokens(i, tuple(split)) for i in range(pp))
 
     best = smallest(counts)
     for _ in range(layers * pp):
-        room = [stage_tokens(i, kept) for i, kept in enumerate(counts)]
+        room = [stage_tokens(i, tuple(counts)) for i in range(pp)]
         source = room.index(min(room))
         if counts[source] == 1:
             break

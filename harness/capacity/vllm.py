@@ -23,7 +23,9 @@ The checks (check_vllm_command) are vllm/config/scheduler.py::SchedulerConfig.ve
 (0 < gpu_memory_utilization <= 1), ModelConfig's derived max_model_len and head split, and the --quantization
 methods and kernels the version and the GPU have. Pipeline parallelism (--pipeline-parallel-size, vllm/config/
 parallel.py's ParallelConfig; layers split by vllm/distributed/utils.py::get_pp_indices): the memory is the
-most-loaded GPU's (shapes.pipeline_stage), and vLLM needs tensor x pipeline parallel size GPUs.
+most-loaded GPU's, bounded by shapes.pipeline_stage, or, where the target gives the split (Target.layer_partition,
+e.g. the release's own, vllm_versions.pp_layer_partition), that stage's own layers (memory.loaded_stage); vLLM needs
+tensor x pipeline parallel size GPUs.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Worklo
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes,
                                              check_split,
-                                             cuda_graph_bytes, kv_bytes_per_token, non_torch_bytes,
+                                             cuda_graph_bytes, kv_bytes_per_token, loaded_stage, non_torch_bytes,
                                              vllm_sequence_bytes)
-from harness.capacity.shapes import ModelShape, pipeline_stage
+from harness.capacity.shapes import ModelShape
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
                                             VllmRules, absorbs_mla_weights, canonical, engine_rules,
                                             mla_entry_align_bytes, parse_release, release_text, rules_for)
@@ -120,29 +122,31 @@ def vllm_kv_bytes_per_token(attention, kv_dtype_bytes: float, tp: int, version: 
     return int(attention.kv_layers * (-(-entry // align) * align))
 
 
-def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, version: str, pp: int = 1) -> int:
+def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, version: str, pp: int = 1,
+                            partition: tuple[int, ...] | None = None, stage: int | None = None) -> int:
     """The weights vLLM `version` adds on one GPU by absorbing an MLA model's up-projections
-    (vllm_versions.absorbs_mla_weights; 0 for other models and releases), on the most-loaded pipeline stage: per MLA
+    (vllm_versions.absorbs_mla_weights; 0 for other models and releases), on the most-loaded pipeline stage
+    (memory.loaded_stage: of the split `partition` where given, its stage numbered `stage` where given): per MLA
     layer W_QR (q_in x heads/tp x rope dim, 16-bit), W_Q_UK (q_in x heads/tp x kv_lora_rank) and W_UV_O
     (heads/tp x kv_lora_rank x hidden), the two products FP8 where the checkpoint's q_proj is (requantized), else
     16-bit; q_in is q_lora_rank, or hidden without a query LoRA. W_UK and W_UV are kept as views of kv_b_proj's
     weight, which for a quantized kv_b_proj is its dequantized 16-bit copy (kv_lora_rank x its outputs per GPU)."""
     if not shape.attention.is_mla or not absorbs_mla_weights(version, pp):
         return 0
-    stage = pipeline_stage(shape, pp)
-    linears = {lin.name: lin for lin in stage.linears}
+    part = loaded_stage(shape, fmt, tp, pp, partition, stage)
+    linears = {lin.name: lin for lin in part.linears}
     query, kv_b = linears.get("q_b_proj") or linears.get("q_proj"), linears.get("kv_b_proj")
     if query is None or kv_b is None:
         return 0
     heads = shape.attention.heads // tp
     kv_lora = kv_b.in_features
     rope = shape.attention.latent_dim - kv_lora
-    stored = fmt.storage_of(query, stage.layers)[0][1] if fmt.bits < 16 else None
+    stored = fmt.storage_of(query, part.layers)[0][1] if fmt.bits < 16 else None
     fp8 = stored is not None and stored.bits == 8 and stored.label.startswith("float8")
     product_bytes = 1 if fp8 else FP16_BYTES
     products = query.in_features * heads * kv_lora + heads * kv_lora * shape.hidden
     # W_UK and W_UV stay as views of kv_b_proj's weight: a 16-bit copy where kv_b_proj is quantized (dequantized)
-    kv_b_quantized = fmt.bits < 16 and fmt.storage_of(kv_b, stage.layers)[0][1] is not None
+    kv_b_quantized = fmt.bits < 16 and fmt.storage_of(kv_b, part.layers)[0][1] is not None
     kv_b_copy = kv_lora * (kv_b.out_features // tp) if kv_b_quantized else 0
     return kv_b.count * ((query.in_features * heads * rope + kv_b_copy) * FP16_BYTES + products * product_bytes)
 
@@ -173,7 +177,9 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     concurrency = engines * (memory.kv_cache_bytes // engines // memory.kv_bytes_per_sequence)
     seqs = _max_num_seqs(concurrency, seq_cap, batched, workload.max_num_seqs is not None, notes)
     fits = concurrency >= 1 and refusal is None
-    sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE)
+    sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE,
+                             attention=loaded_stage(shape, fmt, tp, target.pipeline_parallel_size,
+                                                    target.layer_partition, target.planned_stage).attention)
     args: list[tuple[str, str]] = []
     if fits:
         args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size,
@@ -240,7 +246,8 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     weights, activation = costs.weights, costs.activation
     if costs.weights_source != "measured":
-        weights += vllm_mla_absorbed_bytes(shape, fmt, tp, release, target.pipeline_parallel_size)
+        weights += vllm_mla_absorbed_bytes(shape, fmt, tp, release, target.pipeline_parallel_size,
+                                           target.layer_partition, target.planned_stage)
     if workload.activation_bytes is None:
         activation = activation_peak_bytes(shape, batched, min(seq_cap, batched), tp=tp,
                                            sampler_bytes_per_logit=rules.sampler_bytes_per_logit)

@@ -295,3 +295,25 @@ def engine_rules(version: str, pipeline_parallel_size: int = 1) -> tuple[VllmRul
         return v0, (f"vLLM {release_text(release)} runs pipeline parallelism on its V0 engine (V1 took it only with "
                     "Ray before 0.9): planned with V0's accounting")
     return rules, ""
+
+
+# How get_pp_indices splits the decoder layers over pipeline stages when VLLM_PP_LAYER_PARTITION is unset
+# (vllm/distributed/utils.py): L // pp a stage and the remainder on the last stage up to 0.7
+# (@v0.6.6, @v0.7.2, @v0.7.3); from 0.8 (vllm-project/vllm#13839, @v0.8.5, @v0.11.0) the remainder one a stage on
+# the stages before the last, from the second-to-last backwards (the middle stages while it fits there).
+REMAINDER_BEFORE_LAST_SINCE: Release = (0, 8, 0)
+
+
+def pp_layer_partition(layers: int, pipeline_parallel_size: int, version: str) -> tuple[int, ...]:
+    """The decoder layers of each pipeline stage, first to last, as this release's get_pp_indices gives them."""
+    pp = pipeline_parallel_size
+    if not 1 <= pp <= layers:
+        raise ValueError(f"{pp} pipeline stages for {layers} layers: between 1 and the number of layers")
+    base, remainder = divmod(layers, pp)
+    counts = [base] * pp
+    if parse_release(version) < REMAINDER_BEFORE_LAST_SINCE:
+        counts[-1] += remainder
+    else:
+        for i in range(2, remainder + 2):
+            counts[-i] += 1
+    return tuple(counts)
