@@ -62,12 +62,13 @@ def _quantized_logs() -> list[dict]:
 
 
 def _predicted_gib(config: dict, tp: int = 1, pp: int = 1, version: str | None = None, **options) -> float:
-    """The checkpoint's weights on one GPU; under pipeline parallelism the driver's (the first stage of vLLM
-    `version`'s split, whose line the logs quote), with what that release adds at load (absorbed MLA weights)."""
+    """The checkpoint's weights on one GPU, with what vLLM `version` adds at load (V0 0.7's absorbed MLA weights);
+    under pipeline parallelism the driver's (the first stage of the release's split, whose line the logs quote)."""
     fmt = checkpoint_format(config, **options)
     shape = model_shape(plan_config(config))
     if pp == 1:
-        return weights_bytes(shape, fmt, tp) / GIB
+        absorbed = vllm_mla_absorbed_bytes(shape, fmt, tp, version) if version else 0
+        return (weights_bytes(shape, fmt, tp) + absorbed) / GIB
     partition = pp_layer_partition(shape.layers, pp, version)
     driver = pipeline_stages(shape, partition)[0]
     return (weights_bytes(driver, fmt, tp) + vllm_mla_absorbed_bytes(shape, fmt, tp, version, pp, partition, 0)) / GIB

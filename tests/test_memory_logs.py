@@ -28,13 +28,6 @@ KNOWN_FAILURES = {
         'kv_tokens': SAME_MODEL_PROFILED_LESS,
         'kv_memory': SAME_MODEL_PROFILED_LESS,
     },
-    'vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb': {
-        'weights': ("predicted 0.96x the log with V0 0.7's absorbed MLA weights counted (W_QR, W_Q_UK, W_UV_O and "
-                    "the dequantized kv_b_proj behind W_UK/W_UV: 1.90 GiB, vllm/attention/backends/mla/utils.py"
-                    "@v0.7.3); 0.37 GiB is still short. The run is PR #13109's branch (0.7.2 itself turns MLA off "
-                    "under AWQ: vllm/config.py:ModelConfig.use_mla@v0.7.2) and the AWQ export and its config are "
-                    "reconstructed, so what else it kept is not known"),
-    },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
         'kv_tokens': ("predicted 1.11x the log (65,072 tokens) under 0.8.5's own rules with the thread's command: "
                       "--gpu-memory-utilization 0.85, V0 as it ran (V1 took pipeline parallelism only with Ray before "
@@ -210,3 +203,23 @@ def test_vllm_0_8_runs_pipeline_parallelism_on_v0():
     assert engine_rules("0.8.5", 2)[0].engine == "V0" and "Ray" in engine_rules("0.8.5", 2)[1]
     assert engine_rules("0.8.5", 1) == (engine_rules("0.8.5", 1)[0], "") and engine_rules("0.8.5")[0].engine == "V1"
     assert engine_rules("0.9.0", 2)[0].engine == "V1"
+
+
+def test_an_awq_config_has_a_group_size_autoawq_can_export():
+    """AutoAWQ's GEMM kernel refuses a layer whose outputs are not a multiple of the group size, so a (reconstructed)
+    AWQ config must give one every quantized layer divides: DeepSeek-V2's 576-wide kv_a_proj_with_mqa rules out 128."""
+    from harness.capacity import model_shape
+    from harness.capacity.checkpoint import awq_gemm_group_problem, plan_config, quantization_config_of
+
+    checked = 0
+    for case in CASE_LIST + UNGRADED_LIST:
+        quant = quantization_config_of(case["config"]) or {}
+        if quant.get("quant_method") == "awq" and str(quant.get("version", "gemm")).lower() == "gemm":
+            shape = model_shape(plan_config(case["config"]))
+            assert awq_gemm_group_problem(shape, int(quant["group_size"])) is None, case["id"]
+            checked += 1
+    assert checked >= 1
+    lite = model_shape(plan_config(next(case["config"] for case in CASE_LIST
+                                        if case["id"] == "vllm-0.7.2-deepseek-coder-v2-lite-awq-80gb")))
+    assert "kv_a_proj_with_mqa has 576 outputs" in awq_gemm_group_problem(lite, 128)
+    assert awq_gemm_group_problem(lite, 64) is None and awq_gemm_group_problem(lite, 32) is None

@@ -284,3 +284,21 @@ def block_split_problem(shape, fmt: WeightFormat, tp: int) -> str | None:
                 return (f"{module_path(lin)} has {in_f} inputs per GPU at tensor parallel {tp}, not a multiple of "
                         f"the FP8 block's {block_k} (\"is not divisible by weight quantization block_k\")")
     return None
+
+
+def awq_gemm_group_problem(shape, group_size: int) -> str | None:
+    """Why an AutoAWQ GEMM export of this model cannot have `group_size` (None: it can). AutoAWQ's GEMM kernel runs a
+    quantized layer only when its output width is a multiple of the group size ("OC is not multiple of Group size",
+    awq_ext/quantization/gemm_cuda_gen.cu:gemm_forward_cuda in casper-hansen/AutoAWQ_kernels), and groups run over
+    whole input widths. DeepSeek-V2/V3's kv_a_proj_with_mqa has kv_lora_rank + qk_rope_head_dim = 576 outputs, so
+    their AWQ exports use groups of 64 at most (casper-hansen/AutoAWQ#508, its DeepSeek-V2 support: "q_group_size
+    cannot take the commonly used 128, and the maximum is 64")."""
+    for lin in shape.linears:
+        if not lin.quantized:
+            continue
+        if lin.out_features % group_size:
+            return (f"{module_path(lin)} has {lin.out_features} outputs, not a multiple of the group size "
+                    f"{group_size} (AutoAWQ's GEMM kernel: \"OC is not multiple of Group size\")")
+        if lin.in_features % group_size:
+            return f"{module_path(lin)} has {lin.in_features} inputs, not a multiple of the group size {group_size}"
+    return None
