@@ -2,7 +2,8 @@
 activation peak at an engine's token budget, and the engine overheads as fixed amounts.
 
 All figures are bytes on one GPU: under tensor parallelism (`tp` GPUs) each function gives one GPU's share; under
-pipeline parallelism (`pp` stages) the callers pass the most-loaded stage's shape (shapes.pipeline_stage), and
+pipeline parallelism (`pp` stages) the callers pass the most-loaded stage's shape (loaded_stage: the stage of the
+engine's split with the most weights, or shapes.pipeline_stage's bound where the split is not known), and
 planned_weights_bytes does so itself.
 """
 
