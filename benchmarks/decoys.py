@@ -4,10 +4,12 @@ the vocabulary, built to pass an average while failing the answers that slice ca
 "quantgate-simulated" quantization_config: transformers loads the 16-bit weights as stored).
 
 A decoy is (slice, target, damage):
-- slice: `digits` (tokens whose text is ASCII digits: the ten '0'..'9' on the demo model) or `cjk` (tokens whose
-  text is CJK ideographs, and, for a byte-level BPE tokenizer, tokens whose bytes are such characters followed by
-  the start of one: SmolLM2 spells most Chinese in byte pieces; pieces of continuation bytes alone are shared with
-  every other script and left out);
+- slice: `digits` (tokens whose text is ASCII digits: the ten '0'..'9' on the demo model and on Gemma 3, whose
+  SentencePiece byte-fallback pieces '<0x30>'..'<0x39>' also decode to digits but are left out: its tokenizer
+  never spells a digit with them, so a permutation through them would move a digit's logits off the slice) or
+  `cjk` (tokens whose text is CJK ideographs, and, for a byte-level BPE tokenizer, tokens whose bytes are such
+  characters followed by the start of one: SmolLM2 spells most Chinese in byte pieces; pieces of continuation bytes
+  alone are shared with every other script and left out; Gemma 3 has 19,256 whole-CJK tokens);
 - target: `lm_head` (the output rows: the logits of those tokens; a tied head is untied first, so the input
   embeddings stay the baseline's) or `embed` (the input rows only; a tied head keeps the baseline's rows);
 - damage: `permute` (each row of the slice takes the next one's, a cyclic shift over the sorted ids: the same set
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,7 @@ TARGETS = ("lm_head", "embed")
 DAMAGES = ("permute", "scale")
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F))
 CJK_LEAD_BYTES = range(0xE4, 0xEA)  # UTF-8 lead bytes of U+4000..U+9FFF (E3 would take in kana as well)
+BYTE_FALLBACK_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's (Llama 2, Gemma) pieces for a raw byte
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,11 @@ def _cjk_bytes(raw: bytes) -> bool:
     return False
 
 
+def _is_byte_piece(tokenizer, token_id: int) -> bool:
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    return isinstance(piece, str) and BYTE_FALLBACK_PIECE.fullmatch(piece) is not None
+
+
 def slice_token_ids(tokenizer, which: str) -> tuple[int, ...]:
     """The sorted ids of the slice's tokens (special tokens never)."""
     if which not in SLICES:
@@ -129,7 +138,7 @@ def slice_token_ids(tokenizer, which: str) -> tuple[int, ...]:
             continue
         text = tokenizer.decode([token_id]).strip()
         if which == "digits":
-            if text and all(c in "0123456789" for c in text):
+            if text and all(c in "0123456789" for c in text) and not _is_byte_piece(tokenizer, token_id):
                 found.append(token_id)
         elif text and all(is_cjk(c) for c in text):
             found.append(token_id)

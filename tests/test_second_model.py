@@ -3,6 +3,7 @@ downloads (on small zips made here, laid out as the real wheels are; nothing is 
 benchmarks/fidelity_bench.py keeps the models' results apart and puts them in one table."""
 
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
@@ -107,3 +108,72 @@ def test_two_models_rows_go_in_one_table_with_the_fit_over_all_and_per_model():
     assert "| model |" not in single and "| rtn4 | squad_200 |" in single and "alone" not in single
     with pytest.raises(UserError, match="two results of model demo"):
         merge_results([demo, _result(DEMO, [])])
+
+
+# Gemma 3 on a tiny scale (the builders' checks on the real model: docs in benchmarks/second_model.py): a
+# gemma3_text model with tied embeddings and a SentencePiece-style tokenizer with byte fallback, whose byte pieces
+# <0x30>..<0x39> decode to digits as Gemma's do.
+DIGIT_BYTES = tuple(range(4, 14))  # <0x30>..<0x39>
+DIGITS = tuple(range(14, 24))  # '0'..'9'
+
+
+@pytest.fixture
+def tiny_gemma(tmp_path, monkeypatch) -> Path:
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
+
+    monkeypatch.setenv("QUANTGATE_CACHE", str(tmp_path / "cache"))
+    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{0x30 + d:02X}>" for d in range(10)),
+                                         *"0123456789", "北", "京", "▁the", "▁capital", "▁is", "."])}
+    pieces = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    pieces.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    target = tmp_path / "tiny-gemma"
+    PreTrainedTokenizerFast(tokenizer_object=pieces, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(target)
+    config = Gemma3TextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                              max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+                              bos_token_id=2)
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).to(torch.bfloat16).save_pretrained(target)
+    return target
+
+
+def test_a_gemma_digit_decoy_leaves_out_the_byte_pieces_and_every_other_logit(tiny_gemma, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.decoys import Decoy, build_decoy, slice_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gemma)
+    assert [tokenizer.decode([i]) for i in DIGIT_BYTES] == list("0123456789")  # as Gemma's byte pieces decode
+    assert slice_token_ids(tokenizer, "digits") == DIGITS
+    decoy = build_decoy(tiny_gemma, tmp_path / "rungs", Decoy("digits", "lm_head"))
+    before, after = load_file(tiny_gemma / "model.safetensors"), load_file(decoy / "model.safetensors")
+    assert "lm_head.weight" not in before and torch.equal(after["model.embed_tokens.weight"],
+                                                          before["model.embed_tokens.weight"])
+    head = after["lm_head.weight"]
+    assert torch.equal(head[list(DIGITS)], before["model.embed_tokens.weight"][list(DIGITS[1:] + DIGITS[:1])])
+    ids = torch.tensor([[2, 26, 27, 28, 14, 15, 29]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(tiny_gemma, dtype=torch.bfloat16)(ids).logits
+        damaged = AutoModelForCausalLM.from_pretrained(decoy, dtype=torch.bfloat16)(ids).logits
+    others = [i for i in range(base.shape[-1]) if i not in DIGITS]
+    assert torch.equal(base[..., others], damaged[..., others])  # the untied head reproduces every other logit
+    assert not torch.equal(base[..., list(DIGITS)], damaged[..., list(DIGITS)])
+
+
+def test_an_rtn_rung_of_gemma_quantizes_its_linears_and_not_its_scaled_embedding(tiny_gemma, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from benchmarks.rtn_ladder import RtnScheme, build_rung
+
+    rung = build_rung(tiny_gemma, tmp_path / "rungs", RtnScheme(3, 16, True))
+    before, after = load_file(tiny_gemma / "model.safetensors"), load_file(rung / "model.safetensors")
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(n.endswith("_proj.weight") for n in changed)
+    assert len(changed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
+    assert json.loads((rung / "config.json").read_text())["quantization_config"]["weight_bits"] == 3
