@@ -42,7 +42,9 @@ def test_kv_cache_too_small_without_the_gpu_size_says_what_is_missing():
 
 def test_v0_max_seq_len_larger_than_the_kv_cache():
     d = _diagnose("vllm_v0_too_long.log")
-    assert d.kind == "kv_cache_too_small" and d.changes[0].setting == "--max-model-len 32,000"
+    # 768 tokens (2%) short of the model's own context at the 0.90 share: the share's arithmetic comes first (#40)
+    assert d.kind == "kv_cache_too_small" and d.changes[0].setting == "--gpu-memory-utilization 0.91"
+    assert d.changes[1].setting == "--max-model-len 32,000"
 
 
 def test_another_process_holds_memory_at_start_up():
@@ -704,3 +706,90 @@ def test_tensorrts_own_allocator_error_frees_the_gpu_first():
     assert d.kind == "memory_held_elsewhere" and d.changes[0].lever == "free_other_process"
     torch_bare = diagnose_text("RuntimeError: CUDA error: out of memory\n", "x")  # a framework's step: not TensorRT's
     assert torch_bare.changes[0].lever != "free_other_process"
+
+
+# --- fits needs positive evidence; an error in any words is never fits (issue #40, third held-out set) -----------
+
+
+@pytest.mark.parametrize("statement", [
+    "gpu内存为12G，llm_engine.py报错增加gpu_memory_utilization。",  # "raised an error"
+    "模型加载失败",  # "loading the model failed"
+    "The engine failed to start after loading the weights.",
+    "| 0.8 | RuntimeError: something went wrong; server refuses to launch |",
+])
+def test_an_error_stated_in_any_words_is_not_recognised_and_quoted(statement):
+    for context in (Context(), Context(engine="vllm")):
+        d = diagnose_text("INFO: starting the server\n" + statement + "\n", "x", context)
+        assert d.kind == "not_recognised" and statement[:40] in d.summary, (context, d.summary)
+
+
+def test_fits_needs_the_engines_completed_kv_cache_line_not_only_no_oom():
+    started = "INFO 12-07 10:00:00 [kv_cache_utils.py:634] GPU KV cache size: 25,920 tokens\n"
+    assert diagnose_text(started, "x", Context(engine="vllm")).kind == "fits"
+    without = diagnose_text("vllm serve my-model --max-model-len 4096\nINFO loading weights\n", "x",
+                            Context(engine="vllm"))
+    assert without.kind == "not_recognised" and "INFO loading weights" in without.summary
+    with_error = diagnose_text(started + "RuntimeError: Engine core initialization failed\n", "x", Context(engine="vllm"))
+    assert with_error.kind != "fits"
+
+
+def test_an_unplaced_vllm_error_at_a_share_well_below_the_default_raises_the_share_first():
+    log = "llm_engine.py raised an error at start-up\n"
+    low = diagnose_text(log, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.6"))
+    assert low.kind == "not_recognised" and low.changes[0].lever == "gpu_memory_utilization_up"
+    at_default = diagnose_text(log, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert not at_default.changes  # nothing is guessed where the share is not what the user held back
+    assert not diagnose_text(log, "x", Context(engine="sglang", flags_text="--mem-fraction-static 0.6")).changes
+
+
+# --- lever choice per kind of failure ------------------------------------------------------------------------------
+
+_V0_SHORT = ("ValueError: The model's max seq len ({length}) is larger than the maximum number of tokens that can be "
+             "stored in KV cache ({holds}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+             "when initializing the engine.\n")
+
+
+def test_kv_short_by_a_little_of_the_models_own_context_raises_the_share_before_cutting_it():
+    small = diagnose_text(_V0_SHORT.format(length=16384, holds=14528), "x", Context(engine="vllm"))
+    assert small.changes[0].lever == "gpu_memory_utilization_up" and small.changes[0].setting.endswith("0.95")
+    assert any(c.lever == "max_model_len_down" for c in small.changes[1:])
+    large = diagnose_text(_V0_SHORT.format(length=32768, holds=16816), "x", Context(engine="vllm"))
+    assert large.changes[0].lever == "max_model_len_down"  # half a sequence short: the context is the lever
+    chosen = diagnose_text(_V0_SHORT.format(length=60000, holds=58384), "x",
+                           Context(engine="vllm", flags_text="--max-model-len 60000"))
+    assert chosen.changes[0].lever == "max_model_len_down"  # a length the user chose comes down first
+    at_top = diagnose_text(_V0_SHORT.format(length=32768, holds=29568), "x",
+                           Context(engine="vllm", flags_text="--gpu-memory-utilization 0.98"))
+    assert at_top.changes[0].lever == "max_model_len_down"
+
+
+def test_kv_too_small_with_a_share_held_well_below_the_default_raises_it_first():
+    log = ("ValueError: To serve at least one request with the model's max seq len (196608), 23.25 GiB KV cache is "
+           "needed, which is larger than the available KV cache memory (22.5 GiB). Based on the available memory, the "
+           "estimated maximum model length is 190272.\n")
+    low = diagnose_text(log, "x", Context(engine="vllm",
+                                          flags_text="--max-model-len 196608 --gpu-memory-utilization 0.8"))
+    assert low.changes[0].lever == "gpu_memory_utilization_up"
+    default = diagnose_text(log, "x", Context(engine="vllm", flags_text="--max-model-len 196608"))
+    assert default.changes[0].lever == "max_model_len_down"
+
+
+def test_sglang_cuda_graph_capture_oom_lowers_the_captured_batch_sizes_first():
+    log = ("[TP0] Capture cuda graph begin. This can take up to several minutes. bs [1, 2, 4, 8, 16, 32, 64, 128, 256]\n"
+           "Exception: Capture cuda graph failed: CUDA out of memory.\n")
+    d = diagnose_text(log, "x", Context(engine="sglang"))
+    assert d.kind == "cuda_graph_capture" and d.changes[0].setting == "--cuda-graph-max-bs 128"
+    assert d.changes[0].lever == "cuda_graph_max_bs_down"
+    assert any(c.lever == "mem_fraction_static_down" for c in d.changes[1:])
+    capped = diagnose_text(log, "x", Context(engine="sglang", flags_text="--cuda-graph-max-bs 16"))
+    assert capped.changes[0].setting == "--cuda-graph-max-bs 8"
+
+
+def test_sglangs_not_enough_memory_as_quoted_without_its_advice_raises_mem_fraction_static():
+    row = "| `0.8` | `RuntimeError: Not enough memory`; server refuses to launch | — |\n"
+    d = diagnose_text(row, "x", Context(engine="sglang", flags_text="--mem-fraction-static 0.8"))
+    assert d.kind == "no_kv_cache_memory" and d.changes[0].lever == "mem_fraction_static_up"
+    assert d.changes[0].setting == "--mem-fraction-static 0.85"
+    tgi = diagnose_text("RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "
+                        "`--max-batch-prefill-tokens`\n", "x")
+    assert tgi.reader == "tgi"

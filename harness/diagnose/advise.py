@@ -100,13 +100,15 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
     failure = last_error(text)
     if diagnosis is None and failure is None and engine is not None:
         diagnosis = _engine_without_failure(text, source, engine)
+    if diagnosis is not None and diagnosis.kind == "fits" and failure is None and not _healthy_start(diagnosis):
+        diagnosis = _engine_without_failure(text, source, engine or diagnosis.reader)
     if diagnosis is None or (diagnosis.kind in ("fits", "within_watermark") and failure is not None):
         if failure is None:
             raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, an "
                                      "engine's start-up or failure lines, nvidia-smi --query-gpu=timestamp,memory.used,"
                                      "memory.total --format=csv output); pass the server's whole log or the full error "
                                      "text")
-        diagnosis = _not_recognised(failure, source, engine, diagnosis)
+        diagnosis = _not_recognised(failure, source, engine, diagnosis, settings)
     notes = []
     if context.engine and context.engine != diagnosis.reader and diagnosis.reader != "none":
         notes.append(f"--engine {context.engine}: no {context.engine} line in it; read as {diagnosis.reader}")
@@ -162,12 +164,35 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
     return None
 
 
-def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | None) -> Diagnosis:
+def _healthy_start(diagnosis: Diagnosis) -> bool:
+    """'fits' needs positive evidence of a healthy start-up: the engine's own completed KV-cache line (what its cache
+    holds), never only the absence of an out-of-memory line."""
+    return any(f.label == "KV cache holds" for f in diagnosis.figures)
+
+
+LOW_UTILIZATION = 0.8  # a --gpu-memory-utilization at or below this is clearly under vLLM's default 0.9
+
+
+def _low_share_first(engine: str | None, settings: dict) -> tuple[Change, ...]:
+    """A vLLM start-up error no reader places, where the user set --gpu-memory-utilization clearly below the default:
+    vLLM's start-up failures are mostly the KV cache finding too little room inside that share (no blocks, one
+    sequence too long), so the lowered share is the first suspect. Nothing is guessed for other engines."""
+    share = number(settings, "gpu_memory_utilization")
+    if engine != "vllm" or share is None or share > LOW_UTILIZATION:
+        return ()
+    return (Change(f"--gpu-memory-utilization {DEFAULT_UTILIZATION}",
+                   f"{share} is well below vLLM's default {DEFAULT_UTILIZATION}: the KV cache gets "
+                   f"{DEFAULT_UTILIZATION - share:.2f} of the GPU more, if nothing else uses it (a first guess: the log "
+                   "does not say which memory ran out)", "gpu_memory_utilization_up"),)
+
+
+def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | None,
+                    settings: dict | None = None) -> Diagnosis:
     what = "an out-of-memory line" if failure.memory else "an error"
     return Diagnosis(source, seen.reader if seen else (_READER.get(engine, "none")), "not_recognised",
                      f"not recognised: the log has {what} no reader knows (log line {failure.line}: "
                      f"{failure.text[:200]!r}), so it is not 'fits'",
-                     seen.figures if seen else (), (),
+                     seen.figures if seen else (), _low_share_first(engine, settings or {}),
                      ("the error's whole traceback and the server's start-up lines (its command line, the engine's "
                       "version, the memory lines before the error) would let diagnose decide",
                       "which engine wrote it: --engine vllm|sglang|tgi|trtllm"),
@@ -458,11 +483,38 @@ def _kv_too_small(facts, source, figures, per_token, utilization, total_gib, con
                               f"{context.weights_16bit_bytes / GIB:.2f}: {freed:.2f} GiB for the KV cache{tokens}"))
     changes.append(Change("--tensor-parallel-size 2", "splits the weights and the KV heads over two GPUs: about twice "
                           "the KV room per sequence"))
+    changes = _share_before_context(changes, length, holds, utilization, facts.settings)
     missing = () if total_gib else ("the GPU's total memory, for the --gpu-memory-utilization arithmetic: "
                                      "pass --target-gpu, or the log's 'Free memory on device' line",)
     return Diagnosis(source, "vllm", "kv_cache_too_small",
                      summary + "; a smaller batch (--max-num-seqs) does not help: one sequence does not fit",
                      tuple(figures), tuple(changes), missing)
+
+
+SMALL_SHORTFALL = 0.15  # the KV cache holds at least 85% of one sequence: a small share bump covers the rest
+
+
+def _share_before_context(changes: list[Change], length: int, holds: int, utilization: float | None,
+                          settings: dict) -> list[Change]:
+    """Where the share vLLM may use is what is short, raise it before cutting the context (vLLM's own message names
+    gpu_memory_utilization first): the user set it clearly below the default 0.9 (the memory they held back is
+    there to take), or the context is the model's own (not set by the user) and the cache holds all but a small
+    share of one sequence, with room left under 0.95. Another process on the GPU is read before this and answered on
+    its own. A context the user chose, or a share at its top, leaves --max-model-len first."""
+    current = utilization or DEFAULT_UTILIZATION
+    low_share = utilization is not None and utilization <= LOW_UTILIZATION
+    small_gap = ("max_model_len" not in settings and holds >= (1 - SMALL_SHORTFALL) * length
+                 and current < MAX_UTILIZATION)
+    if not (low_share or small_gap):
+        return changes
+    share = next((c for c in changes if re.match(r"--gpu-memory-utilization \d", c.setting)), None)
+    if share is None:
+        wanted = DEFAULT_UTILIZATION if low_share else min(MAX_UTILIZATION, round(current + 0.05, 2))
+        share = Change(f"--gpu-memory-utilization {wanted:.2f}",
+                       f"the cache holds {holds:,} of the {length:,} tokens one sequence needs "
+                       f"({1 - holds / length:.0%} short): more of the GPU for the KV cache, as vLLM's message "
+                       "suggests first, if nothing else uses the GPU", "gpu_memory_utilization_up")
+    return [share] + [c for c in changes if c is not share]
 
 
 def _kv_too_small_uncounted(length: int, facts, source, figures, utilization) -> Diagnosis:

@@ -134,8 +134,13 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
                           "(a CUDA OOM needs it lower; only SGLang's 'Not enough memory' start-up error needs it "
                           "higher)", "mem_fraction_static_down")
         if re.search(r"captur|cuda.?graph", around):
-            kind, summary = "cuda_graph_capture", "CUDA-graph capture ran out of memory at start-up"
-            changes = [fraction, Change("--cuda-graph-max-bs 32", "captures fewer, smaller graphs"),
+            # capture runs after the static share (weights + KV pool) was taken, one graph per batch size up to
+            # --cuda-graph-max-bs: the largest sizes are what ran out, so fewer of them is the lever that keeps the
+            # KV pool (mem_fraction_static is the start-up lever; it trades KV pool for graph room)
+            kind, summary = "cuda_graph_capture", ("CUDA-graph capture ran out of memory at start-up: the graphs for "
+                                                   "the largest batch sizes (up to --cuda-graph-max-bs) did not fit "
+                                                   "beside the static share")
+            changes = [_fewer_graph_sizes(text, settings), fraction,
                        Change("--disable-cuda-graph", "no graph memory (slower decode)")]
         elif re.search(r"load_model|load_weights|weight_loader|model_loader", around) and not (
                 facts and facts.weights_gb):
@@ -161,6 +166,22 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
     larger = Change(f"--mem-fraction-static {min(0.95, (current or SGLANG_DEFAULT_FRACTION) + 0.05):.2f}",
                     "a larger KV pool")
     return _kv_short_or_fits(source, "sglang", "KV pool", facts, figures, "--context-length", larger)
+
+
+# SGLang's capture logs its batch sizes ("Capture cuda graph bs [1, 2, 4, ... 256]", "cuda_graph_max_bs=256")
+_SGLANG_CAPTURE_BS = re.compile(r"\bbs\s*\[([\d,\s]+)\]|cuda[-_]graph[-_]max[-_]bs[-_a-z]*[=: ]+(\d+)|\bbs ?= ?(\d+)",
+                                re.I)
+SGLANG_GRAPH_BS = 32  # where neither the log nor the flags say how large the captured batches went
+
+
+def _fewer_graph_sizes(text: str, settings: dict[str, Setting]) -> Change:
+    """--cuda-graph-max-bs at half the largest batch size the log or the flags show (capture went that high)."""
+    seen = [int(n) for m in _SGLANG_CAPTURE_BS.finditer(text) for n in re.findall(r"\d+", next(filter(None, m.groups())))]
+    largest = number(settings, "cuda_graph_max_bs") or max(seen, default=0)
+    target = max(1, int(largest // 2)) if largest else SGLANG_GRAPH_BS
+    return Change(f"--cuda-graph-max-bs {target}", f"captures graphs only up to batch {target}"
+                  + (f" instead of {int(largest)}" if largest else "") + ": the largest graphs' memory is what ran "
+                  "out, and the KV pool keeps its size", "cuda_graph_max_bs_down")
 
 
 # the scheduler's batch lines (sglang srt/managers/scheduler.py, tp_worker.py before it): "Prefill batch. #new-seq: N,

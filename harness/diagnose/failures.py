@@ -19,7 +19,8 @@ EXCEEDS_MEMORY = (r"\bexceed(?:s|ed|ing)?\s+(?:(?:the|its|our|available|total|GP
 # OOM as the failure, also as a verb ("OOMs at the KV-cache check", "OOMed", "OOM'd")
 OOM_WORD = r"(?<![A-Za-z])OOM(?:s|ed|ing|'d|'s)?(?![A-Za-z])"
 # a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM")
-SHORT_OF_MEMORY = r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)"
+SHORT_OF_MEMORY = (r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)|"
+                   r"(?:memory|VRAM) is insufficient|显存不足|内存不足")
 _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
                      r"KV cache is needed, which is larger than|is larger than the maximum number of tokens that can be "
                      r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
@@ -29,7 +30,11 @@ _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No 
                      + TORCH_OOM_BODY + "|" + EXCEEDS_MEMORY, re.I)
 _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(| ?: | ?:$)|Traceback \(most recent call last\)|"
                     r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
-                    r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:", re.I)
+                    r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:|"
+                    # a failure stated in words, in any language: "failed to start", "refuses to launch", "报错" (raised
+                    # an error), "错误" (error), "失败" (failed), "异常" (exception), "出错" (went wrong)
+                    r"\bfail(?:ed|s|ure)\b(?!\s*[:=]\s*0\b)|refuses? to (?:launch|start|load|run)|"
+                    r"报错|错误|失败|异常|出错", re.I)
 _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0|"
                     # a logger's WARNING/INFO line that mentions an error (vLLM's "Found ulimit ... with error")
                     r"\b(?:WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.I)
@@ -60,7 +65,8 @@ class FailureLine:
 
 _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"", "fatal", "panicked", "dumped",
                   "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than",
-                  "capacity", "exceed", "insufficient", "vram")
+                  "capacity", "exceed", "insufficient", "vram", "fail", "refuse", "报错", "错误", "失败", "异常", "出错",
+                  "显存", "内存")
 
 
 @functools.lru_cache(maxsize=4)

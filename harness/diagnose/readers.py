@@ -446,8 +446,10 @@ class EngineFacts:
     kv_gib: Quoted | None = None  # TensorRT-LLM: the paged KV cache
 
 
-_SGLANG_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static\.(?: Current value: "
-                                r"mem_fraction_static=([\d.]+))?")
+# SGLang's start-up check (model_runner.py): "RuntimeError: Not enough memory. Please try to increase
+# --mem-fraction-static." (quoted with or without the advice; TGI's "Not enough memory to handle N ..." is its own)
+_SGLANG_NOT_ENOUGH = re.compile(r"(?:Not enough memory\. Please try to increase --mem-fraction-static\.|"
+                                r"RuntimeError: Not enough memory(?! to handle)\b)(?:.*?mem_fraction_static=([\d.]+))?")
 _SGLANG_FRACTION = re.compile(r"mem[_-]fraction[_-]static[=: ]+([\d.]+)")
 _SGLANG_WEIGHTS = re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
 _SGLANG_KV = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
