@@ -177,3 +177,44 @@ def test_an_rtn_rung_of_gemma_quantizes_its_linears_and_not_its_scaled_embedding
     assert changed and all(n.endswith("_proj.weight") for n in changed)
     assert len(changed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
     assert json.loads((rung / "config.json").read_text())["quantization_config"]["weight_bits"] == 3
+
+
+@pytest.mark.parametrize("model", [DEMO, SECOND_MODEL])
+def test_the_ladder_runs_quantgate_on_the_model_it_names(tmp_path, monkeypatch, model):
+    import benchmarks.fidelity_bench as bench
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    calls = []
+
+    def fake_run(command, cwd, env, stdout, stderr):
+        calls.append((command, env["QUANTGATE_CACHE"]))
+        run_dir = Path(command[command.index("--out") + 1])
+        run_dir.mkdir(parents=True)
+        report = {"device": {"name": "cpu"}, "formats": {
+            "baseline": {"role": "baseline", "status": "ok", "compute_dtype": "bfloat16"},
+            "int8": {"role": "candidate", "status": "ok", "verdict": "GO", "artifact": {"manifest": {}},
+                     "fidelity": {"squad_200": {"kl": {"value": 0.02, "ci_low": 0.01, "ci_high": 0.03},
+                                                "top1_agreement": {"value": 95.0, "ci_low": 94.0, "ci_high": 96.0},
+                                                "items": 3}},
+                     "scores": {"squad_200": {"f1": {"gated": True, "delta": -1.0, "ci_low": -3.0, "ci_high": 1.0,
+                                                     "margin": 2.0}}}}}}
+        (run_dir / "report.json").write_text(json.dumps(report))
+        return 1  # no GO: quantgate's exit code for a finished run without one
+
+    monkeypatch.setattr(bench, "SHARED", tmp_path)
+    monkeypatch.setattr(bench.subprocess, "call", fake_run)
+    monkeypatch.setattr(bench, "refused_formats", lambda path, rungs: {"awq": "GPTQModel's AWQ cannot"})
+    work, _ = model_paths(tmp_path / "work", model)
+    result = bench.run_fidelity_bench(checkpoint, work, 3, 16, 1, 8, ("builtin",), model)
+    (command, cache), = calls
+    given = command[command.index("--model") + 1]
+    formats = command[command.index("--formats") + 1]
+    if model == DEMO:  # as before: the demo model by name, every built-in format, its converted copy in the cache
+        assert given == "demo" and formats == "baseline,int8,gptq,awq"
+        assert (Path(cache) / "models" / "smollm2-135m-instruct-bf16").resolve() == checkpoint
+    else:
+        assert given == str(checkpoint) and formats == "baseline,int8,gptq"
+        assert Path(cache) == work / "cache" and "fidelity-gemma3-270m" in cache
+    assert result["model"] == model and [r["model"] for r in result["rows"]] == [model]
+    assert result["fit"]["points"] == 1 and "dequantized" in result["model_note"]
