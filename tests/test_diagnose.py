@@ -793,3 +793,78 @@ def test_sglangs_not_enough_memory_as_quoted_without_its_advice_raises_mem_fract
     tgi = diagnose_text("RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "
                         "`--max-batch-prefill-tokens`\n", "x")
     assert tgi.reader == "tgi"
+
+
+def test_tensorrt_builder_short_of_memory_for_tactics_at_a_large_max_batch_size_lowers_it_first():
+    log = ("[10/24/2023-06:48:50] [TRT] [I] Global timing cache in use. Profiling results in this builder pass will be "
+           "stored.\n[10/24/2023-06:48:53] [TRT] [W] Tactic Device request: 41472MB Available: 40338MB. Device memory "
+           "is insufficient to use tactic.\n")
+    large = diagnose_text(log, "x", Context(engine="trtllm", flags_text="--max_batch_size 128"))
+    assert large.kind == "activation_peak" and large.changes[0].setting == "--max_batch_size 64"
+    small = diagnose_text(log, "x", Context(engine="trtllm", flags_text="--max_batch_size 8"))
+    assert small.changes[0].lever == "max_num_tokens_down"
+    assert diagnose_text(log, "x").kind != "fits"
+
+
+def test_a_training_step_at_a_large_batch_lowers_the_batch_before_gradient_checkpointing():
+    log = ("Fine-tuning run: finetuner.fit(model='distilbert', epochs=3, batch_size={batch})\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of "
+           "14.75 GiB of which 40.00 MiB is free. Including non-PyTorch memory, this process has 14.70 GiB memory in "
+           "use. Of the allocated memory 14.10 GiB is allocated by PyTorch, and 60.00 MiB is reserved by PyTorch but "
+           "unallocated.\n")
+    large = diagnose_text(log.format(batch=128), "x")
+    assert large.kind == "training_step" and large.changes[0].lever == "batch_size_down"
+    assert "to 64 (from 128)" in large.changes[0].setting
+    small = diagnose_text(log.format(batch=8), "x")
+    assert small.changes[0].lever == "gradient_checkpointing"  # a fine-tune at a small batch: checkpointing first
+
+
+def test_an_unplaced_vllm_oom_of_an_encoder_decoder_model_lowers_max_num_seqs():
+    whisper = diagnose_text("vllm serve openai/whisper-large-v3-turbo\nvllm 0.8.0\nright after start-up it hit an "
+                            "out-of-memory (OOM) error\n", "x", Context(engine="vllm"))
+    assert whisper.changes[0].lever == "max_num_seqs_down"
+    path = diagnose_text("vllm serve Qwen/Qwen3-8B\nFile \"/envs/whisperx/lib/vllm/v1/engine/core.py\", line 1\n"
+                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB\n", "x",
+                         Context(engine="vllm"))
+    assert path.changes[0].lever != "max_num_seqs_down"  # a path with 'whisperx' in it is no Whisper model
+
+
+def test_a_vllm_warm_up_after_the_kv_cache_lowers_the_share_first():
+    log = ("ERROR [core.py:340]     self.collective_rpc(\"compile_or_warm_up_model\")\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.74 GiB. GPU 0 has a total capacity of "
+           "23.57 GiB of which 594.88 MiB is free.\n")
+    d = diagnose_text(log, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert d.changes[0].setting == "--gpu-memory-utilization 0.80"
+    assert any(c.lever == "max_num_seqs_down" for c in d.changes[1:])
+
+
+def test_a_server_preallocating_a_high_share_that_ran_out_lowers_the_share():
+    said = "At util 0.9 there is no headroom for the MoE scratch and the server OOMs (torch.OutOfMemoryError).\n"
+    d = diagnose_text(said, "x")
+    assert d.changes[0].setting == "--gpu-memory-utilization 0.85"
+    lower = diagnose_text(said.replace("0.9", "0.6"), "x")
+    assert lower.changes[0].lever != "gpu_memory_utilization_down"  # much left outside the share: not the lever
+    training = diagnose_text("Training with util 0.9 in the trainer's config: OOM in the backward pass\n", "x")
+    assert training.changes[0].lever != "gpu_memory_utilization_down"
+
+
+def test_an_unrecognised_crash_with_an_automatic_batch_size_fixes_the_batch_first():
+    crash = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    d = diagnose_text(crash, "x", Context(flags_text="--batch_size auto:4"))
+    assert d.kind == "not_recognised" and d.changes[0].lever == "batch_size_down" and "auto:4" in d.changes[0].setting
+    assert not diagnose_text(crash, "x", Context(flags_text="--batch_size 4")).changes
+
+
+def test_weights_that_do_not_fit_split_over_the_gpus_the_log_shows_before_quantizing():
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 214.00 MiB. GPU 0 has a total capacity of "
+           "14.58 GiB of which 127.56 MiB is free. Including non-PyTorch memory, this process has 14.45 GiB memory in "
+           "use. Of the allocated memory 14.19 GiB is allocated by PyTorch, and 1.15 MiB is reserved by PyTorch but "
+           "unallocated.\n")
+    one = diagnose_text("vllm serve THUDM/glm-4-9b-chat --dtype float16\n" + oom, "x", Context(engine="vllm"))
+    assert one.kind == "weights_do_not_fit" and one.changes[0].lever == "quantize_smaller"
+    several = diagnose_text("CUDA_VISIBLE_DEVICES=0,1,2,3 vllm serve THUDM/glm-4-9b-chat --dtype float16\n" + oom, "x",
+                            Context(engine="vllm"))
+    assert several.changes[0].lever == "tensor_parallel_up"
+    named = diagnose_text("vllm serve THUDM/glm-4-9b-chat --dtype float16 on a server with 4x T4\n" + oom, "x",
+                          Context(engine="vllm"))
+    assert named.changes[0].lever == "tensor_parallel_up"

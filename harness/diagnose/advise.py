@@ -21,7 +21,7 @@ from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines,
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
 from harness.diagnose.records import Change, Diagnosis, Figure
-from harness.diagnose.settings import Setting, is_on, merged, number, settings_given, settings_in
+from harness.diagnose.settings import Setting, is_on, merged, number, settings_given, settings_in, several_gpus
 
 DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (0.92 in some releases: the log's flag wins)
 MAX_UTILIZATION = 0.95  # above this the CUDA context and other processes are left too little
@@ -114,9 +114,24 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
         notes.append(f"--engine {context.engine}: no {context.engine} line in it; read as {diagnosis.reader}")
     if context.flags_text and not given:
         notes.append(f"--flags {context.flags_text!r}: no setting diagnose uses in it")
-    changes = _sane_utilization(with_levers(diagnosis.changes, settings), diagnosis, settings)
+    changes = _split_before_quantizing(_sane_utilization(with_levers(diagnosis.changes, settings), diagnosis,
+                                                         settings), diagnosis.kind, text, settings)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
                    failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))
+
+
+_SPLITS = ("tensor_parallel_up", "num_shard_up", "pipeline_parallel_up")
+
+
+def _split_before_quantizing(changes: tuple[Change, ...], kind: str, text: str, settings: dict) -> tuple[Change, ...]:
+    """Weights that do not fit one GPU, on a machine whose other GPUs the log or the flags show: splitting them over
+    those GPUs (tensor parallel, shards) keeps the model as it is, so it comes before quantizing or offloading."""
+    if kind not in ("weights_do_not_fit", "weights_loading") or not several_gpus(text, settings):
+        return changes
+    split = next((c for c in changes if c.lever in _SPLITS), None)
+    if split is None or changes[0] is split:
+        return changes
+    return (split,) + tuple(c for c in changes if c is not split)
 
 
 def _answered_line(text: str, diagnosis: Diagnosis, failure) -> str:
@@ -177,6 +192,14 @@ def _low_share_first(engine: str | None, settings: dict) -> tuple[Change, ...]:
     """A vLLM start-up error no reader places, where the user set --gpu-memory-utilization clearly below the default:
     vLLM's start-up failures are mostly the KV cache finding too little room inside that share (no blocks, one
     sequence too long), so the lowered share is the first suspect. Nothing is guessed for other engines."""
+    batch = settings.get("batch_size")
+    if batch is not None and str(batch.value).lower().startswith("auto"):
+        # a batch size the tool detects itself (lm-eval, accelerate's find_executable_batch_size) probes memory once
+        # and can overshoot on later, longer inputs: a fixed one is the first thing to try
+        return (Change(f"an explicit batch size instead of {batch.value} (e.g. --batch_size 1, then up)",
+                       "the automatic batch size is detected on a probe and can overshoot on later inputs; a fixed one "
+                       "bounds what a step needs (a first guess: the log does not say which memory ran out)",
+                       "batch_size_down"),)
     share = number(settings, "gpu_memory_utilization")
     if engine != "vllm" or share is None or share > LOW_UTILIZATION:
         return ()
@@ -638,6 +661,10 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         if oom is not None else (None, None, None)
     if facts.oom_during is None and tried_gib and total_gib and tried_gib > total_gib:
         facts.oom_during = "encoder"  # one allocation above the whole GPU: a profile input sized from the maximums
+    if facts.oom_during is None and facts.enc_dec:
+        # an encoder-decoder or audio model (Whisper, Llama 3.2 Vision) and nothing else placing the failure: its
+        # start-up profile runs one encoder input per sequence, up to --max-num-seqs, beside the decoder's tokens
+        facts.oom_during = "encoder"
     share = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
     if facts.oom_during in (None, "profile run", "loading weights") and facts.weights_gib is None and allocated_gib \
             and total_gib and allocated_gib >= share * total_gib:
@@ -662,6 +689,19 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                                     "(here the batch size is the lever, as the log says)"),
                              Change(f"--gpu-memory-utilization {lower}", "leaves more outside vLLM's share for the "
                                     "warm-up")], current))
+    if facts.oom_during == "warm-up":
+        # vLLM warms the model and the sampler up after the KV cache took its share (gpu_worker.compile_or_warm_up_model
+        # runs after initialize_from_config), so the warm-up's room is what the share leaves outside it: a little less
+        # share gives it back, at the cost of a little KV cache; fewer sequences shrink the sampler's dummy batch
+        return Diagnosis(source, "vllm", "sampler_warm_up",
+                         f"the warm-up after the KV cache was allocated ran out of memory (tried {tried}): it runs in "
+                         f"what the {current} share leaves outside vLLM's budget", tuple(figures), (
+                             Change(f"--gpu-memory-utilization {math.floor((current - 0.1) * 100) / 100:.2f}",
+                                    "leaves more of the GPU outside vLLM's share for the warm-up (less KV cache)",
+                                    "gpu_memory_utilization_down"),
+                             Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                                    "the sampler warms up this many dummy sequences over the vocabulary"),
+                             Change("--enforce-eager", "no CUDA graphs or compilation beside the warm-up")))
     if facts.oom_during == "mamba":
         return Diagnosis(source, "vllm", "state_cache",
                          f"the Mamba (recurrent) state cache ran out of memory (tried {tried}): it holds a state per "

@@ -22,6 +22,7 @@ from harness.diagnose.settings import Setting, number
 
 SGLANG_DEFAULT_FRACTION = 0.88
 TRTLLM_DEFAULT_FRACTION = 0.9
+TRTLLM_LARGE_BATCH = 64  # a max_batch_size this large sets the build's largest shapes: it comes down first
 
 
 def quoted_figures(facts: EngineFacts | None) -> list[Figure]:
@@ -86,7 +87,10 @@ def _oom_line(text: str) -> tuple[int, str] | None:
     """The first out-of-memory line, with or without PyTorch's figures."""
     for number, line in enumerate(text.splitlines(), 1):
         if re.search(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|"
-                     r"Failed to allocate|std::bad_alloc|component creation attempt", line, re.I) or says_oom(line):
+                     r"Failed to allocate|std::bad_alloc|component creation attempt|"
+                     # TensorRT's builder: "Device memory is insufficient to use tactic", "insufficient memory on
+                     # requested size" (tactics skipped for want of memory)
+                     r"memory is insufficient|insufficient memory", line, re.I) or says_oom(line):
             return number, line.strip()
     return None
 
@@ -314,11 +318,16 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
         tokens = number(settings, "max_num_tokens")
         batch = number(settings, "max_batch_size")
         lower = math.floor((fraction - 0.2) * 100) / 100 if fraction > 0.3 else round(fraction / 2, 2)
-        if re.search(r"trtllm-build|builder|build_engine|engine build", around):
+        if re.search(r"trtllm-build|builder|build_engine|engine build|tactic", around):
             changes = [Change(f"--max_num_tokens {int(tokens // 2) if tokens else 4096}", "the engine's activation "
                               "buffers follow max_num_tokens"),
                        Change(f"--max_batch_size {int(batch // 2) if batch else 64}", "smaller buffers")]
-            kind, summary = "activation_peak", "building the engine ran out of memory"
+            if batch and batch >= TRTLLM_LARGE_BATCH:
+                # the builder sizes each tactic's workspace for the largest shapes of the optimization profile, which
+                # a large max_batch_size sets; those tactics are what asked for more than the GPU holds
+                changes.reverse()
+            kind, summary = "activation_peak", ("building the engine ran out of memory (the builder's tactics for "
+                                                "the profile's largest shapes asked for more than the GPU holds)")
         else:
             changes = [Change(f"kv_cache_config.free_gpu_memory_fraction {lower:.2f}",
                               f"the KV cache takes {fraction} of the memory free after the engine loads; a smaller "

@@ -107,6 +107,48 @@ def _checkpointing_first(figures: list, quoted: str, source: str) -> Diagnosis:
                      failing_line=quoted)
 
 
+SERVING_SHARE = 0.9  # a server preallocating this share of the GPU (vLLM's default and up) leaves little outside it
+
+
+def _share_down_first(share: float, figures: list, quoted: str, source: str) -> Diagnosis:
+    """A server that preallocates a share of the GPU (gpu_memory_utilization: vLLM and the servers built like it)
+    ran out outside the share, where transient buffers (MoE scratch, sampler logits, graphs) live: a smaller share is
+    what gives them room; the tokens of one step come next."""
+    lower = round(share - 0.05, 2)
+    return Diagnosis(source, "pytorch-oom", "oom_under_load",
+                     f"a server that preallocates {share} of the GPU (gpu_memory_utilization) ran out: its transient "
+                     "buffers live in what the share leaves outside it", tuple(figures), (
+                         Change(f"--gpu-memory-utilization {lower:.2f}", f"leaves {1 - lower:.0%} of the GPU outside "
+                                "the preallocated share for transient buffers (less KV cache)",
+                                "gpu_memory_utilization_down"),
+                         Change("--max-num-batched-tokens 4096", "caps the tokens of one step, and so its buffers"),
+                         free_other_process()),
+                     failing_line=quoted)
+
+
+LARGE_BATCH = 32  # a training batch this large is the first lever: halving it halves the activations, no recompute
+
+
+def _large_batch(settings: dict) -> int | None:
+    batch = settings.get("batch_size")
+    value = batch.value if batch is not None else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= LARGE_BATCH \
+        else None
+
+
+def _batch_first(batch: int, figures: list, quoted: str, source: str) -> Diagnosis:
+    return Diagnosis(source, "pytorch-oom", "training_step",
+                     f"a training step ran out at a batch of {batch}: the activations kept for the backward pass grow "
+                     "with it, and at this size a smaller batch (with gradient accumulation for the same effective "
+                     "batch) comes before recomputing them", tuple(figures), (
+                         Change(f"lower the batch size to {batch // 2} (from {batch}), with 2 gradient "
+                                "accumulation steps", "halves the activations; the effective batch stays the same",
+                                "batch_size_down"),
+                         Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"),
+                         Change("shorter sequences (max_length)", "activations grow with the length")),
+                     failing_line=quoted)
+
+
 # a person's words that the same job fits by itself ("MMLU alone worked perfectly", "runs fine on its own")
 _WORKS_ALONE = re.compile(r"\b(?:alone|on its own|by itself|separately|individually)\s+(?:it\s+)?(?:works?|worked|"
                           r"runs?|ran|fits?|fitted|is fine|was fine|succeeds?|succeeded)\b|\b(?:works?|worked|runs?|ran|"
@@ -215,6 +257,13 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                          "the parameter and optimizer shards and one sequence's activations", tuple(figures),
                          (offload, checkpointing, shorter) if _fine_tune_without_checkpointing(context, settings or {})
                          else (offload, shorter, checkpointing), failing_line=quoted)
+    share = (settings or {}).get("gpu_memory_utilization")
+    if share is not None and isinstance(share.value, float) and share.value >= SERVING_SHARE and \
+            (phase is None or phase[1] not in ("weights_loading", "training_step", "optimizer_state")) and \
+            not _TRAINING.search(context):
+        return _share_down_first(share.value, figures, quoted, source)
+    if training and (large := _large_batch(settings or {})) and _TRAINING.search(context):
+        return _batch_first(large, figures, quoted, source)
     if training and _fine_tune_without_checkpointing(context, settings or {}):
         return _checkpointing_first(figures, quoted, source)
     if phase is not None:

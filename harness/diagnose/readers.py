@@ -156,7 +156,8 @@ _VLLM_WORDS = ("non-default", "serve", "took", "KV", "kv_cache", "oncurrency", "
                "memory", "Memory", "Capturing", "File \"", "Error", "ERROR", "USE_V1", "Tried to allocate")
 # V0's encoder-decoder runner, or a model vLLM runs as one: Llama 3.2 Vision (model_type mllama,
 # MllamaForConditionalGeneration: cross-attention to the image encoder's states) and Whisper
-_ENC_DEC = re.compile(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama|Llama-3\.2-\d+B-Vision|whisper", re.I)
+_ENC_DEC = re.compile(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mllama|Llama-3\.2-\d+B-Vision|\bwhisper\b",
+                      re.I)  # Whisper the model, not a path like envs/whisperx
 # lm-eval's vLLM backend (lm_eval/models/vllm_causallms.py, registered as "vllm"), run from its command line
 _LM_EVAL_VLLM = re.compile(r"lm[_-]eval\b[^\n]*--model[ =]vllm\b|vllm_causallms")
 # the release as a user states it beside the log ("in vllm 0.2.7", "vllm==0.6.3", "vLLM version 0.5.4")
@@ -316,6 +317,8 @@ def oom_phase(lines: list[str], number: int) -> str | None:
         return "encoder"
     if re.search(r"load_model|load_weights|weight_loader|model_loader|\.to\(|initialize_model", lowered):
         return "loading weights"
+    if re.search(r"warm[-_ ]?up|warming up", lowered):
+        return "warm-up"  # after the KV cache took its share: the sampler's or the model's warm-up
     if "profile" in lowered or "dummy" in lowered:
         return "profile run"
     return None

@@ -70,6 +70,10 @@ _EQUIVALENT = re.compile(r"is equivalent to [\d.]+\s+without CUDA graph", re.I)
 _SAID_BATCH = re.compile(r"\b(?:set|setting|use|using|with|tried|already|even)\b[^.\n]{0,20}?\bbatch[ _-]?size"
                          r"(?:\s*(?:of|to|is|=|:))?\s*(\d+)\b", re.I)
 
+# a share stated in words ("at util 0.9 the server OOMs", "with gpu memory utilization 0.95")
+_SAID_UTILIZATION = re.compile(r"\b(?:at|with|using|set to|default)\s+(?:gpu[ _-]?memory[ _-]?)?util(?:i[sz]ation)?"
+                               r"\s*(?:of|=|:)?\s*(0?\.\d+|1\.0)\b", re.I)
+
 
 def key_of(name: str) -> str | None:
     return ALIASES.get(name.strip().lstrip("-").replace("-", "_").lower())
@@ -93,6 +97,8 @@ def settings_in(text: str) -> dict[str, Setting]:
             line = line[:20000]
         if "batch" in line.lower() and not _ADVICE.search(line) and (said := _SAID_BATCH.search(line)):
             put("batch_size", said.group(1), number)
+        if "util" in line.lower() and not _ADVICE.search(line) and (said := _SAID_UTILIZATION.search(line)):
+            put("gpu_memory_utilization", said.group(1), number)
         if _EQUIVALENT.search(line + " " + (lines[number][:200] if number < len(lines) else "")):
             continue
         if not ("--" in line or "=" in line or "Args {" in line or ": Some(" in line or "-tp" in line
@@ -141,6 +147,8 @@ def _value(key: str, raw: object) -> object | None:
         return True if text in ("true", "1", "yes") else False if text in ("false", "0", "no") else None
     if key in TEXT_VALUES:
         return str(raw)
+    if key == "batch_size" and str(raw).lower().startswith("auto"):
+        return str(raw)  # lm-eval's "auto" / "auto:4": detected by the tool, a setting of its own
     if isinstance(raw, bool):
         return None
     if isinstance(raw, (int, float)):
@@ -177,3 +185,19 @@ def fp8_kv(settings: dict[str, Setting]) -> bool:
 def expandable_segments(settings: dict[str, Setting]) -> bool:
     setting = settings.get("pytorch_cuda_alloc_conf")
     return setting is not None and "expandable_segments:true" in str(setting.value).lower().replace(" ", "")
+
+
+# more than one GPU visible or named: CUDA_VISIBLE_DEVICES with several ids, a GPU or rank numbered above 0, "4x T4",
+# "2 GPUs", an nvidia-smi table's second row, "each card"
+_SEVERAL_GPUS = re.compile(r"CUDA_VISIBLE_DEVICES[\"']?\s*[=:]\s*[\"']?\d+\s*,\s*\d+|\bGPU [1-9]\d*\b|\bcuda:[1-9]|"
+                           r"\brank[= ][1-9]|^\|\s+[1-9]\s+NVIDIA|\b[2-9]\s*[x×]\s*(?:NVIDIA\s+)?(?:[A-Z]+\d|RTX|GPU)|"
+                           r"\b(?:[2-9]|1[0-6])\s*(?:GPUs|cards)\b|\beach (?:card|GPU)\b|每张卡|多卡", re.I | re.M)
+
+
+def several_gpus(text: str, settings: dict[str, Setting]) -> bool:
+    """The log or the flags show more than one GPU on the machine (visible or named)."""
+    visible = settings.get("cuda_visible_devices")
+    if visible is not None and "," in str(visible.value):
+        return True
+    return bool(_SEVERAL_GPUS.search(text))
+
