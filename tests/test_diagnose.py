@@ -714,6 +714,8 @@ def test_tensorrts_own_allocator_error_frees_the_gpu_first():
 @pytest.mark.parametrize("statement", [
     "gpu内存为12G，llm_engine.py报错增加gpu_memory_utilization。",  # "raised an error"
     "模型加载失败",  # "loading the model failed"
+    "起動時にエラーが出ました",  # Japanese: "an error at start-up"
+    "서버 시작 중 오류 발생",  # Korean: "an error while starting the server"
     "The engine failed to start after loading the weights.",
     "| 0.8 | RuntimeError: something went wrong; server refuses to launch |",
 ])

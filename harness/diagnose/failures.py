@@ -20,7 +20,7 @@ EXCEEDS_MEMORY = (r"\bexceed(?:s|ed|ing)?\s+(?:(?:the|its|our|available|total|GP
 OOM_WORD = r"(?<![A-Za-z])OOM(?:s|ed|ing|'d|'s)?(?![A-Za-z])"
 # a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM")
 SHORT_OF_MEMORY = (r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)|"
-                   r"(?:memory|VRAM) is insufficient|显存不足|内存不足")
+                   r"(?:memory|VRAM) is insufficient|显存不足|内存不足|爆显存|显存溢出|メモリ不足|메모리 부족")
 _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
                      r"KV cache is needed, which is larger than|is larger than the maximum number of tokens that can be "
                      r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
@@ -34,7 +34,7 @@ _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(| ?: 
                     # a failure stated in words, in any language: "failed to start", "refuses to launch", "报错" (raised
                     # an error), "错误" (error), "失败" (failed), "异常" (exception), "出错" (went wrong)
                     r"\bfail(?:ed|s|ure)\b(?!\s*[:=]\s*0\b)|refuses? to (?:launch|start|load|run)|"
-                    r"报错|错误|失败|异常|出错", re.I)
+                    r"报错|错误|失败|异常|出错|エラー|오류|에러|실패", re.I)
 _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0|"
                     # a logger's WARNING/INFO line that mentions an error (vLLM's "Found ulimit ... with error")
                     r"\b(?:WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.I)
@@ -66,7 +66,7 @@ class FailureLine:
 _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"", "fatal", "panicked", "dumped",
                   "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than",
                   "capacity", "exceed", "insufficient", "vram", "fail", "refuse", "报错", "错误", "失败", "异常", "出错",
-                  "显存", "内存")
+                  "显存", "内存", "エラー", "오류", "에러", "실패", "メモリ", "메모리")
 
 
 @functools.lru_cache(maxsize=4)
