@@ -218,3 +218,10 @@ def test_the_ladder_runs_quantgate_on_the_model_it_names(tmp_path, monkeypatch, 
         assert Path(cache) == work / "cache" and "fidelity-gemma3-270m" in cache
     assert result["model"] == model and [r["model"] for r in result["rows"]] == [model]
     assert result["fit"]["points"] == 1 and "dequantized" in result["model_note"]
+
+
+def test_int8_is_a_rung_of_its_own_and_a_format_runs_once():
+    from benchmarks.fidelity_bench import parse_rungs
+
+    assert run_formats(parse_rungs("int8,fp8,rtn")) == ("baseline", "int8", "fp8")
+    assert run_formats(parse_rungs("builtin,int8")) == ("baseline", "int8", "gptq", "awq")
