@@ -217,8 +217,8 @@ def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | 
                      f"{failure.text[:200]!r}), so it is not 'fits'",
                      seen.figures if seen else (), _low_share_first(engine, settings or {}),
                      ("the error's whole traceback and the server's start-up lines (its command line, the engine's "
-                      "version, the memory lines before the error) would let diagnose decide",
-                      "which engine wrote it: --engine vllm|sglang|tgi|trtllm"),
+                      "version, the memory lines before the error) would let diagnose decide",)
+                     + (() if engine else ("which engine wrote it: --engine vllm|sglang|tgi|trtllm",)),
                      failing_line=failure.text[:300])
 
 
