@@ -104,3 +104,25 @@ def test_a_comparison_follows_a_reference_made_over_whole_prompts(tmp_path):
     compare_to_reference(noisy, FidelityTask("faq", "c", "compare", str(reference), result_path=str(out)), 4,
                          tmp_path / "fmt")
     assert json.loads(out.read_text())["prompt_cache_items"] == 0
+
+
+def test_a_comparison_in_a_later_job_rebuilds_the_prompt_caches(tmp_path):
+    """A format whose generation ran in an earlier job than its comparison (a Ray task rerun beside the baseline)
+    has no prompt caches of its own: its prompts are prefilled again in generation's batches, so it stays on the
+    reference's path. The baseline against itself is then exactly 0, and a format's figures are those its own
+    caches give, to the bit."""
+    base, noisy = _TinyGenerator(), _TinyGenerator(noise=0.1)
+    with_caches, cached_items, _, _ = _figures(tmp_path, base, noisy, "own", cached=True)
+    prompts = _prompts()
+    reference = tmp_path / "ref-own.npz"
+    for name, model in (("later-self", base), ("later-noisy", noisy)):
+        out = tmp_path / f"{name}.json"
+        compare_to_reference(model, FidelityTask("faq", name, "compare", str(reference), result_path=str(out)), 4,
+                             None)
+        result = json.loads(out.read_text())
+        assert result["prompt_cache_items"] == len(prompts) == cached_items
+        rows = {row["id"]: row for row in result["items"]}
+        if model is base:
+            assert all(row["kl_sum"] == 0.0 and row["agree"] == row["positions"] for row in rows.values())
+        else:
+            assert rows == with_caches

@@ -11,6 +11,7 @@ only (tests/test_fidelity.py checks batched against batch 1 on a real model).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from harness import progress
 from harness.cache import atomic_write_json, read_json
-from harness.fidelity.prompt_cache import read_batches
+from harness.fidelity.prompt_cache import plain_layers, read_batches
 
 TINY = 1e-12
 LOGITS_BYTES = 256 * 2**20  # float32 logits one batched forward may keep: bounds the batch on long answers
@@ -75,8 +76,9 @@ def compare_to_reference(model, task, batch_size: int = 1, prompt_cache_dir: Pat
     figures_of: list = [None] * len(item_ids)
     label = f"fidelity {task.evalset}"
     progress.step(label, 0, len(item_ids))
+    on_caches = bool(reference.get("prompt_cache_items", 0))
     forced = forced_logprobs(model, sequences, batch_size, [str(i) for i in item_ids], prompt_cache_dir,
-                             use_cache=bool(reference.get("prompt_cache_items", 0)))
+                             use_cache=on_caches, rebuild=on_caches)
     for done, (index, logprobs) in enumerate(forced, 1):
         rows = slice(reference["position_offsets"][index], reference["position_offsets"][index + 1])
         figures_of[index] = position_figures(logprobs, torch.from_numpy(reference["top_ids"][rows]),
@@ -94,28 +96,78 @@ def compare_to_reference(model, task, batch_size: int = 1, prompt_cache_dir: Pat
 
 class forced_logprobs:
     """(index, log-probabilities) for every sequence: over the cached prompt where this job's generation kept the
-    item's prompt cache (continuation_logprobs), the rest over the whole prompt (teacher_forced_logprobs).
-    use_cache False: the whole prompt for every item (a comparison against a reference that was made so, to keep
-    both sides on one path). `cached` counts the items taken from the caches once iterated."""
+    item's prompt cache (continuation_logprobs); with `rebuild` (a comparison against a reference made over cached
+    prompts), the items it did not keep (its generation ran in an earlier job) over prompts prefilled again in
+    generation's batches (prefilled_batches), so both sides stay on one path; the rest (a sliding-window or
+    recurrent cache; a reference's items without caches) over the whole prompt (teacher_forced_logprobs). use_cache False: the whole prompt for every item (a comparison against a
+    reference that was made so, to keep both sides on one path). `cached` counts the items taken from prompt caches,
+    kept or rebuilt, once iterated."""
 
     def __init__(self, model, sequences, batch_size: int, item_ids: Sequence[str], prompt_cache_dir: Path | None,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, rebuild: bool = False) -> None:
         self.model, self.sequences, self.batch_size = model, sequences, batch_size
         self.item_ids = list(item_ids)
+        self.use_cache, self.rebuild = use_cache, rebuild
         self.batches = [] if not use_cache else read_batches(prompt_cache_dir)
         self.cached = 0
 
     def __iter__(self):
         covered = set()
-        if self.batches and hasattr(getattr(self.model, "model", None), "config"):
+        if self.use_cache and hasattr(getattr(self.model, "model", None), "config"):
             for index, logprobs in continuation_logprobs(self.model, self.batches, self.sequences, self.item_ids):
                 covered.add(index)
                 yield index, logprobs
+            missing = set(range(len(self.sequences))) - covered
+            if missing and self.rebuild and hasattr(self.model, "generate_keeping_prompt_cache"):
+                rebuilt = prefilled_batches(self.model, self.sequences, self.item_ids, self.batch_size, missing)
+                for index, logprobs in continuation_logprobs(self.model, rebuilt, self.sequences, self.item_ids):
+                    covered.add(index)
+                    yield index, logprobs
         self.cached = len(covered)
         rest = [i for i in range(len(self.sequences)) if i not in covered]
         for position, logprobs in teacher_forced_logprobs(self.model, [self.sequences[i] for i in rest],
                                                           self.batch_size):
             yield rest[position], logprobs
+
+
+@dataclass(frozen=True)
+class PrefilledBatch:
+    """A generation batch's prompt cache rebuilt in memory (prefilled_batches), read as a CachedBatch is. Rows whose
+    item is already covered carry an empty id, so continuation_logprobs passes them by."""
+
+    item_ids: tuple[str, ...]
+    prompt_lengths: tuple[int, ...]
+    width: int
+    layers: tuple
+
+    def load(self, rows: list[int], device) -> list[tuple]:
+        return [(keys[rows].to(device), values[rows].to(device)) for keys, values in self.layers]
+
+
+def prefilled_batches(model, sequences: Sequence[tuple[Sequence[int], int]], item_ids: Sequence[str],
+                      batch_size: int, wanted: set[int]) -> Iterator[PrefilledBatch]:
+    """The prompt caches generation would have kept for the `wanted` sequences: generation's batches (longest prompt
+    first, `batch_size` at a time, harness.worker.generate_evalset) prefilled by the runtime's own generate for one
+    token, so each cache is the one its generation computed, cut as PromptCacheWriter cuts it. A batch whose cache
+    is not a plain full-attention one yields nothing (its items go over whole prompts)."""
+    order = sorted(range(len(sequences)), key=lambda i: (-int(sequences[i][1]), i))
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        if not wanted.intersection(batch):
+            continue
+        prompts = [[int(t) for t in sequences[i][0][:int(sequences[i][1])]] for i in batch]
+        kept: dict = {}
+
+        def keep(width, cache):
+            layers = plain_layers(cache)
+            if layers is not None and width > 1:
+                kept["batch"] = PrefilledBatch(
+                    tuple(str(item_ids[i]) if i in wanted else "" for i in batch), tuple(len(p) for p in prompts),
+                    width, tuple((layer.keys[:, :, :width - 1], layer.values[:, :, :width - 1]) for layer in layers))
+
+        model.generate_keeping_prompt_cache(prompts, 1, keep)
+        if "batch" in kept:
+            yield kept.pop("batch")
 
 
 def continuation_logprobs(model, batches, sequences: Sequence[tuple[Sequence[int], int]],
