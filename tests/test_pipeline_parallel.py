@@ -1,4 +1,5 @@
-"""Pipeline parallelism in the capacity plans: the most-loaded stage's weights and KV cache (shapes.pipeline_stage),
+"""Pipeline parallelism in the capacity plans: the most-loaded stage's weights and KV cache (each engine's own split
+of the layers, the embedding on the first stage and the lm_head on the last; shapes.pipeline_stage's bound),
 each engine's pipeline-parallel flag, `quantgate plan --pipeline-parallel-size`, and the run's target."""
 
 import json
@@ -16,6 +17,7 @@ from harness.capacity import (ENGINES, GPUS, Target, TensorParallelError, Worklo
                                       weight_format, weights_bytes)
 from harness.capacity.memory import (NCCL_BYTES, NON_TORCH_BYTES, NON_TORCH_SINCE_START_BYTES,
                                      kv_bytes_per_sequence, kv_bytes_per_token)
+from harness.capacity.shapes import stage_of_range
 from harness.capacity.vllm import KNOWN_VERSIONS
 from harness.measure.kv import DEMO_CONFIG
 from test_model_configs import DEEPSEEK_V2_LITE, GEMMA2_9B, LLAMA3_8B, MIXTRAL_8X7B, QWEN25_7B
@@ -38,28 +40,54 @@ def _embedding_bytes(shape, bytes_per=2):
 
 # --- the most-loaded stage
 
-def test_llama3_8b_over_two_stages_halves_decoder_weights_and_kv_per_gpu():
+def _llama3_8b_parts(fmt="baseline"):
+    """(bytes of one decoder layer, of one vocab x hidden matrix, of the final norm) of Llama-3-8B in bf16: its 32
+    layers are alike, so a stage's weights are its layers' count x the first plus the matrices and norm it holds."""
+    shape = model_shape(LLAMA3_8B)
+    matrix, final_norm = shape.vocab * shape.hidden * 2, shape.hidden * 2
+    decoder = weights_bytes(shape, weight_format(fmt)) - 2 * matrix - final_norm  # untied: embedding and lm_head
+    assert decoder % 32 == 0
+    return decoder // 32, matrix, final_norm
+
+
+def test_llama3_8b_over_two_stages_plans_the_last_stage_of_16_layers():
     shape, fmt = model_shape(LLAMA3_8B), weight_format("baseline")
-    whole, half = weights_bytes(shape, fmt), weights_bytes(pipeline_stage(shape, 2), fmt)
-    embedding = _embedding_bytes(shape)  # embed_tokens and the untied lm_head, both kept on the stage
-    final_norm = shape.hidden * 2
-    assert 2 * (half - embedding - final_norm) == whole - embedding - final_norm  # the decoder layers, halved exactly
+    layer, matrix, final_norm = _llama3_8b_parts()
+    whole = weights_bytes(shape, fmt)
+    assert whole == 32 * layer + 2 * matrix + final_norm
+    # Every engine splits 32 layers 16/16: the first stage holds the embedding, the last the lm_head and the final
+    # norm, so the last is the heavier by the norm; neither holds both vocab x hidden matrices.
+    last = 16 * layer + matrix + final_norm
     for engine in ENGINES:
         one, two = _plan(engine, LLAMA3_8B), _plan(engine, LLAMA3_8B, pp=2)
-        assert two.memory.weights_bytes == half and one.memory.weights_bytes == whole
+        assert two.memory.weights_bytes == last and one.memory.weights_bytes == whole
         assert one.memory.kv_bytes_per_token == 131_072 and two.memory.kv_bytes_per_token == 65_536
         assert 2 * two.memory.kv_bytes_per_sequence == one.memory.kv_bytes_per_sequence
         assert two.max_concurrency > one.max_concurrency
+        assert any("splits the 32 layers 16/16" in note for note in two.notes)
+    # the engine-agnostic bound (shapes.pipeline_stage) counts both matrices: one too many
+    assert weights_bytes(pipeline_stage(shape, 2), fmt) == last + matrix
 
 
-def test_32_layers_over_three_stages_plan_eleven():
+def test_32_layers_over_three_stages_plan_each_engines_heaviest_stage():
     stage = pipeline_stage(model_shape(LLAMA3_8B), 3)
-    assert stage.layers == 11 == math.ceil(32 / 3)  # vLLM's get_pp_indices: [10, 11, 11]
+    assert stage.layers == 11 == math.ceil(32 / 3)  # the engine-agnostic bound
     assert {lin.count for lin in stage.linears} == {11}
-    plan = _plan("vllm", LLAMA3_8B, pp=3)
-    assert plan.memory.kv_bytes_per_token == 11 * 4096  # 2 x 8 KV heads x 128 x 2 bytes per layer
-    assert any("11 of 32 layers" in note for note in plan.notes)
     assert pipeline_stage(model_shape(LLAMA3_8B), 1) == model_shape(LLAMA3_8B)  # one stage: the model itself
+    layer, matrix, final_norm = _llama3_8b_parts()
+    per_layer_kv = 4096  # 2 x 8 KV heads x 128 x 2 bytes
+    # vLLM 0.8+ 11/11/10 and TensorRT-LLM 11/11/10: the first stage (11 layers and the embedding) is the heaviest
+    # (the last: 10 layers, the lm_head and the norm); vLLM 0.7 10/10/12 and SGLang 10/11/11: the last stage.
+    expected = {("vllm", "0.34"): (11, 11 * layer + matrix, "11/11/10"),
+                ("vllm", "0.7"): (12, 12 * layer + matrix + final_norm, "10/10/12"),
+                ("sglang", ""): (11, 11 * layer + matrix + final_norm, "10/11/11"),
+                ("trtllm", ""): (11, 11 * layer + matrix, "11/11/10")}
+    for (engine, version), (layers, weights, split) in expected.items():
+        plan = plan_engine(engine, model_shape(LLAMA3_8B), weight_format("baseline"), Target(H100, 1, 3),
+                           Workload(max_model_len=4096), vllm_version=version or "0.34")
+        assert plan.memory.kv_bytes_per_token == layers * per_layer_kv, engine
+        assert plan.memory.weights_bytes == weights, (engine, version)
+        assert any(f"splits the 32 layers {split}" in note for note in plan.notes), (engine, version)
 
 
 def test_sliding_window_models_keep_the_full_attention_layers_on_the_stage():
@@ -76,9 +104,15 @@ def test_sliding_window_models_keep_the_full_attention_layers_on_the_stage():
     length = 8192
     assert kv_bytes_per_sequence(mixed.attention, length) < 2 * kv_bytes_per_sequence(
         pipeline_stage(model_shape(dict(QWEN25_7B, num_hidden_layers=8)), 4).attention, length)
+    # vLLM's real stage: Gemma 2 alternates sliding (even layers) and full attention, so the 21/21 split's last stage
+    # (layers 21-41, the heavier: the lm_head and the final norm) holds 11 full and 10 sliding layers; vLLM 0.34's
+    # hybrid allocator groups them 11 a group, the sliding group padded with one empty layer, and at 8,192 tokens a
+    # sliding layer keeps them all (window 4,096 plus the 8,192-token prefill budget).
     plan = _plan("vllm", GEMMA2_9B, pp=2, max_model_len=8192)
+    windows = model_shape(GEMMA2_9B).attention.windows[21:]
+    assert windows.count(None) == 11 and windows.count(4096) == 10
     full_layer = 2 * 8 * 256 * 2  # K and V, 8 KV heads of 256, 2 bytes
-    assert plan.memory.kv_bytes_per_sequence == 21 * full_layer * 8192
+    assert plan.memory.kv_bytes_per_sequence == (11 + 11) * full_layer * 8192
 
 
 def test_moe_experts_scale_with_the_stage_layers():
@@ -125,7 +159,7 @@ def test_tensor_and_pipeline_parallel_combine():
         assert _check(engine, plan, model_shape(LLAMA3_8B), weight_format("awq", 128)) == []
     shape, fmt = model_shape(LLAMA3_8B), weight_format("awq", 128)
     assert _plan("vllm", LLAMA3_8B, fmt="awq", tp=2, pp=2).memory.weights_bytes == weights_bytes(
-        pipeline_stage(shape, 2), fmt, 2)
+        stage_of_range(shape, 16, 32), fmt, 2)  # the last stage's 16 layers, lm_head and norm, over 2 GPUs
     assert Target(H100, 2, 2).total_gpus == 4
     # Pipeline parallel alone still needs NCCL between the stages.
     assert _plan("vllm", LLAMA3_8B, pp=2).memory.non_torch_bytes == NON_TORCH_SINCE_START_BYTES + NCCL_BYTES
@@ -235,3 +269,36 @@ def test_the_report_says_how_many_gpus_the_plans_are_for():
     report["settings"]["capacity"].update(tensor_parallel_size=1, pipeline_parallel_size=1)
     parsed = parse_report(json.loads(json.dumps(report)), "report.json")
     assert serving_caption(parsed, parsed.formats["gptq"]).startswith("Serving on L4 (22.03 GiB) (weights")
+
+
+def test_each_engine_splits_the_layers_as_its_source_does():
+    from harness.capacity.sglang import sglang_pp_layer_partition
+    from harness.capacity.trtllm import trtllm_pp_layer_partition
+    from harness.capacity.vllm_versions import pp_layer_partition
+
+    # SGLang's get_pp_indices (python/sglang/srt/distributed/utils.py): "the last N partitions will have one extra
+    # layer, where N = remainder", the last stage included.
+    assert sglang_pp_layer_partition(3, 2) == (1, 2)
+    assert sglang_pp_layer_partition(32, 3) == (10, 11, 11)
+    assert sglang_pp_layer_partition(61, 4) == (15, 15, 15, 16)  # DeepSeek-V3's 61 layers
+    # TensorRT-LLM's Mapping.pp_layers (tensorrt_llm/mapping.py): torch.tensor_split(torch.arange(num_layers),
+    # pp_size), "If num_layers % pp_size = n != 0, first n ranks get one extra layer".
+    assert trtllm_pp_layer_partition(5, 3) == (2, 2, 1)
+    assert trtllm_pp_layer_partition(32, 3) == (11, 11, 10)
+    assert trtllm_pp_layer_partition(61, 4) == (16, 15, 15, 15)
+    # vLLM from 0.8 (vllm/distributed/utils.py get_pp_indices): the remainder before the last stage.
+    assert pp_layer_partition(61, 4, "0.8.5") == (15, 15, 16, 15)
+    for split in (sglang_pp_layer_partition, trtllm_pp_layer_partition):
+        assert split(32, 1) == (32,) and split(32, 4) == (8, 8, 8, 8)
+        with pytest.raises(ValueError, match="between 1 and the number of layers"):
+            split(4, 5)
+
+
+def test_an_explicit_split_is_planned_as_given():
+    """A target that names its split (VLLM_PP_LAYER_PARTITION, a stage of the uneven planner) keeps it."""
+    layer, matrix, final_norm = _llama3_8b_parts()
+    target = Target(H100, 1, 2, layer_partition=(20, 12))
+    for engine in ENGINES:
+        plan = plan_engine(engine, model_shape(LLAMA3_8B), weight_format("baseline"), target,
+                           Workload(max_model_len=4096), vllm_version="0.34")
+        assert plan.memory.weights_bytes == 20 * layer + matrix and plan.memory.kv_bytes_per_token == 20 * 4096

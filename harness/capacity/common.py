@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
 from harness.flags import flag_pairs
 from harness.formats import EngineServing
@@ -27,7 +28,8 @@ MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
 @dataclass(frozen=True)
 class Target:
     """`num_gpus` x `pipeline_parallel_size` GPUs of one kind: each pipeline stage's layers split over `num_gpus`
-    (the tensor-parallel degree); the plans size the most-loaded GPU (shapes.pipeline_stage)."""
+    (the tensor-parallel degree); the plans size the most-loaded GPU of the engine's own split of the layers
+    (with_engine_split; shapes.pipeline_stage's bound where no split is known)."""
 
     gpu: Gpu
     num_gpus: int = 1  # tensor-parallel degree
@@ -100,6 +102,22 @@ class MemoryBreakdown:
     def fixed_bytes(self) -> int:
         """What comes before the KV cache: weights, activations, non-torch memory and CUDA graphs."""
         return self.weights_bytes + self.activation_bytes + self.non_torch_bytes + self.cuda_graph_bytes
+
+
+def with_engine_split(target: Target, shape: ModelShape, split: Callable[[int, int], tuple[int, ...]]) -> Target:
+    """`target` with the engine's own decoder layers per pipeline stage, split(layers, pipeline stages), where it
+    runs pipeline parallel and gives no split of its own (an explicit VLLM_PP_LAYER_PARTITION, a stage's plan):
+    every plan then sizes the engine's most-loaded real stage."""
+    if target.pipeline_parallel_size == 1 or target.layer_partition is not None:
+        return target
+    return replace(target, layer_partition=split(shape.layers, target.pipeline_parallel_size))
+
+
+def planned_stage_shape(shape: ModelShape, fmt: WeightFormat, target: Target) -> ModelShape:
+    """The part of the model the planned GPU holds: the whole model, or its pipeline stage (memory.loaded_stage:
+    the target's split's heaviest stage or its planned_stage; shapes.pipeline_stage's bound without a split)."""
+    return loaded_stage(shape, fmt, target.num_gpus, target.pipeline_parallel_size, target.layer_partition,
+                        target.planned_stage)
 
 
 def pipeline_note(shape: ModelShape, target: Target) -> list[str]:
@@ -420,7 +438,7 @@ class FixedCosts:
     """One GPU's memory before the KV cache, where every engine planner starts, bytes: the weights, the activation
     peak at the engine's token budget (measured, else estimated from the config), the CUDA context and non-torch
     memory, the CUDA-graph pool. Under pipeline parallelism, of the most-loaded GPU: `attention` is its stage's
-    layers' (shapes.pipeline_stage), which the KV cache helpers take."""
+    layers' (planned_stage_shape), which the KV cache helpers take."""
 
     tp: int
     attention: Attention
@@ -446,7 +464,7 @@ def fixed_costs(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     else:
         activation = activation_peak_bytes(shape, tokens, min(seq_cap, tokens), tp=tp)
         activation_source = "estimated from the config"
-    stage = loaded_stage(shape, fmt, tp, pp, target.layer_partition, target.planned_stage)
+    stage = planned_stage_shape(shape, fmt, target)
     return FixedCosts(tp, stage.attention, target.gpu.memory_bytes, kv_dtype_bytes(workload.kv_cache_dtype),
                       weights, weights_source, activation, activation_source,
                       workload_non_torch(workload, target.total_gpus), cuda_graph_bytes(workload.enforce_eager))

@@ -25,7 +25,8 @@ token by token (page size 1): common.prefix_sharing counts it.
 The checks (check_sglang_command) are server_args.py's: chunked_prefill_size % page_size == 0, context_length
 within the model's, a --quantization among its QUANTIZATION_CHOICES, the dtype and head split the GPU allows.
 Pipeline parallelism: --pp-size (server_args.py's pp_size; alias --pipeline-parallel-size); the memory is the
-most-loaded GPU's (shapes.pipeline_stage).
+most-loaded GPU's of SGLang's own split (sglang_pp_layer_partition; the models build the embedding on the first
+stage and the final norm and lm_head on the last, a tied lm_head there as its own copy).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from dataclasses import dataclass, replace
 from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib,
                                              half_dtype_note, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
-                                             render_command, short_of_one_sequence)
+                                             pipeline_note, planned_stage_shape, prefix_sharing, prefix_sharing_note,
+                                             quantization_method, render_command, short_of_one_sequence,
+                                             with_engine_split)
 from harness.capacity.gpus import Gpu, has_capability
 from harness.capacity.memory import (WeightFormat, check_split, kv_bytes_per_token,
-                                             kv_layer_token_bytes, layer_state_bytes, weights_bytes)
-from harness.capacity.shapes import NO_KV, Attention, ModelShape, pipeline_stage
+                                             kv_layer_token_bytes, layer_state_bytes, loaded_stage, weights_bytes)
+from harness.capacity.shapes import NO_KV, Attention, ModelShape
 
 PROGRAM = "python -m sglang.launch_server --model-path MODEL"
 SOURCE = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py::profile_max_num_token; "
@@ -116,10 +118,24 @@ def sglang_mem_fraction_static(gpu: Gpu, tp: int, pp: int = 1, chunk: int | None
     return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
+def sglang_pp_layer_partition(layers: int, pipeline_parallel_size: int) -> tuple[int, ...]:
+    """The decoder layers of each pipeline stage, first to last, as SGLang's get_pp_indices gives them without
+    SGLANG_PP_LAYER_PARTITION (python/sglang/srt/distributed/utils.py: "the last N partitions will have one extra
+    layer, where N = remainder"): layers // pp a stage and one more on each of the last layers % pp stages, the
+    last stage included (unlike vLLM from 0.8). The file's first version, adapted from vLLM 0.6.4, put the whole
+    remainder on the last stage."""
+    pp = pipeline_parallel_size
+    if not 1 <= pp <= layers:
+        raise ValueError(f"{pp} pipeline stages for {layers} layers: between 1 and the number of layers")
+    base, remainder = divmod(layers, pp)
+    return tuple(base + (1 if i >= pp - remainder else 0) for i in range(pp))
+
+
 def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
     """SGLang's flags for `fmt` on `target` (formula in the module docstring)."""
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)
+    target = with_engine_split(target, shape, sglang_pp_layer_partition)
     if workload.dp_attention < 1 or tp % workload.dp_attention:
         raise ValueError(f"--dp-size {workload.dp_attention}: SGLang's DP attention needs a divisor of --tp-size {tp}")
     notes: list[str] = []
@@ -133,7 +149,8 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
     concurrency = memory.kv_cache_bytes // memory.kv_bytes_per_sequence
     fits = concurrency >= 1 and refusal is None and 0 < fraction < 1
     running = min(concurrency, seq_cap)
-    sharing = prefix_sharing(memory, shape, target, workload, PAGE_SIZE, sliding=False)
+    sharing = prefix_sharing(memory, shape, target, workload, PAGE_SIZE, sliding=False,
+                             attention=planned_stage_shape(shape, fmt, target).attention)
     args: list[tuple[str, str]] = []
     if fits:
         args = _args(shape, gpu, tp, workload, fraction, running, chunk, method, target.pipeline_parallel_size)
@@ -157,15 +174,17 @@ def plan_sglang(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
                       max_concurrency_shared_prefix=sharing.max_concurrency if sharing else None)
 
 
-def dp_attention_extra_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, dp: int, pp: int = 1) -> int:
+def dp_attention_extra_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, dp: int, pp: int = 1,
+                             partition: tuple[int, ...] | None = None, stage: int | None = None) -> int:
     """Bytes a GPU holds beyond the tensor-parallel split under SGLang's DP attention (--enable-dp-attention --dp
     dp): the attention projections are split over attn_tp = tp / dp GPUs (layers/dp_attention.py), the MLP and
-    experts over all tp. Embeddings and lm_head are left as tensor parallelism splits them."""
+    experts over all tp, on the pipeline stage the plan sizes (memory.loaded_stage of the split `partition`).
+    Embeddings and lm_head are left as tensor parallelism splits them."""
     if dp <= 1:
         return 0
-    stage = pipeline_stage(shape, pp)
-    projections = tuple(lin for lin in stage.linears if lin.name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS)
-    attention_only = replace(stage, linears=projections)
+    part = loaded_stage(shape, fmt, tp, pp, partition, stage)
+    projections = tuple(lin for lin in part.linears if lin.name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS)
+    attention_only = replace(part, linears=projections)
 
     def linear_bytes(gpus: int) -> int:
         return weights_bytes(attention_only, fmt, gpus) - weights_bytes(replace(attention_only, linears=()), fmt, gpus)
@@ -178,7 +197,8 @@ def _memory(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Work
     costs = fixed_costs(shape, fmt, target, workload, prefill_tokens, seq_cap)
     tp, total, kv_bytes = costs.tp, costs.total, costs.kv_dtype_bytes
     dp = workload.dp_attention
-    weights = costs.weights + dp_attention_extra_bytes(shape, fmt, tp, dp, target.pipeline_parallel_size)
+    weights = costs.weights + dp_attention_extra_bytes(shape, fmt, tp, dp, target.pipeline_parallel_size,
+                                                       target.layer_partition, target.planned_stage)
     activation = costs.activation
     context, graphs = costs.non_torch, costs.graphs
     attention = costs.attention

@@ -17,15 +17,18 @@ The checks (check_trtllm_command) are tensorrt_llm/llmapi/llm_args.py's: 0 < fre
 max_batch_size <= max_num_tokens, bf16 needs SM 80, max_seq_len within the model's; and max_num_tokens >=
 max_seq_len unless --enable_chunked_prefill (a longer prompt is never scheduled otherwise).
 Pipeline parallelism: --pp_size (serve.py's alias of --pipeline_parallel_size, the LLM API's
-pipeline_parallel_size); the memory is the most-loaded GPU's (shapes.pipeline_stage).
+pipeline_parallel_size); the memory is the most-loaded GPU's of TensorRT-LLM's own split (trtllm_pp_layer_partition,
+the embedding on the first stage, the lm_head on the last: the PyTorch backend's DecoderModel.__pp_init__ removes the
+weights of every other module, and with tied embeddings the last stage keeps embed_tokens as the lm_head's weight).
 """
 
 from __future__ import annotations
 
 from harness.capacity.common import (DEFAULT_MAX_NUM_SEQS, EnginePlan, MemoryBreakdown, Target, Workload,
                                              fixed_costs, floor2, fp8_kv_refusal, gib, half_dtype_note,
-                                             needs_half_dtype, parse_flags, pipeline_note, prefix_sharing,
-                                             prefix_sharing_note, render_command, short_of_one_sequence)
+                                             needs_half_dtype, parse_flags, pipeline_note, planned_stage_shape,
+                                             prefix_sharing, prefix_sharing_note, render_command,
+                                             short_of_one_sequence, with_engine_split)
 from harness.capacity.gpus import FP8_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (HEADROOM_BYTES, TensorParallelError, WeightFormat, check_split,
                                              kv_bytes_per_sequence, kv_bytes_per_token)
@@ -41,10 +44,23 @@ _FLAGS = {"--backend", "--tp_size", "--pp_size", "--max_batch_size", "--max_num_
           "--kv_cache_free_gpu_memory_fraction", "--enable_chunked_prefill", "--config"}
 
 
+def trtllm_pp_layer_partition(layers: int, pipeline_parallel_size: int) -> tuple[int, ...]:
+    """The decoder layers of each pipeline stage, first to last, as TensorRT-LLM's Mapping.pp_layers gives them
+    without an explicit pp_partition (tensorrt_llm/mapping.py: torch.tensor_split(torch.arange(num_layers),
+    pp_size), "If num_layers % pp_size = n != 0, first n ranks get one extra layer"): layers // pp a stage and one
+    more on each of the first layers % pp stages. (Older releases gave every rank num_layers // pp_size layers.)"""
+    pp = pipeline_parallel_size
+    if not 1 <= pp <= layers:
+        raise ValueError(f"{pp} pipeline stages for {layers} layers: between 1 and the number of layers")
+    base, remainder = divmod(layers, pp)
+    return tuple(base + (1 if i < remainder else 0) for i in range(pp))
+
+
 def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload) -> EnginePlan:
     """trtllm-serve's flags (PyTorch backend) for `fmt` on `target` (formula in the module docstring)."""
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)
+    target = with_engine_split(target, shape, trtllm_pp_layer_partition)
     notes: list[str] = []
     refusal = _refusal(fmt, notes, gpu) or fp8_kv_refusal(gpu, workload, "TensorRT-LLM")
     tokens, chunked = _token_budget(workload, notes)
@@ -59,7 +75,8 @@ def plan_trtllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: 
         notes.append(f"TensorRT-LLM: max_batch_size lowered from {batch:,} to max_num_tokens {tokens:,} "
                      "(llm_args.py: max_batch_size should be <= max_num_tokens)")
         batch = tokens
-    sharing = prefix_sharing(memory, shape, target, workload, TOKENS_PER_BLOCK, sliding=False)
+    sharing = prefix_sharing(memory, shape, target, workload, TOKENS_PER_BLOCK, sliding=False,
+                             attention=planned_stage_shape(shape, fmt, target).attention)
     args: list[tuple[str, str]] = []
     yaml = _config_yaml(shape, gpu, workload, fraction)
     if fits:

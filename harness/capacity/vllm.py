@@ -23,9 +23,9 @@ The checks (check_vllm_command) are vllm/config/scheduler.py::SchedulerConfig.ve
 (0 < gpu_memory_utilization <= 1), ModelConfig's derived max_model_len and head split, and the --quantization
 methods and kernels the version and the GPU have. Pipeline parallelism (--pipeline-parallel-size, vllm/config/
 parallel.py's ParallelConfig; layers split by vllm/distributed/utils.py::get_pp_indices): the memory is the
-most-loaded GPU's, bounded by shapes.pipeline_stage, or, where the target gives the split (Target.layer_partition,
-e.g. the release's own, vllm_versions.pp_layer_partition), that stage's own layers (memory.loaded_stage); vLLM needs
-tensor x pipeline parallel size GPUs.
+most-loaded GPU's of the release's own split (vllm_versions.pp_layer_partition, set on the target by
+common.with_engine_split unless the target gives one, e.g. VLLM_PP_LAYER_PARTITION's), that stage's own layers
+(memory.loaded_stage); vLLM needs tensor x pipeline parallel size GPUs.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ import importlib.metadata
 from harness.capacity.common import (EnginePlan, MemoryBreakdown, Target, Workload,
                                              device_errors, fixed_costs, fp8_kv_refusal, gib, half_dtype_note,
                                              marlin_capability, marlin_shape_problem, needs_half_dtype, parse_flags,
-                                             pipeline_note, prefix_sharing, prefix_sharing_note, quantization_method,
-                                             render_command, short_of_one_sequence)
+                                             pipeline_note, planned_stage_shape, prefix_sharing, prefix_sharing_note,
+                                             quantization_method, render_command, short_of_one_sequence,
+                                             with_engine_split)
 from harness.capacity.gpus import KERNEL_MIN_CC, Gpu, has_capability
 from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightFormat, activation_peak_bytes,
                                              check_split,
@@ -45,7 +46,8 @@ from harness.capacity.memory import (FP16_BYTES, HEADROOM_BYTES, MIB, WeightForm
 from harness.capacity.shapes import ModelShape
 from harness.capacity.vllm_versions import (EXTENSIBLE_MARGIN_FLOOR, EXTENSIBLE_MARGIN_FRACTION, MINORS,
                                             VllmRules, absorbs_mla_weights, canonical, engine_rules,
-                                            mla_entry_align_bytes, parse_release, release_text, rules_for)
+                                            mla_entry_align_bytes, parse_release, pp_layer_partition, release_text,
+                                            rules_for)
 
 KNOWN_VERSIONS = tuple(release_text(minor) for minor in MINORS)  # every minor from 0.6 (vllm_versions)
 NEWEST_VERSION = KNOWN_VERSIONS[-1]
@@ -163,6 +165,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)  # TensorParallelError when the model cannot be split
+    target = with_engine_split(target, shape, lambda layers, pp: pp_layer_partition(layers, pp, release))
     notes: list[str] = [note for note in (version_note, engine_note) if note]
     method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", quantization_methods(version), notes,
                                           version)
@@ -178,8 +181,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     seqs = _max_num_seqs(concurrency, seq_cap, batched, workload.max_num_seqs is not None, notes)
     fits = concurrency >= 1 and refusal is None
     sharing = prefix_sharing(memory, shape, target, workload, BLOCK_SIZE,
-                             attention=loaded_stage(shape, fmt, tp, target.pipeline_parallel_size,
-                                                    target.layer_partition, target.planned_stage).attention)
+                             attention=planned_stage_shape(shape, fmt, target).attention)
     args: list[tuple[str, str]] = []
     if fits:
         args = _args(shape, gpu, tp, workload, seqs, batched, kv_flag, util, method, target.pipeline_parallel_size,
