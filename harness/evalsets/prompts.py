@@ -90,6 +90,28 @@ def check_prompt_lengths(prompts: dict[str, list[Prompt]], model_config: dict) -
                         f"(max_position_embeddings): {listed}{more}; shorten those items or lower max_new_tokens")
 
 
+def leading_bos(tokenizer) -> int | None:
+    """The beginning-of-sequence id when the tokenizer itself puts it in front of every encoding (Llama, Gemma),
+    else None (GPT-2-style and Qwen tokenizers add nothing)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    probe = tokenizer("a")["input_ids"]
+    return bos if probe and probe[0] == bos else None
+
+
+def with_bos(ids: list[int], bos: int | None) -> list[int]:
+    """ids with the tokenizer's leading BOS where it puts one and the text did not already start with it: a chat
+    template writes its own (`<bos>`, `<|begin_of_text|>`), a base model's plain prompt has none, and Gemma answers
+    garbage without it."""
+    return ids if bos is None or (ids and ids[0] == bos) else [bos, *ids]
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """A rendered prompt's token ids, as render_prompts counts them and every runtime is given them."""
+    return with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], leading_bos(tokenizer))
+
+
 def render_prompts(tokenizer, evalsets: list[EvalSet], max_new_tokens: int | None = None) -> dict[str, list[Prompt]]:
     """Render each item through the model's chat template (plain text when it has none) and count its tokens;
     max_new_tokens (--max-new-tokens) caps each set's own."""
@@ -100,7 +122,8 @@ def render_prompts(tokenizer, evalsets: list[EvalSet], max_new_tokens: int | Non
         texts = [tokenizer.apply_chat_template(render_messages(evalset, item), add_generation_prompt=True,
                                                tokenize=False) if has_template else render_plain(evalset, item)
                  for item in evalset.items]
-        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # as LoadedModel.encode does
+        bos = leading_bos(tokenizer)
+        encoded = [with_bos(ids, bos) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
         rendered[evalset.name] = [Prompt(evalset.name, item.id, text, len(ids), max_new, tuple(ids))
                                   for item, text, ids in zip(evalset.items, texts, encoded)]
     return rendered

@@ -106,4 +106,6 @@ def _render(tokenizer, text: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    from harness.evalsets.prompts import encode_prompt
+
+    return encode_prompt(tokenizer, text)
