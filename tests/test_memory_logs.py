@@ -15,19 +15,9 @@ import pytest
 
 from scripts.memory_log_table import CHECKS, CASES, UNGRADED, compare, load_cases, load_ungraded, logged_value
 
-SAME_MODEL_PROFILED_LESS = ("predicted 1.73x the log: its profile peak was 9.37 GiB, where the same model with vLLM's "
-                            "defaults profiled 1.26 GiB under the same memory_profiling code "
-                            "(vllm-0.6.5-llama3-8b-80gb-tp1, vllm-project/vllm#10511), as the plan does (1.22 GiB: "
-                            "256 dummy sequences of 32 tokens and the sampler over 256 rows, vllm/worker/"
-                            "model_runner.py:profile_run@v0.6.6.post1); the 8 GiB more needs a setting the excerpt "
-                            "does not show")
 # Checks the planner fails today, case id -> {check: why}; each runs as a strict xfail. Remove an entry when
 # a fix makes its check pass (the suite fails on the XPASS until then).
 KNOWN_FAILURES = {
-    'vllm-0.6.6-llama3-8b-a100-40gb': {
-        'kv_tokens': SAME_MODEL_PROFILED_LESS,
-        'kv_memory': SAME_MODEL_PROFILED_LESS,
-    },
     'vllm-0.8.5-qwq-32b-bnb4-2xrtx5090-pp2': {
         'kv_tokens': ("predicted 1.11x the log (65,072 tokens) under 0.8.5's own rules with the thread's command: "
                       "--gpu-memory-utilization 0.85, V0 as it ran (V1 took pipeline parallelism only with Ray before "
@@ -37,12 +27,6 @@ KNOWN_FAILURES = {
                       "raise_if_cache_size_invalid@v0.8.5). The log leaves 1.63 GiB a GPU less for the KV cache: "
                       "about 1.1 B parameters of a stage held in 16 bits, which the unsloth dynamic export's "
                       "llm_int8_skip_modules would say; its config.json has no public copy (config reconstructed)"),
-    },
-    'vllm-0.5.0-deepseek-coder-6.7b-2xt4': {
-        'kv_tokens': ("predicted 3.10x the log under 0.5.0's rules (the version assumed from the date): V0 0.5 "
-                      'derives max_model_len 65,536 (16,384 x the linear rope factor 4) and profiles that whole batch '
-                      "unchunked, which the plan's 0.5 rules do not; planned with that profile it gives 12,016 "
-                      "tokens (1.48x), and about 1 GiB a GPU of V0's peak on the T4s is still not modelled"),
     },
 }
 
