@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
+from benchmarks.fidelity_fit import time_shares
 
 SETS = ("squad_200", "cmrc_200", "cnndm_summeval_100")
 GPTQ_BITS = (8, 3)  # the gptq-extra rungs, GPTQ with group 64 like the built-in 4-bit
@@ -81,6 +82,17 @@ def parse_rungs(text: str) -> tuple[str, ...]:
 DEMO = "demo"
 SECOND_MODEL = "gemma3-270m"  # benchmarks/second_model.py
 MODELS = (DEMO, SECOND_MODEL)
+
+
+def parse_sets(text: str) -> tuple[str, ...]:
+    """"squad_200,cmrc_200" -> those public sets, in SETS' order."""
+    from harness.errors import UserError
+
+    given = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = sorted(given - set(SETS))
+    if unknown or not given:
+        raise UserError(f"--sets {text}: unknown {unknown or 'empty'}; choose from {', '.join(SETS)}")
+    return tuple(s for s in SETS if s in given)
 
 
 def run_formats(rungs: tuple[str, ...], refused: frozenset[str] = frozenset()) -> tuple[str, ...]:
@@ -154,7 +166,8 @@ def gptq_extra_rungs(demo: Path, work: Path, calibration_samples: int, threads: 
 
 
 def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: int, threads: int,
-                       batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS, model: str = DEMO) -> dict | None:
+                       batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS, model: str = DEMO,
+                       sets: tuple[str, ...] = SETS) -> dict | None:
     """`demo`: the checkpoint the rungs are built from; `model` names it (DEMO: the demo model, whose converted copy
     `demo` is and which the run takes as --model demo; otherwise the run takes --model `demo`'s path)."""
     if not SHARED.is_dir():
@@ -176,7 +189,7 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
     run_dir = work / "run"
     command = [sys.executable, "-m", "harness", "run", "--model", "demo" if model == DEMO else str(demo),
                "--formats", ",".join(run_formats(rungs, frozenset(refused))),
-               *candidates, "--evalsets", *(str(ROOT / "benchmarks" / "shared_evalsets" / f"{s}.toml") for s in SETS),
+               *candidates, "--evalsets", *(str(ROOT / "benchmarks" / "shared_evalsets" / f"{s}.toml") for s in sets),
                "--allow-outside-paths", "--max-items", str(items), "--batch-size", str(batch_size),
                "--threads", str(threads),
                "--calibration-samples", str(calibration_samples), "--latency-requests", "2", "--out", str(run_dir)]
@@ -190,7 +203,9 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
     label = model_label(model)
     rows = ladder_rows(report, label)
     return {"model": label, "model_note": _model_note(model), "refused_formats": refused,
-            "rows": rows, "fit": fit(rows), "items": items, "calibration_samples": calibration_samples,
+            "rows": rows, "fit": fit(rows), "items": items, "sets": list(sets),
+            "calibration_samples": calibration_samples,
+            "time_shares": time_shares((work / "run.log").read_text(encoding="utf-8", errors="replace")),
             "rungs": list(rungs), "command": " ".join(["quantgate", *command[3:]]).replace(str(work), "WORK"), "wall_s": time.time() - started,
             "device": report.get("device", {}).get("name"), "compute_dtype": report["formats"]["baseline"].get(
                 "compute_dtype"), "decoys": decoy_verdicts(report)}
@@ -383,6 +398,8 @@ def main(argv: list[str]) -> int:
                         "checkpoint directory (default demo)")
     parser.add_argument("--rungs", default=",".join(DEFAULT_RUNGS), help=f"from {', '.join(RUNGS)}, or default "
                         f"({','.join(DEFAULT_RUNGS)})")
+    parser.add_argument("--sets", default=",".join(SETS), help=f"public sets, comma-separated (default all: "
+                        f"{','.join(SETS)})")
     parser.add_argument("--items", type=int, default=200, help="items per public set (default 200: every item)")
     parser.add_argument("--work", type=Path, help="scratch directory, kept (rungs are reused from it)")
     parser.add_argument("--calibration-samples", type=int, default=16)
@@ -433,7 +450,8 @@ def _run_alone(args, rungs: tuple[str, ...]) -> dict | None:
                             "there)")
     work, result_path = model_paths(args.work, args.model)
     result = run_fidelity_bench(checkpoint, work, args.items, args.calibration_samples, args.threads,
-                                args.batch_size, rungs, args.model if args.model in MODELS else str(checkpoint))
+                                args.batch_size, rungs, args.model if args.model in MODELS else str(checkpoint),
+                                parse_sets(args.sets))
     result_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     return result
 
