@@ -232,6 +232,24 @@ def test_plan_pipeline_parallel_size_flag(tmp_path, capsys):
         _run([*base, "--pipeline-parallel-size", "0"], capsys)
 
 
+def test_the_plans_header_shows_the_planned_engines_own_stage(tmp_path, capsys):
+    """32 layers over 3 stages: vLLM 0.7 puts the remainder on the last stage (10, 10, 12), from 0.8 one layer each
+    on the stages before the last (11, 11, 10); the header's layers and KV per token are the planned stage's."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA3_8B), encoding="utf-8")
+    base = ["--model", str(config), "--target-gpu", "H100", "--pipeline-parallel-size", "3", "--json"]
+    stages = {}
+    for version in ("0.7.3", "0.8.5"):
+        _, out = _run([*base, "--vllm-version", version], capsys)
+        stages[version] = json.loads(out)
+    per_layer = stages["0.8.5"]["kv_bytes_per_token"] // 11
+    assert stages["0.7.3"]["target"]["pipeline_stage_layers"] == 12
+    assert stages["0.8.5"]["target"]["pipeline_stage_layers"] == 11
+    assert stages["0.7.3"]["kv_bytes_per_token"] == 12 * per_layer
+    _, out = _run([*base, "--engine", "sglang"], capsys)
+    assert json.loads(out)["target"]["pipeline_stage_layers"] == 11  # SGLang: 10, 11, 11
+
+
 def test_the_run_plans_for_its_tensor_and_pipeline_parallel_gpus():
     spec = RunSpec(tensor_parallel_size=2, pipeline_parallel_size=2,
                    capacity=CapacitySettings(target_gpu="L4"))

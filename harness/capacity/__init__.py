@@ -12,17 +12,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.capacity.advice import what_would_fit
-from harness.capacity.common import EnginePlan, MemoryBreakdown, Target, Workload
+from harness.capacity.common import EnginePlan, MemoryBreakdown, Target, Workload, with_engine_split
 from harness.capacity.gpus import GPUS, Gpu, gpu_by_name, gpu_of_size, kernel_support
 from harness.capacity.memory import (TensorParallelError, WeightFormat, activation_peak_bytes,
                                              kv_bytes_per_sequence, kv_bytes_per_token, parameter_count,
                                              planned_weights_bytes, weight_format, weights_bytes)
 from harness.capacity.meta import model_shape
 from harness.capacity.registry import PLANNERS, engine_names, engine_title, register_planner
-from harness.capacity.sglang import check_sglang_command, plan_sglang
+from harness.capacity.sglang import check_sglang_command, plan_sglang, sglang_pp_layer_partition
 from harness.capacity.shapes import ConfigFieldError, ModelShape, attention_shape, pipeline_stage
-from harness.capacity.trtllm import check_trtllm_command, plan_trtllm
-from harness.capacity.vllm import NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version
+from harness.capacity.trtllm import check_trtllm_command, plan_trtllm, trtllm_pp_layer_partition
+from harness.capacity.vllm import (NEWEST_VERSION, check_vllm_command, plan_vllm, resolve_version,
+                                   vllm_split_target)
 
 register_planner("vllm", "vLLM", lambda shape, fmt, target, workload, *, vllm_version=NEWEST_VERSION,
                  gpu_memory_utilization=None, **_: plan_vllm(shape, fmt, target, workload, version=vllm_version,
@@ -36,13 +37,22 @@ __all__ = [
     "ConfigFieldError", "ENGINES", "EnginePlan", "GPUS", "Gpu",
     "MemoryBreakdown", "ModelShape", "Target", "TensorParallelError", "WeightFormat",
     "Workload", "activation_peak_bytes", "attention_shape", "check_sglang_command", "check_trtllm_command",
-    "check_vllm_command", "engine_names", "engine_title", "gpu_by_name", "gpu_of_size", "kernel_support",
+    "check_vllm_command", "engine_names", "engine_split_target", "engine_title", "gpu_by_name", "gpu_of_size", "kernel_support",
     "kv_bytes_per_sequence", "kv_bytes_per_token", "model_shape", "parameter_count", "plan_engine",
     "pipeline_stage", "plan_engines", "plan_sglang", "planned_weights_bytes", "plan_trtllm", "plan_vllm",
     "register_planner",
     "resolve_version",
     "weight_format", "weights_bytes",
 ]
+
+
+def engine_split_target(engine: str, shape: ModelShape, target: Target, vllm_version: str = NEWEST_VERSION) -> Target:
+    """`target` with `engine`'s own split of the layers over its pipeline stages, as its planner sizes them (an engine
+    registered without one keeps shapes.pipeline_stage's bound)."""
+    if engine == "vllm":
+        return vllm_split_target(shape, target, vllm_version)
+    split = {"sglang": sglang_pp_layer_partition, "trtllm": trtllm_pp_layer_partition}.get(engine)
+    return with_engine_split(target, shape, split) if split else target
 
 
 def plan_engine(engine: str, shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,

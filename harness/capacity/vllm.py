@@ -153,6 +153,14 @@ def vllm_mla_absorbed_bytes(shape: ModelShape, fmt: WeightFormat, tp: int, versi
     return kv_b.count * ((query.in_features * heads * rope + kv_b_copy) * FP16_BYTES + products * product_bytes)
 
 
+def vllm_split_target(shape: ModelShape, target: Target, version: str = NEWEST_VERSION) -> Target:
+    """`target` with vLLM `version`'s own split of the decoder layers over its pipeline stages
+    (vllm_versions.pp_layer_partition), unless it gives one."""
+    _, planned, version_note = rules_for(version)
+    release = version if not version_note else planned
+    return with_engine_split(target, shape, lambda layers, pp: pp_layer_partition(layers, pp, release))
+
+
 def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Workload, *,
               version: str = NEWEST_VERSION, gpu_memory_utilization: float | None = None) -> EnginePlan:
     """vLLM `version`'s flags for `fmt` on `target` (formulas in the module docstring); a release quantgate has no
@@ -165,7 +173,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gpu, tp, length = target.gpu, target.num_gpus, workload.max_model_len
     check_split(shape, tp, target.pipeline_parallel_size)  # TensorParallelError when the model cannot be split
-    target = with_engine_split(target, shape, lambda layers, pp: pp_layer_partition(layers, pp, release))
+    target = vllm_split_target(shape, target, version)
     notes: list[str] = [note for note in (version_note, engine_note) if note]
     method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", quantization_methods(version), notes,
                                           version)

@@ -11,9 +11,10 @@ from pathlib import Path
 from harness.errors import UserError
 from harness.formats import format_spec, known_formats, parse_format_names
 from harness.capacity import (ConfigFieldError, EnginePlan, Gpu, ModelShape, Target, TensorParallelError,
-                                      Workload, engine_names, gpu_of_size, kernel_support,
+                                      Workload, engine_names, engine_split_target, gpu_of_size, kernel_support,
                                       kv_bytes_per_sequence, kv_bytes_per_token, model_shape, parameter_count,
-                                      pipeline_stage, plan_engines, resolve_version, weight_format)
+                                      plan_engines, resolve_version, weight_format)
+from harness.capacity.common import planned_stage_shape
 from harness.capacity.gpus import gpu_names_help
 from harness.capacity.stages import UnevenPipelinePlan, plan_uneven_vllm
 from harness.commands.gpu_args import target_gpus, uneven_stages_note
@@ -257,10 +258,12 @@ def plan_result(config: dict, described: str, shape: ModelShape, target: Target,
     """The plan as one JSON-ready dict: model, target, workload, and per format each engine's plan. The KV figures
     are one GPU's: its pipeline stage's layers (target.pipeline_parallel_size, in `target` when above 1)."""
     attention, kv_bytes, tp = shape.attention, KV_DTYPE_BYTES[workload.kv_cache_dtype], target.num_gpus
-    stage = pipeline_stage(shape, target.pipeline_parallel_size).attention
-    first = next(iter(plans.values()))[1]
+    first_format, first = next(iter(plans.values()))
     vllm = first.get("vllm")
     any_plan = next(iter(first.values()))
+    # one GPU's KV figures: the stage the engine plans (vLLM's where it is planned), its own split of the layers
+    split = engine_split_target("vllm" if vllm else any_plan.engine, shape, target, version)
+    stage = planned_stage_shape(shape, first_format, split).attention
     return {
         "model": {"source": described, "architecture": (config.get("architectures") or ["?"])[0],
                   "model_type": shape.model_type, "num_parameters": parameter_count(shape),
