@@ -195,18 +195,30 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
                "--calibration-samples", str(calibration_samples), "--latency-requests", "2", "--out", str(run_dir)]
     say(f"fidelity: quantgate run on the ladder ({', '.join(rungs)}), {items} items per set "
         f"({' '.join(command[3:])})")
-    with open(work / "run.log", "w", encoding="utf-8") as log:
+    with open(work / "run.log", "a", encoding="utf-8") as log:  # appended: a resumed ladder keeps every bar
+        log.write(f"[bench {time.strftime('%H:%M:%S')}] {' '.join(command[3:])}\n")
+        log.flush()
         code = subprocess.call(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if code not in (0, 1):
         raise RuntimeError(f"quantgate run exited with {code}; see {work / 'run.log'}")
-    report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    return collect_result(work, model, items, sets, rungs, calibration_samples, refused,
+                          " ".join(["quantgate", *command[3:]]).replace(str(work), "WORK"), time.time() - started)
+
+
+def collect_result(work: Path, model: str, items: int, sets: tuple[str, ...], rungs: tuple[str, ...],
+                   calibration_samples: int, refused: dict[str, str], command: str, wall_s: float | None) -> dict:
+    """The ladder's result from its run's report.json and log under `work`: also what an interrupted run (its
+    partial report) has finished, for `--collect`."""
+    report = json.loads((work / "run" / "report.json").read_text(encoding="utf-8"))
     label = model_label(model)
     rows = ladder_rows(report, label)
+    log = work / "run.log"
     return {"model": label, "model_note": _model_note(model), "refused_formats": refused,
             "rows": rows, "fit": fit(rows), "items": items, "sets": list(sets),
             "calibration_samples": calibration_samples,
-            "time_shares": time_shares((work / "run.log").read_text(encoding="utf-8", errors="replace")),
-            "rungs": list(rungs), "command": " ".join(["quantgate", *command[3:]]).replace(str(work), "WORK"), "wall_s": time.time() - started,
+            "time_shares": time_shares(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else {},
+            "rungs": list(rungs), "command": command, "wall_s": wall_s,
+            "unfinished": sorted(name for name, fmt in report["formats"].items() if fmt.get("status") != "ok"),
             "device": report.get("device", {}).get("name"), "compute_dtype": report["formats"]["baseline"].get(
                 "compute_dtype"), "decoys": decoy_verdicts(report)}
 
@@ -268,17 +280,11 @@ def decoy_verdicts(report: dict) -> dict[str, dict]:
 
 
 def fit(rows: list[dict]) -> dict:
-    """Least squares through the origin of the drop in margins on KL and on disagreement, over every row but the
-    decoys' (built to break that relation); the KL and agreement at which the fitted drop is one margin."""
-    points = [(r["kl"]["value"], 100 - r["top1_agreement"]["value"], -r["delta"] / r["margin"]) for r in rows
-              if r["margin"] and r.get("family") != "decoy"]
-    if not points:
-        return {}
-    slope_kl = sum(k * d for k, _, d in points) / max(sum(k * k for k, _, _ in points), 1e-12)
-    slope_dis = sum(a * d for _, a, d in points) / max(sum(a * a for _, a, _ in points), 1e-12)
-    return {"points": len(points), "drop_per_nat": slope_kl, "drop_per_point_disagreement": slope_dis,
-            "kl_at_margin": 1 / slope_kl if slope_kl > 0 else None,
-            "agreement_at_margin": 100 - 1 / slope_dis if slope_dis > 0 else None}
+    """The drop in margins against KL and against disagreement through the origin, over every row but the decoys'
+    (built to break that relation), with cluster-bootstrap intervals (benchmarks/fidelity_fit.py)."""
+    from benchmarks.fidelity_fit import fit as fitted
+
+    return fitted(rows)
 
 
 def row_model(row: dict) -> str:
@@ -306,17 +312,42 @@ def merge_results(results: list[dict]) -> dict:
         rows += [{**r, "model": r.get("model") or label} for r in result["rows"]]
         decoys.update({f"{label}/{name}": d for name, d in (result.get("decoys") or {}).items()})
         parts.append({"model": label, **{k: result.get(k) for k in ("command", "items", "device", "compute_dtype",
-                                                                    "rungs", "wall_s")}})
+                                                                    "rungs", "wall_s", "sets", "time_shares")}})
     return {"model": ",".join(p["model"] for p in parts), "parts": parts, "rows": rows, "fit": fit(rows),
             "fit_by_model": fit_by_model(rows), "decoys": decoys,
             "items": max(p["items"] or 0 for p in parts), "wall_s": sum(p["wall_s"] or 0 for p in parts)}
 
 
 def _fit_line(f: dict) -> str:
-    return (f"drop = {f['drop_per_nat']:.1f} margins per nat/token of KL, {f['drop_per_point_disagreement']:.2f} "
-            "margins per point of disagreement; one margin at KL "
-            + (f"{f['kl_at_margin']:.3f}" if f["kl_at_margin"] else "n/a") + " and agreement "
-            + (f"{f['agreement_at_margin']:.1f}%" if f["agreement_at_margin"] else "n/a"))
+    def interval(key: str, digits: int) -> str:
+        low, high = f.get(key) or (None, None)
+        return f" [{low:.{digits}f}, {high:.{digits}f}]" if low is not None and high is not None else ""
+
+    return (f"drop = {f['drop_per_nat']:.1f}{interval('drop_per_nat_ci', 1)} margins per nat/token of KL, "
+            f"{f['drop_per_point_disagreement']:.2f}{interval('drop_per_point_disagreement_ci', 2)} margins per point "
+            "of disagreement; one margin at KL "
+            + (f"{f['kl_at_margin']:.3f}{interval('kl_at_margin_ci', 3)}" if f["kl_at_margin"] else "n/a")
+            + " and agreement "
+            + (f"{f['agreement_at_margin']:.1f}%{interval('agreement_at_margin_ci', 1)}" if f["agreement_at_margin"]
+               else "n/a"))
+
+
+def _time_share_lines(result: dict) -> list[str]:
+    """Fidelity's share of each format's time (its forwards beside its generation on the same sets), from the
+    ladder's own progress bars; the issue's goal is at most 0.15x."""
+    lines = []
+    for part in result.get("parts") or [result]:
+        shares = {f: t for f, t in (part.get("time_shares") or {}).items() if t.get("share") is not None}
+        if not shares:
+            continue
+        ordered = sorted(t["share"] for t in shares.values())
+        lines += ["", f"Fidelity's time beside generation ({part.get('model') or DEMO}, seconds of the progress bars, "
+                      f"{len(shares)} formats): median {ordered[len(ordered) // 2]:.3f}x, largest {ordered[-1]:.3f}x "
+                      f"({max(shares, key=lambda f: shares[f]['share'])}).", "",
+                  "| format | generation s | fidelity s | share |", "|---|---|---|---|"]
+        lines += [f"| {f} | {t['generation_s']:.1f} | {t['fidelity_s']:.1f} | {t['share']:.3f}x |"
+                  for f, t in sorted(shares.items())]
+    return lines
 
 
 def _row_line(r: dict, with_model: bool = False) -> str:
@@ -327,9 +358,12 @@ def _row_line(r: dict, with_model: bool = False) -> str:
             f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] | {-r['delta'] / r['margin']:+.2f} |")
 
 
-def render_fidelity_bench(result: dict | None) -> list[str]:
+def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list[str]:
+    """The bench report's section 6; with `plot`, the scatter is written there and linked by its name."""
     if not result:
         return []
+    from benchmarks.fidelity_fit import coincidences, safety_factor
+    from benchmarks.fidelity_fit import plot as plot_rows
     from harness.policy import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT
 
     multi = len({row_model(r) for r in result["rows"]}) > 1
@@ -339,7 +373,9 @@ def render_fidelity_bench(result: dict | None) -> list[str]:
     ladder = [r for r in result["rows"] if r.get("family") != "decoy"]
     runs = [f"`{p['command']}` ({p['model'] + ': ' if multi else ''}{p['items']} items per set, {p['device']}, "
             f"baseline in {p['compute_dtype']}; rungs {', '.join(p.get('rungs') or ['builtin', 'gptq-extra'])}; "
-            f"{p['wall_s'] / 60:.0f} min)" for p in result.get("parts") or [result]]
+            f"sets {', '.join(p.get('sets') or SETS)}; "
+            + (f"{p['wall_s'] / 60:.0f} min)" if p.get("wall_s") else "collected from its run)")
+            for p in result.get("parts") or [result]]
     lines = ["## 6. Fidelity calibration: KL and top-1 agreement against task drops", "",
              "; ".join(runs) + ". Drop = −delta / margin of the set's gated metric (1.0 = one "
              "margin). rtn* rungs are simulated (benchmarks/rtn_ladder.py), never a product format.", "", *header]
@@ -347,17 +383,27 @@ def render_fidelity_bench(result: dict | None) -> list[str]:
     f = result["fit"]
     if f:
         over = "(rung, set) points" if not multi else "(model, rung, set) points, every model"
-        lines += ["", f"Fit through the origin over {f['points']} {over}: {_fit_line(f)}"
-                      f". Policy defaults: max_kl {DEFAULT_MAX_KL}, min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
+        lines += ["", f"Fit through the origin over {f['points']} {over} ({f.get('rungs', '?')} rungs; 95% intervals by "
+                      f"resampling rungs): {_fit_line(f)}. Policy defaults: max_kl {DEFAULT_MAX_KL}, "
+                      f"min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
+        factor = safety_factor(f, DEFAULT_MAX_KL)
+        if factor:
+            lines.append(f"Factor of safety of max_kl: the fitted one-margin KL is {factor['at_fit']:.1f}x max_kl"
+                         + (f", {factor['at_low_end']:.1f}x at its interval's low end" if factor["at_low_end"] else
+                            "") + ".")
         if multi:
             lines += [f"- {m} alone, {g['points']} points: {_fit_line(g)}."
                       for m, g in (result.get("fit_by_model") or fit_by_model(result["rows"])).items() if g]
-        below = [r for r in ladder if r["kl"]["ci_high"] <= DEFAULT_MAX_KL
-                 and r["top1_agreement"]["ci_low"] >= DEFAULT_MIN_TOP1_AGREEMENT]
-        worse = [r for r in below if r["ci_high"] is not None and r["ci_high"] < -r["margin"]]
-        lines.append(f"Rows the fidelity rule passes at the defaults: {len(below)}; of those with a task interval "
-                     f"wholly below −margin: {len(worse)}"
-                     + (" (" + ", ".join(f"{r['format']}/{r['evalset']}" for r in worse) + ")" if worse else "") + ".")
+    found = coincidences(result["rows"], DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT)
+    past = found["passes_past_margin"]
+    lines += ["", f"Rows where fidelity passes (every family, decoys included): {found['fidelity_passes']} of "
+                  f"{found['rows']}; of those, with the task interval wholly past the margin: {len(past)}"
+                  + (" (" + ", ".join(f"{row_model(r)}/{r['format']}/{r['evalset']}" for r in past) + ")" if past
+                     else "") + f"; GO formats with a set past the margin: {len(found['go_past_margin'])}"
+                  + (" (" + ", ".join(found["go_past_margin"]) + ")" if found["go_past_margin"] else "") + "."]
+    if plot is not None and plot_rows(result["rows"], plot, DEFAULT_MAX_KL):
+        lines += ["", f"![drop in margins against KL, every rung and set]({plot.name})"]
+    lines += _time_share_lines(result)
     decoys = result.get("decoys") or {}
     if decoys:
         rows = [r for r in result["rows"] if r.get("family") == "decoy"]
@@ -393,7 +439,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="benchmark 6: the fidelity ladder")
     parser.add_argument("--render", metavar="JSON", nargs="+", help="print the Markdown of saved results (one per "
                         "model: their rows in one table)")
+    parser.add_argument("--plot", type=Path, help="with --render: write the scatter plot (PNG) there and link it")
     parser.add_argument("--run", action="store_true", help="run the ladder")
+    parser.add_argument("--collect", action="store_true", help="with --work: write the result JSON from the run "
+                        "already there (an interrupted ladder's partial report included), running nothing")
     parser.add_argument("--model", default=DEMO, help=f"{', '.join(MODELS)} (benchmarks/second_model.py), or a bf16 "
                         "checkpoint directory (default demo)")
     parser.add_argument("--rungs", default=",".join(DEFAULT_RUNGS), help=f"from {', '.join(RUNGS)}, or default "
@@ -409,14 +458,14 @@ def main(argv: list[str]) -> int:
     try:
         if args.render:
             result = merge_results([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.render])
-        elif args.run and args.work:
+        elif (args.run or args.collect) and args.work:
             result = _run_alone(args, parse_rungs(args.rungs))
         else:
-            raise UserError("give --render RESULT.json, or --run with --work DIR")
+            raise UserError("give --render RESULT.json, or --run or --collect with --work DIR")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print("\n".join(render_fidelity_bench(result)))
+    print("\n".join(render_fidelity_bench(result, args.plot if args.render else None)))
     return 0
 
 
@@ -449,6 +498,13 @@ def _run_alone(args, rungs: tuple[str, ...]) -> dict | None:
             raise UserError(f"--model {args.model}: give {', '.join(MODELS)} or a checkpoint directory (no config.json "
                             "there)")
     work, result_path = model_paths(args.work, args.model)
+    if args.collect:
+        if not (work / "run" / "report.json").is_file():
+            raise UserError(f"--collect: no run under {work} (no run/report.json); run the ladder first")
+        result = collect_result(work, args.model if args.model in MODELS else str(checkpoint), args.items,
+                                parse_sets(args.sets), rungs, args.calibration_samples, {}, "(collected)", None)
+        result_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+        return result
     result = run_fidelity_bench(checkpoint, work, args.items, args.calibration_samples, args.threads,
                                 args.batch_size, rungs, args.model if args.model in MODELS else str(checkpoint),
                                 parse_sets(args.sets))

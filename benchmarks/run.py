@@ -159,7 +159,7 @@ def write(out: Path, run: dict) -> int:
 
     run = dict(run)
     serve_lines = render_serve_bench(run.pop("serve_run", None))
-    fidelity_lines = render_fidelity_bench(run.pop("fidelity_run", None))
+    fidelity_lines = render_fidelity_bench(run.pop("fidelity_run", None), out.parent / "fidelity_ladder.png")
     markdown, checks = build_report(**run)
     for lines in (serve_lines, fidelity_lines):
         if lines:

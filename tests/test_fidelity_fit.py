@@ -72,3 +72,22 @@ def test_the_plot_is_written(tmp_path):
     rows = [row("a", 0.1, -2.0), row("b", 0.2, -4.0, family="format"), row("d", 0.01, -1.0, family="decoy")]
     path = fidelity_fit.plot(rows, tmp_path / "ladder.png", 0.05)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_the_bench_section_carries_the_fit_intervals_coincidences_time_shares_and_plot(tmp_path):
+    from benchmarks.fidelity_bench import fit, render_fidelity_bench
+
+    rows = [row(f"r{i}", kl, -2.0 * 10 * kl * (1 + 0.1 * ((-1) ** i)))
+            for i, kl in enumerate([0.01, 0.02, 0.05, 0.1, 0.2, 0.4])]
+    rows.append(row("decoy-digits", 0.004, -6.0, agree=99.0, family="decoy", status="pass", verdict="INCONCLUSIVE"))
+    result = {"rows": rows, "fit": fit(rows), "items": 30, "sets": ["squad_200"], "rungs": ["rtn", "decoys"],
+              "command": "quantgate run ...", "wall_s": 600.0, "device": "cpu", "compute_dtype": "bfloat16",
+              "decoys": {"decoy-digits": {"verdict": "INCONCLUSIVE", "status": "ok"}},
+              "time_shares": {"r1": {"generation_s": 100.0, "fidelity_s": 8.0, "share": 0.08}}}
+    text = "\n".join(render_fidelity_bench(result, tmp_path / "ladder.png"))
+    assert "95% intervals by resampling rungs" in text and "one margin at KL 0.1" in text
+    assert "Factor of safety of max_kl: the fitted one-margin KL is" in text
+    # the decoy passes fidelity while its task interval lies past the margin: the section names it
+    assert "with the task interval wholly past the margin: 1 (demo/decoy-digits/s)" in text
+    assert "| r1 | 100.0 | 8.0 | 0.080x |" in text
+    assert "![drop in margins against KL" in text and (tmp_path / "ladder.png").is_file()

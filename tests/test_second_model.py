@@ -217,7 +217,7 @@ def test_the_ladder_runs_quantgate_on_the_model_it_names(tmp_path, monkeypatch, 
         assert given == str(checkpoint) and formats == "baseline,int8,gptq"
         assert Path(cache) == work / "cache" and "fidelity-gemma3-270m" in cache
     assert result["model"] == model and [r["model"] for r in result["rows"]] == [model]
-    assert result["fit"]["points"] == 1 and "dequantized" in result["model_note"]
+    assert result["fit"] == {} and "dequantized" in result["model_note"]  # a fit with intervals needs two rungs
 
 
 def test_int8_is_a_rung_of_its_own_and_a_format_runs_once():
