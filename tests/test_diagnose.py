@@ -70,8 +70,10 @@ def test_no_memory_left_for_the_kv_cache_ranks_quantization_first_with_the_model
 
 
 def test_cuda_graph_capture_oom_is_not_answered_with_the_batch_size():
+    # the log shows --max-num-seqs 512: a large capture, so fewer/smaller capture sizes come before eager mode
     d = _diagnose("vllm_graph_oom.log")
-    assert d.kind == "cuda_graph_capture" and d.changes[0].setting == "--enforce-eager"
+    assert d.kind == "cuda_graph_capture" and d.changes[0].setting == "--max-num-seqs 128"
+    assert [c.lever for c in d.changes[:3]] == ["max_num_seqs_down", "cuda_graph_sizes_down", "enforce_eager"]
 
 
 @pytest.mark.parametrize("name, kind, first", [
@@ -870,3 +872,117 @@ def test_weights_that_do_not_fit_split_over_the_gpus_the_log_shows_before_quanti
     named = diagnose_text("vllm serve THUDM/glm-4-9b-chat --dtype float16 on a server with 4x T4\n" + oom, "x",
                           Context(engine="vllm"))
     assert named.changes[0].lever == "tensor_parallel_up"
+
+
+_CAPTURE_OOM = ("(EngineCore pid=9) INFO [gpu_model_runner.py:2500] Capturing CUDA graphs (mixed prefill-decode, "
+                "PIECEWISE): 40%|####      | 14/35\n"
+                "(EngineCore pid=9) ERROR [core.py:700]   File \"/x/vllm/compilation/cuda_graph.py\", line 120, in __call__\n"
+                "(EngineCore pid=9) ERROR [core.py:700] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                "64.00 MiB. GPU 0 has a total capacity of 22.05 GiB of which 41.12 MiB is free. Including non-PyTorch "
+                "memory, this process has 21.99 GiB memory in use. Of the allocated memory 21.20 GiB is allocated by "
+                "PyTorch, and 120.44 MiB is reserved by PyTorch but unallocated.\n")
+
+
+def test_a_vllm_capture_the_log_shows_large_lowers_the_capture_sizes_before_eager_mode():
+    many = diagnose_text(_CAPTURE_OOM, "x", Context(engine="vllm"))  # 35 sizes: vLLM's default capture
+    assert many.kind == "cuda_graph_capture"
+    assert [c.lever for c in many.changes[:3]] == ["max_num_seqs_down", "cuda_graph_sizes_down", "enforce_eager"]
+    lmi = diagnose_text(_CAPTURE_OOM.replace("14/35", "14"), "x",  # LMI's name for --max-num-seqs, in --flags
+                        Context(engine="vllm", flags_text="--option.max_rolling_batch_size 256"))
+    assert lmi.changes[0].setting == "--max-num-seqs 64"
+    unseen = diagnose_text(_CAPTURE_OOM.replace("14/35", "14"), "x", Context(engine="vllm"))
+    assert unseen.changes[0].lever == "enforce_eager"  # nothing shows how large the capture went: graphs off first
+    small = diagnose_text(_CAPTURE_OOM.replace("14/35", "3/4"), "x", Context(engine="vllm",
+                                                                           flags_text="--max-num-seqs 4"))
+    assert small.changes[0].lever == "enforce_eager"
+    top = diagnose_text(_CAPTURE_OOM, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.98"))
+    assert top.changes[0].lever == "gpu_memory_utilization_down"  # a share above 0.95 still comes down first
+
+
+def test_lmdeploys_cuda_graphs_are_turned_off_with_its_own_eager_switch():
+    log = ("pipe = lmdeploy.pipeline(model_path, backend_config=PytorchEngineConfig(max_batch_size=128))\n"
+           "RuntimeError: CUDA out of memory.\n")
+    d = diagnose_text(log, "x")
+    assert d.kind == "cuda_graph_capture" and d.changes[0].lever == "enforce_eager"
+    assert d.changes[0].setting == "PytorchEngineConfig(eager_mode=True)" and "32" in d.changes[2].setting
+    eager = diagnose_text(log.replace("max_batch_size=128", "max_batch_size=128, eager_mode=True"), "x")
+    assert all(c.lever != "enforce_eager" for c in eager.changes)
+    assert diagnose_text(log.replace("lmdeploy.pipeline", "my_pipeline").replace("PytorchEngineConfig", "Cfg"),
+                         "x").changes[0].lever != "enforce_eager"
+
+
+def test_sglang_capture_at_a_raised_share_lowers_the_share_unless_the_captured_sizes_show():
+    log = "Capture cuda graph failed: CUDA out of memory while capturing the decode graphs.\n"
+    raised = diagnose_text(log, "x", Context(engine="sglang", flags_text="--mem-fraction-static 0.92"))
+    assert raised.kind == "cuda_graph_capture" and raised.changes[0].lever == "mem_fraction_static_down"
+    assert raised.changes[0].setting == "--mem-fraction-static 0.84"
+    tried = diagnose_text(log, "x", Context(engine="sglang", flags_text="--mem-fraction-static 0.90-0.94"))
+    assert tried.changes[0].setting == "--mem-fraction-static 0.82"  # a range tried: its lowest was in place
+    shown = diagnose_text(log + "bs [1, 2, 4, 8, 16, 32, 64, 128, 256]\n", "x",
+                          Context(engine="sglang", flags_text="--mem-fraction-static 0.92"))
+    assert shown.changes[0].lever == "cuda_graph_max_bs_down"
+    default = diagnose_text(log, "x", Context(engine="sglang"))
+    assert default.changes[0].lever == "cuda_graph_max_bs_down"
+
+
+def test_sglang_kv_pool_allocation_failing_at_start_up_raises_the_share():
+    said = ("SGLang's default --mem-fraction-static causes the KV pool allocation to fail at start-up (OOM on the "
+            "L4 runners)\n")
+    d = diagnose_text(said, "x", Context(engine="sglang", flags_text="--mem-fraction-static 0.65"))
+    assert d.kind == "no_kv_cache_memory" and d.changes[0].setting == "--mem-fraction-static 0.70"
+    serving = diagnose_text("[TP0] Decode batch. #running-req: 200, #token: 90000\n" + said, "x",
+                            Context(engine="sglang", flags_text="--mem-fraction-static 0.65"))
+    assert serving.changes[0].lever != "mem_fraction_static_up"  # a pool that served requests was allocated
+
+
+def test_a_negative_vllm_kv_budget_said_in_words_is_no_kv_memory_and_a_small_one_raises_the_share():
+    said = "The bump made KV cache allocation fail with negative available memory (-0.48 GiB) at start-up.\n"
+    d = diagnose_text(said, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert d.kind == "no_kv_cache_memory" and d.changes[0].setting == "--gpu-memory-utilization 0.95"
+    large = diagnose_text(said.replace("-0.48", "-6.20"), "x",
+                          Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert large.kind == "no_kv_cache_memory" and large.changes[0].lever != "gpu_memory_utilization_up"
+    sized = diagnose_text(said, "x", Context(engine="vllm", gpu_total_gib=8.0,  # 0.05 x 8 GiB = 0.4 < 2 x 0.48
+                                             flags_text="--gpu-memory-utilization 0.9"))
+    assert sized.changes[0].lever != "gpu_memory_utilization_up"
+    words = diagnose_text("ValueError raised: the KV cache is negative after the upgrade\n", "x", Context(engine="vllm"))
+    assert words.kind == "no_kv_cache_memory"
+
+
+def test_vllm_v0_multiprocess_workers_are_v0_and_an_unset_context_comes_down_first():
+    log = ("INFO 06-30 18:37:30 model_runner.py:160] Loading model weights took 17.9828 GB\n"
+           "(VllmWorkerProcess pid=3) INFO 06-30 18:37:30 model_runner.py:160] Loading model weights took 17.9828 GB\n"
+           "[Bug]: OOM when loading the model; lowering gpu_memory_utilization did not help\n")
+    d = diagnose_text(log, "x", Context(engine="vllm"))
+    assert any(f.label == "engine" and f.value == "V0" for f in d.figures)
+    assert d.changes[0].lever == "max_model_len_down"
+    v1 = diagnose_text(log.replace("(VllmWorkerProcess pid=3)", "(VllmWorker rank=1 pid=3)")
+                       .replace("model_runner.py", "gpu_model_runner.py"), "x", Context(engine="vllm"))
+    assert any(f.label == "engine" and f.value == "V1" for f in v1.figures)
+
+
+def test_a_lora_fine_tune_turns_checkpointing_on_before_zero_offload_and_a_quoted_load_line():
+    script = ("[BUG] finetune chatglm-6b with zero 3 and LoRA, but CUDA OOM\n"
+              "    model = AutoModel.from_pretrained(BASE_DIR, torch_dtype=torch.float16)\n"
+              "    peft_config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=12, lora_alpha=32)\n")
+    d = diagnose_text(script, "x")
+    assert d.kind == "training_step" and d.changes[0].lever == "gradient_checkpointing"
+    on = diagnose_text(script + "model.gradient_checkpointing_enable()\n", "x")
+    assert on.changes[0].lever != "gradient_checkpointing"
+    framed = diagnose_text(script.replace("LoRA, but CUDA OOM", "LoRA") + (
+        '  File "/x/transformers/modeling_utils.py", line 3000, in from_pretrained\n'
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"), "x")
+    assert framed.kind == "weights_loading"  # a traceback frame does place the failure in the load
+
+
+def test_zero_stage_3_without_a_batch_shown_offloads_first():
+    zero3 = diagnose_text(_TRAIN_OOM, "x", Context(flags_text="--deepspeed ds_z3_config.json"))
+    assert zero3.changes[0].lever == "cpu_offload"
+    zero2 = diagnose_text(_TRAIN_OOM, "x", Context(flags_text="--deepspeed ds_z2_config.json"))
+    assert zero2.changes[0].lever != "cpu_offload"
+    batch = diagnose_text(_TRAIN_OOM, "x", Context(flags_text="--deepspeed ds_z3_config.json "
+                                                   "--per_device_train_batch_size 8"))
+    assert batch.changes[0].lever == "batch_size_down"
+    lora = diagnose_text(_TRAIN_OOM + "peft LoraConfig training\n", "x",
+                         Context(flags_text="--deepspeed ds_z3_config.json"))
+    assert lora.changes[0].lever == "gradient_checkpointing"

@@ -163,7 +163,7 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         if (d := reader(text, source, settings, total)) is not None:
             return d
     if engine == "vllm":
-        facts = read_vllm(text) or VllmFacts()
+        facts = read_vllm(text) or VllmFacts(text=text)
         return _vllm(_with_settings(facts, settings, context), source, context)
     if (oom := read_torch_oom(text)) is not None:
         return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source),
@@ -583,8 +583,10 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
     changes = []
     weights_dominate = bool(context.weights_16bit_bytes and context.weights_4bit_bytes and weights and total_gib
                             and weights > 0.6 * current * total_gib)
-    if multimodal or (current >= DEFAULT_UTILIZATION and "gpu_memory_utilization" in settings
-                      and not weights_dominate):
+    if _small_kv_deficit(facts, current, raise_to, total_gib):
+        changes.append(utilization_up)  # the budget is short by less than the raise gives: the share covers it
+    elif multimodal or (current >= DEFAULT_UTILIZATION and "gpu_memory_utilization" in settings
+                        and not weights_dominate):
         changes.append(fewer_seqs)  # the share is already near its top: the profile's batch is the lever
     if weights_dominate:
         changes.append(Change("quantize the weights (awq or gptq 4-bit)",
@@ -607,6 +609,19 @@ def _no_kv_memory(facts, source, figures, utilization, total_gib, context) -> Di
     return Diagnosis(source, "vllm", "weights_do_not_fit" if weights and total_gib and weights > current * total_gib
                      else "no_kv_cache_memory", summary, tuple(figures), tuple(changes),
                      () if weights else ("the weights' size: the log's 'Model loading took' line, or --model DIR",))
+
+
+SMALL_KV_DEFICIT_GIB = 1.0  # a negative KV budget this small: 0.05 of any GPU of 40 GiB and up covers it twice
+
+
+def _small_kv_deficit(facts, current: float, raise_to: float, total_gib: float | None) -> bool:
+    """The log states a negative KV budget (vLLM's 'Available KV cache memory: -0.48 GiB', or in words) that raising
+    the share covers with as much again left for the KV cache (on a GPU of unknown size: under SMALL_KV_DEFICIT_GIB):
+    the share is the lever that changes nothing else; fewer sequences or tokens only trim the profile's peak."""
+    if facts.kv_memory_gib is None or facts.kv_memory_gib.value >= 0 or current >= MAX_UTILIZATION:
+        return False
+    deficit = -facts.kv_memory_gib.value
+    return deficit * 2 <= (raise_to - current) * total_gib if total_gib else deficit < SMALL_KV_DEFICIT_GIB
 
 
 def _lm_eval_oom(source: str, figures: list[Figure], seqs: float | None, utilization: float) -> Diagnosis:
@@ -710,13 +725,22 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                                     "fewer state blocks"),
                              Change("--max-model-len lower", "less KV cache beside the states")))
     if facts.oom_during == "cuda graph capture":
-        changes = [Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode at small "
-                          "batches)"),
-                   Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
-                          "fewer and smaller graph sizes to capture (they go up to --max-num-seqs)"),
-                   Change("--cuda-graph-sizes 1 2 4 8 16 32 (older: --compilation-config "
-                          "'{\"cudagraph_capture_sizes\": [1, 2, 4, 8, 16, 32]}')", "captures fewer sizes"),
-                   Change(f"--gpu-memory-utilization {lower}", "leaves the graphs room outside vLLM's share")]
+        eager = Change("--enforce-eager", "no CUDA graphs: their pool is not allocated (slower decode at small "
+                       "batches)")
+        fewer = [Change(f"--max-num-seqs {int(seqs // 4) if seqs and seqs >= 8 else 64}",
+                        "fewer and smaller graph sizes to capture (they go up to --max-num-seqs)"),
+                 Change("--cuda-graph-sizes 1 2 4 8 16 32 (older: --compilation-config "
+                        "'{\"cudagraph_capture_sizes\": [1, 2, 4, 8, 16, 32]}')", "captures fewer sizes")]
+        share = Change(f"--gpu-memory-utilization {lower}", "leaves the graphs room outside vLLM's share")
+        largest, count = _capture_shown(facts.text, seqs)
+        if largest >= LARGE_CAPTURE_BATCH or count >= MANY_CAPTURE_SIZES:
+            # the log shows a default-sized capture (up to batch 256, 35 sizes): its largest graphs are most of the
+            # pool, so fewer/smaller sizes keep graphs for the common small batches; eager drops them all, and speed
+            figures.append(Figure("graphs captured", f"{count or '?'} sizes up to batch {largest or '?'}",
+                                  "the log or the settings"))
+            changes = fewer + [eager, share]
+        else:
+            changes = [eager] + fewer + [share]
         return Diagnosis(source, "vllm", "cuda_graph_capture",
                          f"CUDA-graph capture ran out of memory (tried {tried})", tuple(figures),
                          _share_above_the_top_first(changes, current))
@@ -806,6 +830,27 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))
+
+
+LARGE_CAPTURE_BATCH = 128  # half of vLLM's default --max-num-seqs 256, the largest size it captures by default
+MANY_CAPTURE_SIZES = 32  # vLLM captures 35 sizes by default (1, 2, 4, then every 8 up to 256)
+# the capture as the log shows it: "35 FULL graphs", "FULL=35 (largest=256)", "Capturing CUDA graphs ... 0/51",
+# "cudagraph_capture_sizes": [1, 2, ...]
+_CAPTURE_SHOWN = re.compile(r"\b(\d+) (?:FULL |PIECEWISE )?(?:CUDA[- ]?)?graphs\b|\b(?:FULL|PIECEWISE)=(\d+) \(largest=(\d+)\)|"
+                            r"Capturing CUDA graphs[^\n]*?\b\d+/(\d+)|cudagraph_capture_sizes[\"']?\s*[:=]\s*\[([\d,\s]+)\]",
+                            re.I)
+
+
+def _capture_shown(text: str, seqs: float | None) -> tuple[int, int]:
+    """(the largest batch, the number of sizes) the log or the settings show the capture went to; 0 where unseen."""
+    largest, count = int(seqs or 0), 0
+    for match in _CAPTURE_SHOWN.finditer(text or ""):
+        graphs, listed, top, progress, sizes = match.group(1), match.group(2), match.group(3), match.group(4), \
+            match.group(5)
+        numbers = [int(n) for n in re.findall(r"\d+", sizes or "")]
+        count = max(count, int(graphs or listed or progress or 0), len(numbers))
+        largest = max(largest, int(top or 0), max(numbers, default=0))
+    return largest, count
 
 
 CUDA_GRAPHS_FROM = (0, 2, 6)  # vLLM PR #1926 (CUDA graphs, --enforce-eager), in the release of 12-2023

@@ -104,14 +104,17 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
         return decided
     current = (facts.mem_fraction_static.value if facts and facts.mem_fraction_static
                else number(settings, "mem_fraction_static"))
-    if facts is not None and facts.not_enough:
+    hit = _oom_line(text)
+    pool_at_start = hit is not None and _SGLANG_POOL_FAILED.search(_around(text, hit[0])) is not None \
+        and _last_batch(text) is None
+    if (facts is not None and facts.not_enough) or pool_at_start:
         # the highest value the log shows is the one in place (ServerArgs and the error may both print it)
         fraction = max(v for v in (current, number(settings, "mem_fraction_static"), 0.0) if v is not None) \
             or SGLANG_DEFAULT_FRACTION
-        total = (facts.weights_gb.value + facts.available_gb.value) if facts.weights_gb and facts.available_gb \
-            else total_gib
+        total = (facts.weights_gb.value + facts.available_gb.value) if facts and facts.weights_gb and \
+            facts.available_gb else total_gib
         changes = []
-        if total and facts.weights_gb:
+        if total and facts and facts.weights_gb:
             wanted = min(0.95, max(math.ceil((facts.weights_gb.value / total + 0.1) * 100) / 100, fraction + 0.02))
             changes.append(Change(f"--mem-fraction-static {wanted:.2f}",
                                   f"the KV pool gets {wanted:.2f} x {total:.1f} GB - {facts.weights_gb.value:.1f} GB of "
@@ -127,8 +130,8 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
         return Diagnosis(source, "sglang", "no_kv_cache_memory",
                          "nothing is left for the KV pool: --mem-fraction-static leaves no room after the weights "
                          "(SGLang's start-up check: raise it, the opposite of a CUDA OOM)", tuple(figures),
-                         tuple(changes), failing_line=facts.not_enough.value)
-    hit = _oom_line(text)
+                         tuple(changes), failing_line=facts.not_enough.value if facts and facts.not_enough
+                         else hit[1][:300])
     if hit is not None:
         line, quoted = hit
         around = _around(text, line).lower()
@@ -144,8 +147,14 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
             kind, summary = "cuda_graph_capture", ("CUDA-graph capture ran out of memory at start-up: the graphs for "
                                                    "the largest batch sizes (up to --cuda-graph-max-bs) did not fit "
                                                    "beside the static share")
-            changes = [_fewer_graph_sizes(text, settings), fraction,
-                       Change("--disable-cuda-graph", "no graph memory (slower decode)")]
+            fewer = _fewer_graph_sizes(text, settings)
+            changes = [fewer, fraction, Change("--disable-cuda-graph", "no graph memory (slower decode)")]
+            if not _captured_bs(text, settings) and (current or 0) >= SGLANG_RAISED_FRACTION:
+                # no captured batch size in the log, and a static share raised above SGLang's own (0.88): the share
+                # is what left the graphs no room, and lowering it comes first in SGLang's own capture-failure advice
+                # (cuda_graph_runner's CUDA_GRAPH_CAPTURE_FAILED_MSG: "1. set --mem-fraction-static to a smaller
+                # value (e.g., 0.8 or 0.7) 2. set --cuda-graph-max-bs to a smaller value")
+                changes = [fraction, fewer, changes[2]]
         elif re.search(r"load_model|load_weights|weight_loader|model_loader", around) and not (
                 facts and facts.weights_gb):
             kind, summary = "weights_do_not_fit", "the weights did not fit while loading"
@@ -176,12 +185,23 @@ def diagnose_sglang(text: str, source: str, settings: dict[str, Setting], total_
 _SGLANG_CAPTURE_BS = re.compile(r"\bbs\s*\[([\d,\s]+)\]|cuda[-_]graph[-_]max[-_]bs[-_a-z]*[=: ]+(\d+)|\bbs ?= ?(\d+)",
                                 re.I)
 SGLANG_GRAPH_BS = 32  # where neither the log nor the flags say how large the captured batches went
+SGLANG_RAISED_FRACTION = 0.9  # a --mem-fraction-static at or above this was raised above SGLang's default (0.88)
+# the KV pool's allocation at start-up failing, in the engine's words or a person's ("the KV pool allocation fails",
+# "failed to allocate the memory pool", init_memory_pool in a traceback): SGLang's start-up check, raise the share
+_SGLANG_POOL_FAILED = re.compile(r"\b(?:KV|memory|token(?:_to_kv)?)[ _-]?pool(?: allocation)?\b[^.\n]{0,40}?\b(?:fail|"
+                                 r"OOM|out of memory)|\b(?:fail\w*|unable|cannot|can't) (?:to )?allocat\w* (?:the )?"
+                                 r"(?:KV|memory|token) pool|init_memory_pool", re.I)
+
+
+def _captured_bs(text: str, settings: dict[str, Setting]) -> float:
+    """The largest batch size the log or the flags show the capture went to; 0 where neither shows it."""
+    seen = [int(n) for m in _SGLANG_CAPTURE_BS.finditer(text) for n in re.findall(r"\d+", next(filter(None, m.groups())))]
+    return number(settings, "cuda_graph_max_bs") or max(seen, default=0)
 
 
 def _fewer_graph_sizes(text: str, settings: dict[str, Setting]) -> Change:
     """--cuda-graph-max-bs at half the largest batch size the log or the flags show (capture went that high)."""
-    seen = [int(n) for m in _SGLANG_CAPTURE_BS.finditer(text) for n in re.findall(r"\d+", next(filter(None, m.groups())))]
-    largest = number(settings, "cuda_graph_max_bs") or max(seen, default=0)
+    largest = _captured_bs(text, settings)
     target = max(1, int(largest // 2)) if largest else SGLANG_GRAPH_BS
     return Change(f"--cuda-graph-max-bs {target}", f"captures graphs only up to batch {target}"
                   + (f" instead of {int(largest)}" if largest else "") + ": the largest graphs' memory is what ran "

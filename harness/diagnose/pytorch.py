@@ -83,6 +83,13 @@ _CHECKPOINTING_ON = re.compile(r"(?:gradient|activation|grad)_checkpoint\w*\s*[:
                                r"llamafactory", re.I)
 
 
+# an adapter fine-tune (PEFT LoRA/QLoRA): the base weights are frozen and hold neither gradients nor optimizer state
+_ADAPTER = re.compile(r"\b(?:q?lora|peft|LoraConfig|get_peft_model|lora_r|lora_rank|lora_alpha)\b", re.I)
+# a traceback's frames ('File "...", line N, in f'): only these place a failure in code; a script quoted beside the
+# error (its from_pretrained line) shows what ran before, not what ran out
+_FRAME = re.compile(r"File \"[^\"]+\", line \d+")
+
+
 def _fine_tune_without_checkpointing(context: str, settings: dict) -> bool:
     if not (_FINE_TUNE.search(context) and _TRAINING.search(context)):
         return False
@@ -162,13 +169,22 @@ _ZERO = re.compile(r"\bzero[-_ ]?(?:stage[-_ =]?)?[23]\b|\bzero_stage\b|deepspee
 _ZERO_OFFLOAD_ON = re.compile(r"offload_(?:optimizer|param)|zero[-_ ]?offload|ZeRO-Offload|cpu_offload", re.I)
 
 
+# ZeRO stage 3 in place: a config's "stage": 3, zero_optimization.stage 3, LLaMA-Factory's ds_z3_config, "zero3"
+_ZERO_3 = re.compile(r"\bzero[-_ ]?(?:stage[-_ =]?)?3\b|zero_optimization\.stage\W{0,3}3\b|[\"']stage[\"']\s*:\s*3\b|"
+                     r"\bds_z3(?!_offload)|\bzero[-_ ]?3\b", re.I)
+
+
 def _zero_offload(context: str, settings: dict) -> Change | None:
-    """A DeepSpeed ZeRO run without CPU offload, already at one sequence per GPU: the optimizer state and the
-    parameter shards leave the GPU before anything else (DeepSpeed's ZeRO-Offload / ZeRO-Infinity: offload_optimizer,
-    offload_param with device cpu), since no smaller batch is left."""
+    """A DeepSpeed ZeRO run without CPU offload, at one sequence per GPU (no smaller batch is left), or at stage 3
+    (parameters, gradients and optimizer state all partitioned: no further stage is left) with no larger batch shown:
+    the optimizer state and the parameter shards leave the GPU before anything else (DeepSpeed's ZeRO-Offload /
+    ZeRO-Infinity: offload_optimizer, offload_param with device cpu). A batch shown above one comes down first (no
+    CPU round trip); an adapter (LoRA) run's optimizer state is the adapter's alone, so offloading it frees little."""
     batch = settings.get("batch_size")
-    if not _ZERO.search(context) or _ZERO_OFFLOAD_ON.search(context) or batch is None or \
-            not isinstance(batch.value, (int, float)) or batch.value > 1:
+    shown = batch is not None and isinstance(batch.value, (int, float)) and not isinstance(batch.value, bool)
+    at_one = shown and batch.value <= 1
+    if not _ZERO.search(context) or _ZERO_OFFLOAD_ON.search(context) or _ADAPTER.search(context) or \
+            not (at_one or (not shown and _ZERO_3.search(context))):
         return None
     return Change("DeepSpeed ZeRO offload: zero_optimization.offload_optimizer and offload_param {\"device\": \"cpu\"}",
                   "the optimizer state (fp32 Adam: 12 bytes per parameter) and the parameter shards move to CPU "
@@ -198,6 +214,34 @@ def _image_tokens(figures: list, quoted: str, source: str) -> Diagnosis:
                                 "to the pixels: their activations and KV cache with them", "other"),
                          Change("lower the batch size", "fewer images at once"),
                          Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the image tokens")),
+                     failing_line=quoted)
+
+
+# LMDeploy (pipeline / PytorchEngineConfig / TurbomindEngineConfig; its PyTorch engine runs the models TurboMind does
+# not support): the PyTorch engine captures a CUDA graph per batch size up to max_batch_size unless eager_mode=True
+# (lmdeploy/pytorch/backends/cuda/graph_runner.py: enable_graph_mode = not backend_config.eager_mode), outside the
+# KV share cache_max_entry_count takes of the free memory
+_LMDEPLOY = re.compile(r"\blmdeploy\b|PytorchEngineConfig|TurbomindEngineConfig", re.I)
+_EAGER_ON = re.compile(r"eager_mode\s*=\s*True|--eager-mode\b", re.I)
+
+
+def _in_eager_mode(context: str, settings: dict) -> bool:
+    setting = settings.get("enforce_eager")
+    return (setting is not None and setting.value is True) or bool(_EAGER_ON.search(context))
+
+
+def _lmdeploy_graphs(settings: dict, figures: list, quoted: str, source: str) -> Diagnosis:
+    batch = settings.get("max_batch_size")
+    size = int(batch.value) if batch is not None and isinstance(batch.value, (int, float)) else None
+    return Diagnosis(source, "pytorch-oom", "cuda_graph_capture",
+                     "LMDeploy ran out of memory with CUDA graphs on: its PyTorch engine captures a graph per batch "
+                     "size up to max_batch_size, outside the KV share (cache_max_entry_count)", tuple(figures), (
+                         Change("PytorchEngineConfig(eager_mode=True)", "no CUDA graphs: their memory is not "
+                                "allocated (slower decode at small batches)", "enforce_eager"),
+                         Change("cache_max_entry_count 0.5 (EngineConfig)", "a smaller KV share of the free memory "
+                                "leaves the graphs and activations more room", "other"),
+                         Change(f"lower max_batch_size (EngineConfig) to {size // 4 if size and size >= 8 else 32}",
+                                "fewer and smaller graphs, fewer sequences at once", "batch_size_down")),
                      failing_line=quoted)
 
 
@@ -245,6 +289,13 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                          failing_line=quoted)
     phase = next((p for p in _PHASES if re.search(p[0], around)), None)
     context = f"{text}\n{flags_text}"
+    if oom is None and _LMDEPLOY.search(context) and not _in_eager_mode(context, settings or {}) and \
+            (phase is None or phase[1] not in ("weights_loading", "training_step", "optimizer_state")):
+        return _lmdeploy_graphs(settings or {}, figures, quoted, source)
+    if _ADAPTER.search(context) and _fine_tune_without_checkpointing(context, settings or {}) and (
+            phase is None or phase[1] in ("training_step", "optimizer_state")
+            or (phase[1] == "weights_loading" and not _FRAME.search(around))):
+        return _checkpointing_first(figures, quoted, source)
     if (phase is None or phase[1] in ("generate",)) and _image_tokens_first(context, settings or {}):
         return _image_tokens(figures, quoted, source)
     training = phase is None or phase[1] in ("training_step", "optimizer_state")
@@ -253,8 +304,9 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         shorter = Change("shorter sequences (max_length / cutoff_len / max_seq_length)",
                          "activations grow with the length")
         return Diagnosis(source, "pytorch-oom", "training_step",
-                         "a DeepSpeed ZeRO training step ran out at one sequence per GPU: what is left on the GPU is "
-                         "the parameter and optimizer shards and one sequence's activations", tuple(figures),
+                         "a DeepSpeed ZeRO training step ran out without CPU offload, at stage 3 or at one sequence "
+                         "per GPU: what is left on the GPU is the parameter and optimizer shards and the step's "
+                         "activations", tuple(figures),
                          (offload, checkpointing, shorter) if _fine_tune_without_checkpointing(context, settings or {})
                          else (offload, shorter, checkpointing), failing_line=quoted)
     share = (settings or {}).get("gpu_memory_utilization")

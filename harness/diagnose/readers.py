@@ -57,6 +57,7 @@ class VllmFacts:
     lm_eval: bool = False  # lm-eval drives this vLLM (lm_eval --model vllm): its requests, not a server's clients
     kv_check: Quoted | None = None  # a traceback through the KV-cache memory check, its message cut off
     utilization_hint: Quoted | None = None  # the --gpu-memory-utilization vLLM itself recommends (graph profiling)
+    text: str = field(default="", repr=False)  # the log read (what its lines show beside the facts above)
 
 
 @dataclass
@@ -109,6 +110,18 @@ _FACT_LINES = (
     _FactLine("no_kv_memory",
               re.compile(r"No available memory for the cache blocks"),
               lambda m: "no available memory for the cache blocks"),
+    # the same failure in a person's words: a negative or zero KV budget ("KV cache allocation to fail with negative
+    # available memory (-0.48 GiB)", "the KV cache is negative", "no memory for the cache blocks", "0 GPU blocks")
+    _FactLine("kv_memory_gib",
+              re.compile(r"\b(?:KV[- ]cache|cache blocks?)\b[^\n]{0,60}?\bnegative\b[^\n(]{0,40}\((-\d+(?:\.\d+)?) ?GiB\)|"
+                         r"\bnegative (?:available |KV[- ]cache )?(?:memory|budget|KV[- ]cache)[^\n(]{0,40}\((-\d+(?:\.\d+)?) ?GiB\)",
+                         re.I),
+              lambda m: float(next(g for g in m.groups() if g))),
+    _FactLine("no_kv_memory",
+              re.compile(r"\bnegative (?:available )?(?:KV[- ]cache|KV|memory for the (?:KV )?cache|KV budget)|"
+                         r"\bKV[- ]cache(?: memory| budget| size)? (?:is|was|went|goes|became|turn(?:s|ed)) negative|"
+                         r"\bno (?:GPU )?memory (?:left )?for the (?:KV )?cache blocks|\b0 (?:GPU|KV[- ]cache) blocks\b", re.I),
+              lambda m: m.group(0)),
     _FactLine("kv_needed",
               re.compile(r"To serve at least one request with the models?'?s?'? max seq len \((\d+)\), \(?([\d.]+) GI?B KV "
                          r"cache is needed, which is larger than the available KV cache memory \(([\d.]+) GI?B\)\.(?: "
@@ -143,10 +156,13 @@ _PROFILE_TOTAL = re.compile(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_ut
 _SAMPLER = re.compile(r"out of memory occurred when warming up sampler with (\d+) dummy requests", re.I)
 _MAMBA = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)|exceeds available Mamba "
                     r"cache blocks \((\d+)\)")
+# V0's multiprocess executor names its workers "VllmWorkerProcess" (vllm/executor/multiproc_worker_utils.py) and its
+# runner logs as "model_runner.py:N]"; V1's are "(VllmWorker rank=N pid=M)" and "gpu_model_runner.py"
 _V0_ONLY = re.compile(r"# (?:GPU|cuda) blocks: \d+|Initializing an? (?:V0 )?LLM engine \(v[\d.]+\)|\[worker\.py|"
-                      r"llm_engine\.py|model_runner\.py:\d+\] Capturing|Using V0|V0 LLM engine|VLLM_USE_V1=0")
+                      r"llm_engine\.py|(?<![\w/])model_runner\.py:\d+\]|Using V0|V0 LLM engine|VLLM_USE_V1=0|"
+                      r"VllmWorkerProcess|multiproc_worker_utils")
 _V1_ONLY = re.compile(r"EngineCore|Initializing a V1 LLM engine|GPU KV cache size: [\d,]+ tokens|\[gpu_model_runner\.py|"
-                      r"VLLM_USE_V1=1|\(VllmWorker|v1/engine|v1/worker")
+                      r"VLLM_USE_V1=1|\(VllmWorker(?!Process)|v1/engine|v1/worker")
 # a line without any of these matches none of read_vllm's patterns
 _VLLM_WORDS = ("non-default", "serve", "took", "KV", "kv_cache", "oncurrency", "Graph", "No available", "To serve",
                "max seq len", "Free memory", "version", "blocks:", "total_gpu_memory", "startup complete",
@@ -203,7 +219,7 @@ _V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because 
 
 
 def read_vllm(text: str) -> VllmFacts | None:
-    facts = VllmFacts()
+    facts = VllmFacts(text=text)
     seen = False
     lines = text.splitlines()
     for number, line in enumerate(lines, 1):

@@ -35,6 +35,8 @@ ALIASES = {
     "pp_size": "pipeline_parallel_size",
     "kv_cache_dtype": "kv_cache_dtype", "enforce_eager": "enforce_eager", "disable_cuda_graph": "disable_cuda_graph",
     "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_rolling_batch_size": "max_num_seqs",  # DJL LMI's name for the engine's running batch (vLLM's max_num_seqs)
+    "eager_mode": "enforce_eager",  # LMDeploy's PytorchEngineConfig(eager_mode=True): no CUDA graphs
     "max_running_requests": "max_running_requests", "chunked_prefill_size": "chunked_prefill_size",
     "max_prefill_tokens": "max_prefill_tokens", "max_prefill": "max_prefill_tokens",
     "cuda_graph_max_bs": "cuda_graph_max_bs", "cuda_graph_sizes": "cuda_graph_sizes",
@@ -75,8 +77,12 @@ _SAID_UTILIZATION = re.compile(r"\b(?:at|with|using|set to|default)\s+(?:gpu[ _-
                                r"\s*(?:of|=|:)?\s*(0?\.\d+|1\.0)\b", re.I)
 
 
+_RANGE = re.compile(r"^(\d*\.\d+)\s*[-–~]\s*\d*\.\d+\b")
+
+
 def key_of(name: str) -> str | None:
-    return ALIASES.get(name.strip().lstrip("-").replace("-", "_").lower())
+    key = name.strip().lstrip("-").replace("-", "_").lower()
+    return ALIASES.get(key[len("option."):] if key.startswith("option.") else key)  # LMI's serving.properties
 
 
 def settings_in(text: str) -> dict[str, Setting]:
@@ -153,6 +159,8 @@ def _value(key: str, raw: object) -> object | None:
         return None
     if isinstance(raw, (int, float)):
         return raw
+    if (tried := _RANGE.match(str(raw))):
+        return float(tried.group(1))  # "0.90-0.94": values tried, every one of them at least the lowest
     try:
         return int(str(raw))
     except ValueError:
