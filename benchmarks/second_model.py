@@ -154,25 +154,14 @@ def assemble_gguf(chunks: list[tuple[Path, str]], target: Path, expected_sha256:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize the GGUF into a bf16 safetensors checkpoint with its tokenizer (as harness.source converts the
-    demo model's)."""
-    import torch
-
+    """Dequantize the GGUF into a bf16 safetensors checkpoint with its tokenizer, as harness.source converts the
+    demo model's."""
     from harness.quiet import quiet_imports
+    from harness.source import save_gguf_as_bf16
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with quiet_imports():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                     dtype=torch.bfloat16)
-    # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+        save_gguf_as_bf16(gguf_path, out_dir)
 
 
 def check_checkpoint(path: Path) -> dict:

@@ -188,6 +188,23 @@ def gguf_architecture(gguf_path: Path) -> str:
         raise UserError(f"{gguf_path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
+def save_gguf_as_bf16(gguf_path: Path, out_dir: Path) -> None:
+    """The GGUF's weights dequantized to bf16, saved with its tokenizer as a safetensors checkpoint in `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # local_files_only is saved into tokenizer_config.json: set, so the converted model (and its fingerprint)
+    # is the same whether or not HF_HUB_OFFLINE was set for the conversion
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16)
+    # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
 def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF into a bf16 safetensors checkpoint (about 45 s for the demo model, once)."""
     log_path = cache_dir("logs") / f"convert-{target.name}.log"
@@ -197,20 +214,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     tmp = target.with_name(target.name + ".part")
     remove_tree(tmp)
     with output_to(log_path):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        # local_files_only is saved into tokenizer_config.json: set, so the converted model (and its fingerprint)
-        # is the same whether or not HF_HUB_OFFLINE was set for the conversion
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                     dtype=torch.bfloat16)
-        # The GGUF loader leaves a quantization_config and quantizer behind although the weights are now plain bf16.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.hf_quantizer = None
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_gguf_as_bf16(gguf_path, tmp)
     seal_dir(tmp)
     remove_tree(target)
     tmp.rename(target)
