@@ -16,11 +16,12 @@ TORCH_OOM_BODY = r"Tried to allocate \d+(?:\.\d+)?\s*(?:bytes|[KMGT]i?B|B)\b|tot
 # a user's own words for it ("the system will exceed the memory limit", "exceeded GPU memory")
 EXCEEDS_MEMORY = (r"\bexceed(?:s|ed|ing)?\s+(?:(?:the|its|our|available|total|GPU|device|VRAM|CUDA|host|system)\s+){0,3}"
                   r"memory|\bmemory\s+(?:limit\s+|budget\s+)?(?:was\s+|is\s+)?exceeded")
-# OOM as the failure, also as a verb ("OOMs at the KV-cache check", "OOMed", "OOM'd")
+# OOM as the failure, also as a verb and in any case ("OOMs at the KV-cache check", "OOMed", "OOM'd", "it ooms")
 OOM_WORD = r"(?<![A-Za-z])OOM(?:s|ed|ing|'d|'s)?(?![A-Za-z])"
 # a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM")
 SHORT_OF_MEMORY = (r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)|"
-                   r"(?:memory|VRAM) is insufficient|显存不足|内存不足|爆显存|显存溢出|メモリ不足|메모리 부족")
+                   r"(?:memory|VRAM) is insufficient|显存不足|显存不够|内存不足|内存不够|爆显存|显存爆|显存炸|显存溢出|"
+                   r"内存溢出|メモリ不足|메모리 부족")
 _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"
                      r"KV cache is needed, which is larger than|is larger than the maximum number of tokens that can be "
                      r"stored in KV cache|Free memory on device .* is less than|Error in memory profiling|"
@@ -92,14 +93,14 @@ def _benign_oom_word(line: str) -> bool:
                  r"Error in memory profiling|ALLOC_FAILED|MemoryAllocation|allocate memory|allocation failed|"
                  r"not enough GPU memory|" + TORCH_OOM_BODY, line, re.I):
         return False
-    return not (re.search(OOM_WORD, line) or re.search(EXCEEDS_MEMORY, line, re.I)) or bool(
+    return not (re.search(OOM_WORD, line, re.I) or re.search(EXCEEDS_MEMORY, line, re.I)) or bool(
         re.search(r"(?:avoid|prevent|reduce|against) (?:an? )?(?:OOM|exceed)|OOM risk", line, re.I))
 
 
 def says_oom(line: str) -> bool:
     """The word OOM standing alone as the failure ("[Bug] OOM when running bench_serving"), or a person's words for
     it ("will exceed the memory limit"), not advice about it."""
-    return bool(re.search(OOM_WORD, line) or re.search(EXCEEDS_MEMORY, line, re.I)) and not _benign_oom_word(line)
+    return bool(re.search(OOM_WORD, line, re.I) or re.search(EXCEEDS_MEMORY, line, re.I)) and not _benign_oom_word(line)
 
 
 def identity_of(line: str) -> str:
