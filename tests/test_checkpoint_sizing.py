@@ -27,7 +27,7 @@ from harness.errors import UserError
 from harness.formats import check_format_names
 from harness.quant_config import read_quantization
 
-from test_memory_logs import KNOWN_FAILURES
+from test_memory_logs import KNOWN_FAILURES, QWQ_DYNAMIC_SKIP
 
 GIB = 2**30
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -274,3 +274,84 @@ def test_block_fp8_experts_cut_inside_a_block_are_refused():
     assert plans["vllm"].reason.count("\n") == 0
     four = plan_engines(shape, fmt, Target(gpu_by_name("H100-SXM"), 4), Workload(max_model_len=8192))
     assert four["vllm"].servable  # 384 per GPU: whole blocks
+
+
+# bitsandbytes' llm_int8_skip_modules as vLLM matches them (harness/capacity/bnb_skip.py); QWQ_DYNAMIC_SKIP: the
+# published entries of unsloth's dynamic QwQ-32B export (tests/test_memory_logs.py).
+
+
+def _tiny_qwen2(skip: list[str] | None, layers: int = 8) -> dict:
+    return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1024,
+            "intermediate_size": 4096, "num_hidden_layers": layers, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 4096,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                    "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                                    "llm_int8_skip_modules": skip}}
+
+
+def test_vllm_keeps_a_skip_list_s_module_paths_16_bit_from_0_7_3():
+    """vllm/model_executor/layers/quantization/bitsandbytes.py, is_layer_skipped_bnb. To v0.7.2 (lines 131-137):
+        # Check if any of the skip modules exactly matches any component
+        return any(module_name in components for module_name in llm_int8_skip_modules)
+    from v0.7.3 (131-145; the same at v0.8.5, 132-146; vllm-project/vllm#12974) also:
+        # Allow certain layers to not be quantized
+        set_components = set(".".join(components[:i + 1]) for i in range(len(components)))
+        prefix_check = len(set_llm_int8_skip_modules & set_components) != 0
+    over the prefixes vLLM builds: models/qwen2.py@v0.8.5 prefix=f"{prefix}.qkv_proj", f"{prefix}.gate_up_proj"."""
+    from harness.capacity.bnb_skip import is_layer_skipped_bnb
+
+    entries = ["lm_head", "model.layers.0.self_attn", "model.layers.4.mlp"]
+    assert not is_layer_skipped_bnb("model.layers.0.self_attn.qkv_proj", entries, (0, 7, 2))
+    assert is_layer_skipped_bnb("model.layers.0.self_attn.qkv_proj", entries, (0, 7, 3))
+    for prefix in ("model.layers.0.self_attn.o_proj", "model.layers.4.mlp.gate_up_proj",
+                   "model.layers.4.mlp.down_proj"):
+        assert is_layer_skipped_bnb(prefix, entries, (0, 8, 5)), prefix
+    for prefix in ("model.layers.0.mlp.gate_up_proj", "model.layers.14.mlp.gate_up_proj",
+                   "model.layers.40.self_attn.qkv_proj"):
+        assert not is_layer_skipped_bnb(prefix, entries, (0, 8, 5)), prefix
+    assert is_layer_skipped_bnb("model.layers.3.mlp.gate_up_proj", ["mlp"], (0, 7, 2))  # a whole component
+    # a path to a module vLLM fuses is no prefix of the fused one, at any release
+    assert not is_layer_skipped_bnb("model.layers.4.mlp.gate_up_proj", ["model.layers.4.mlp.gate_proj"])
+
+
+def test_the_qwq_dynamic_export_loads_on_0_8_5_with_every_listed_module_16_bit():
+    from harness.capacity.bnb_skip import vllm_load_problem
+
+    # whole modules (self_attn, mlp): the fused qkv_proj / gate_up_proj are kept with them, as the checkpoint keeps
+    # q/k/v and gate/up, so vLLM holds exactly the checkpoint's 16-bit linears
+    assert vllm_load_problem(QWQ_DYNAMIC_SKIP, 64, (0, 8, 5)) is None
+    assert vllm_load_problem(QWQ_DYNAMIC_SKIP, 64) is None
+    before = vllm_load_problem(QWQ_DYNAMIC_SKIP, 64, (0, 7, 2))
+    assert before and "model.layers.0.self_attn.q_proj 16-bit" in before and "quantizes" in before
+    leaf = vllm_load_problem(["model.layers.3.mlp.gate_proj"], 64, (0, 8, 5))
+    assert leaf and "model.layers.3.mlp.gate_up_proj" in leaf
+
+
+def test_a_dynamic_bnb_checkpoint_is_served_by_vllm_from_0_7_3_only():
+    from harness.capacity.vllm import plan_vllm
+
+    config = _tiny_qwen2(["lm_head", "model.layers.0.self_attn", "model.layers.1.mlp"])
+    shape, fmt = model_shape(plan_config(config)), checkpoint_format(config)
+    target, work = Target(gpu_by_name("RTX 4090")), Workload(max_model_len=4096)
+    # (plan_vllm plans a release by its minor's rules, so 0.7.0-0.7.2 are planned as 0.7.3 and served)
+    old = plan_vllm(shape, fmt, target, work, version="0.6.6")
+    assert not old.servable and "0.7.3 is the first release" in old.reason
+    assert plan_vllm(shape, fmt, target, work, version="0.8.5").servable
+    assert plan_vllm(shape, checkpoint_format(_tiny_qwen2(None)), target, work, version="0.6.6").servable
+    fused = checkpoint_format(_tiny_qwen2(["model.layers.1.mlp.up_proj"]))
+    refused = plan_vllm(shape, fused, target, work, version="0.8.5")
+    assert not refused.servable and "gate_up_proj" in refused.reason and refused.reason.count("\n") == 0
+
+
+def test_a_pipeline_stage_holds_the_16_bit_modules_of_its_own_layers():
+    # the MLPs of layers 0-3 kept 16-bit: all on the first of two 4-layer stages, none on the second
+    config = _tiny_qwen2([f"model.layers.{i}.mlp" for i in range(4)])
+    shape, fmt = model_shape(plan_config(config)), checkpoint_format(config)
+    plain = checkpoint_format(_tiny_qwen2(None))
+    first, second = pipeline_stages(shape, (4, 4))
+    mlp_params = sum(lin.in_features * lin.out_features for lin in shape.linears if lin.name.startswith("mlp."))
+    extra = weights_bytes(shape, fmt) - weights_bytes(shape, plain)
+    assert extra == pytest.approx(4 * mlp_params * (2 - 0.5 - 4 / 64))  # 16-bit over nf4 with an fp32 absmax per 64
+    assert weights_bytes(first, fmt) - weights_bytes(first, plain) == extra
+    assert weights_bytes(second, fmt) == weights_bytes(second, plain)

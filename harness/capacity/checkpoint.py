@@ -16,7 +16,8 @@ What each method stores per linear weight (in x out), as vLLM holds it after loa
 - bitsandbytes 4-bit (nf4/fp4): packed 4-bit, an absmax per 64 weights; with double quantization the checkpoint
   stores it as 8-bit with an fp32 scale per 256 blocks, but vLLM's loader undoes that at load
   (BitsAndBytesModelLoader._dequantize_dq), so on the GPU it is an fp32 absmax per 64. 8-bit (LLM.int8): int8 and
-  an fp32 scale per row (outliers are not stored; they are found per forward). `llm_int8_skip_modules` 16-bit.
+  an fp32 scale per row (outliers are not stored; they are found per forward). `llm_int8_skip_modules` 16-bit;
+  vLLM loads such a checkpoint only where its own match keeps the same linears 16-bit (bnb_skip).
 - gptq: packed `bits`, an fp16 scale per group; vLLM's gptq_marlin drops the zeros of symmetric weights and the
   g_idx unless `desc_act`. awq: packed 4-bit, fp16 scales and packed zeros (zero_point) per group.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from harness.capacity.bnb_skip import VLLM_BNB_DOTTED_SKIP_SINCE, vllm_load_problem
 from harness.capacity.memory import WeightFormat
 from harness.capacity.storage import (ALL_LINEAR, BNB_4BIT, BNB_4BIT_DOUBLE_QUANT, BNB_8BIT,  # noqa: F401
                                       FORMAT_STORAGE, FP8_CHANNEL, FP8_TENSOR, FP16, FP32, MXFP4, MXFP4_PADDING,
@@ -70,7 +72,7 @@ def checkpoint_format(config: dict, where: str = "config.json", *, undo_double_q
     if info.method == "fp8":
         return _fp8(quant, info)
     if info.method == "bitsandbytes":
-        return _bitsandbytes(quant, info, undo_double_quant)
+        return _bitsandbytes(quant, info, undo_double_quant, _decoder_layers(config))
     if info.method in ("gptq", "awq"):
         return _gptq_awq(quant, info)
     if info.method == "compressed-tensors":
@@ -134,10 +136,11 @@ def _modelopt(quant: dict, where: str) -> WeightFormat:
     raise UserError(f"{where}: quant_algo {algo or None!r}: quantgate sizes ModelOpt FP8 and NVFP4 checkpoints")
 
 
-def _bitsandbytes(quant: dict, info, undo_double_quant: bool = True) -> WeightFormat:
+def _bitsandbytes(quant: dict, info, undo_double_quant: bool = True, layers: int = 0) -> WeightFormat:
     if info.bits == 8:
         return _format("int8", 8, (StorageRule(ALL_LINEAR, BNB_8BIT),), info.unquantized_modules,
-                       f"bitsandbytes LLM.int8 checkpoint: {BNB_8BIT.label}", spec=FORMAT_SPECS["int8"])
+                       f"bitsandbytes LLM.int8 checkpoint: {BNB_8BIT.label}",
+                       spec=_bnb_spec(FORMAT_SPECS["int8"], info.unquantized_modules, layers))
     quant_type = info.details.get("bnb_4bit_quant_type", "nf4")
     storage = BNB_4BIT
     if info.details.get("double_quant") and not undo_double_quant:
@@ -145,7 +148,30 @@ def _bitsandbytes(quant: dict, info, undo_double_quant: bool = True) -> WeightFo
     double = " (double quantization in the checkpoint)" if info.details.get("double_quant") else ""
     return _format("bnb-nf4", 4, (StorageRule(ALL_LINEAR, storage),), info.unquantized_modules,
                    f"bitsandbytes 4-bit {quant_type} checkpoint{double}: {storage.label}",
-                   spec=FORMAT_SPECS["bnb-nf4"])
+                   spec=_bnb_spec(FORMAT_SPECS["bnb-nf4"], info.unquantized_modules, layers))
+
+
+def _decoder_layers(config: dict) -> int:
+    layers = config_fields(config).get("num_hidden_layers")
+    return layers if isinstance(layers, int) and layers > 0 else 0
+
+
+def _bnb_spec(spec: FormatSpec, skipped: tuple[str, ...], layers: int) -> FormatSpec:
+    """The bitsandbytes format's spec with vLLM's serving as is_layer_skipped_bnb lets it load this skip list
+    (harness.capacity.bnb_skip): refused where no release keeps the checkpoint's 16-bit linears 16-bit (a path to a
+    module vLLM fuses), from 0.7.3 on where only the dotted-prefix match does (unsloth's dynamic 4-bit exports)."""
+    newest = vllm_load_problem(skipped, layers)
+    if newest is not None:
+        vllm = replace(spec.serving_on("vllm"), refusal=f"vLLM {{version}}: {newest}")
+    elif vllm_load_problem(skipped, layers, release=(0, 7, 2)) is not None:
+        vllm = spec.serving_on("vllm")
+        vllm = replace(vllm, since=VLLM_BNB_DOTTED_SKIP_SINCE,
+                       note="; ".join(filter(None, (vllm.note, "vLLM keeps llm_int8_skip_modules' module paths "
+                                                    "16-bit from 0.7.3 on (is_layer_skipped_bnb's prefix match, "
+                                                    "vllm-project/vllm#12974)"))))
+    else:
+        return spec
+    return replace(spec, serving={**spec.serving, "vllm": vllm})
 
 
 def _gptq_awq(quant: dict, info) -> WeightFormat:

@@ -229,9 +229,9 @@ def stage_of_range(shape: ModelShape, start: int, end: int) -> ModelShape:
         if lin.at:
             own = tuple(i for i in lin.at if start <= i < end)
             return replace(lin, count=lin.count // len(lin.at) * len(own), layers=len(own), at=own)
-        held = lin.layers or layers
-        return replace(lin, count=lin.count // held * min(kept, held), layers=min(kept, lin.layers) if lin.layers
-                       else 0)
+        if not lin.layers:  # on every layer: the stage's own, placed (a skip list's layer-indexed entries count here)
+            return replace(lin, count=lin.count // layers * kept, layers=kept, at=tuple(range(start, end)))
+        return replace(lin, count=lin.count // lin.layers * min(kept, lin.layers), layers=min(kept, lin.layers))
 
     first, last = start == 0, end == layers
     per_layer_params = shape.other_params - shape.hidden  # all but the final norm is per layer

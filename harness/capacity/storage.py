@@ -186,8 +186,9 @@ def rule_for(rules: tuple[StorageRule, ...], lin: Linear) -> StorageRule | None:
 
 def unconverted_copies(entries: tuple[str, ...], lin: Linear, layers: int) -> int:
     """How many of `lin`'s copies a modules_to_not_convert / ignore list keeps 16-bit: all of them when an entry
-    names the module in every layer, else the share of its layers the entries list one by one (Qwen's FP8
-    checkpoints list each layer's router)."""
+    names the module in every layer, else those of the layers the entries list one by one (Qwen's FP8 checkpoints
+    list each layer's router, unsloth's dynamic bnb exports some layers' MLPs): of the listed layers `lin` is placed
+    on (Linear.at: a pipeline stage's own), or where it is not placed their share of its layers."""
     listed: set[str] = set()
     for entry in entries:
         found, layer = _matches(entry, module_path(lin))
@@ -197,6 +198,8 @@ def unconverted_copies(entries: tuple[str, ...], lin: Linear, layers: int) -> in
             listed.add(layer)
     if not listed:
         return 0
+    if lin.at:
+        return lin.count // len(lin.at) * sum(str(i) in listed for i in lin.at)
     held = lin.layers or layers
     return min(lin.count, round(lin.count * len(listed) / held))
 
