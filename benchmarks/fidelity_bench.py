@@ -167,7 +167,7 @@ def gptq_extra_rungs(demo: Path, work: Path, calibration_samples: int, threads: 
 
 def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: int, threads: int,
                        batch_size: int, rungs: tuple[str, ...] = DEFAULT_RUNGS, model: str = DEMO,
-                       sets: tuple[str, ...] = SETS) -> dict | None:
+                       sets: tuple[str, ...] = SETS, only: frozenset[str] = frozenset()) -> dict | None:
     """`demo`: the checkpoint the rungs are built from; `model` names it (DEMO: the demo model, whose converted copy
     `demo` is and which the run takes as --model demo; otherwise the run takes --model `demo`'s path)."""
     if not SHARED.is_dir():
@@ -185,6 +185,9 @@ def run_fidelity_bench(demo: Path, work: Path, items: int, calibration_samples: 
     env = dict(child_env(), QUANTGATE_CACHE=str(cache))
     started = time.time()
     built = candidate_rungs(demo, work, rungs, calibration_samples, threads, env)
+    if only:  # --only: the named formats and candidates of these rungs, the rest left out of this run
+        built = {name: path for name, path in built.items() if name in only}
+        refused = {**refused, **{f: "not in --only" for f in run_formats(rungs) if f != "baseline" and f not in only}}
     candidates = [a for name, path in built.items() for a in ("--candidate", f"{name}={path}")]
     run_dir = work / "run"
     command = [sys.executable, "-m", "harness", "run", "--model", "demo" if model == DEMO else str(demo),
@@ -449,6 +452,8 @@ def main(argv: list[str]) -> int:
                         f"({','.join(DEFAULT_RUNGS)})")
     parser.add_argument("--sets", default=",".join(SETS), help=f"public sets, comma-separated (default all: "
                         f"{','.join(SETS)})")
+    parser.add_argument("--only", default="", help="run only these formats and candidates of the chosen rungs "
+                        "(comma-separated names, e.g. rtn5-g32-sym,fp8): a smaller ladder on a slow machine")
     parser.add_argument("--items", type=int, default=200, help="items per public set (default 200: every item)")
     parser.add_argument("--work", type=Path, help="scratch directory, kept (rungs are reused from it)")
     parser.add_argument("--calibration-samples", type=int, default=16)
@@ -507,7 +512,7 @@ def _run_alone(args, rungs: tuple[str, ...]) -> dict | None:
         return result
     result = run_fidelity_bench(checkpoint, work, args.items, args.calibration_samples, args.threads,
                                 args.batch_size, rungs, args.model if args.model in MODELS else str(checkpoint),
-                                parse_sets(args.sets))
+                                parse_sets(args.sets), frozenset(n.strip() for n in args.only.split(",") if n.strip()))
     result_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     return result
 
