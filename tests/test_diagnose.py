@@ -989,3 +989,65 @@ def test_zero_stage_3_without_a_batch_shown_offloads_first():
     lora = diagnose_text(_TRAIN_OOM + "peft LoraConfig training\n", "x",
                          Context(flags_text="--deepspeed ds_z3_config.json"))
     assert lora.changes[0].lever == "gradient_checkpointing"
+
+
+def test_fragmentation_stated_in_words_turns_on_expandable_segments_first():
+    said = diagnose_text("the training loop ooms because of memory fragmentation after a few epochs\n", "x")
+    assert said.kind == "fragmentation" and said.changes[0].lever == "expandable_segments"
+    # PyTorch's stock hint ("... to avoid fragmentation") is printed on every OOM and is no such statement
+    stock = diagnose_text("the training loop ooms. If reserved but unallocated memory is large try setting "
+                          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n", "x")
+    assert stock.kind != "fragmentation"
+    on = diagnose_text("it ooms because of memory fragmentation\n", "x",
+                       Context(flags_text="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"))
+    assert all(c.lever != "expandable_segments" for c in on.changes)
+
+
+def test_an_unplaced_vllm_report_at_a_share_of_095_or_more_lowers_it_and_below_080_raises_it():
+    title = "[Bug]: GPU memory keeps growing while generating\nvLLM Version: 0.7.0\n"
+    high = diagnose_text(title, "x", Context(flags_text="--gpu-memory-utilization 0.96"))
+    assert high.kind == "not_recognised" and high.changes[0].lever == "gpu_memory_utilization_down"
+    assert high.changes[0].setting == "--gpu-memory-utilization 0.90"
+    low = diagnose_text(title + "RuntimeError: engine failed\n", "x", Context(flags_text="--gpu-memory-utilization 0.6"))
+    assert low.changes and low.changes[0].lever == "gpu_memory_utilization_up"
+    middle = diagnose_text(title, "x", Context(flags_text="--gpu-memory-utilization 0.9"))
+    assert not middle.changes  # between the two nothing is guessed
+
+
+def test_a_vllm_oom_reported_while_serving_lowers_a_large_step_budget_before_the_context():
+    report = ("[Bug]: the server dies with a runtime CUDA OOM in the decode kernel\n"
+              "It starts fine and serves for days, then torch.OutOfMemoryError kills EngineCore.\n")
+    flags = "--max-model-len 262144 --max-num-batched-tokens 32768"
+    d = diagnose_text(report, "x", Context(engine="vllm", flags_text=flags))
+    assert d.kind == "oom_under_load" and d.changes[0].setting == "--max-num-batched-tokens 8192"
+    assert all(c.lever != "max_model_len_down" for c in d.changes)
+    small = diagnose_text(report, "x", Context(engine="vllm", flags_text="--max-num-batched-tokens 8192"))
+    assert small.kind == "oom_under_load" and small.changes[0].lever == "gpu_memory_utilization_down"
+    start_up = diagnose_text(report.replace("runtime ", "").replace("and serves for days, then", "then"), "x",
+                             Context(engine="vllm", flags_text=flags))
+    assert start_up.kind != "oom_under_load" and start_up.changes[0].lever == "max_model_len_down"
+
+
+def test_a_vision_encoder_asking_several_whole_gpus_at_a_chosen_item_limit_gets_a_flash_kernel_first():
+    oom = ("RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 900.00 GiB. GPU 0 has a "
+           "total capacity of 79.35 GiB of which 19.23 GiB is free. Of the allocated memory 58.52 GiB is allocated "
+           "by PyTorch, and 310.01 MiB is reserved by PyTorch but unallocated.'\n")
+    chosen = diagnose_text(oom, "x", Context(engine="vllm", flags_text="--limit-mm-per-prompt image=64"))
+    assert chosen.changes[0].lever == "other" and "flash-attn" in chosen.changes[0].setting
+    assert chosen.changes[1].lever == "limit_mm_per_prompt_down"
+    default = diagnose_text(oom, "x", Context(engine="vllm"))
+    assert default.changes[0].lever == "limit_mm_per_prompt_down"  # no limit chosen: fewer items first
+    near = diagnose_text(oom.replace("900.00 GiB", "120.00 GiB"), "x",
+                         Context(engine="vllm", flags_text="--limit-mm-per-prompt image=64"))
+    assert near.changes[0].lever == "limit_mm_per_prompt_down"  # under 4 GPUs' worth: not a materialised matrix
+
+
+def test_a_vllm_oom_said_in_words_only_lowers_the_default_share_first():
+    words = "Deploying the 7B chat model with the vLLM docker image, the GPU memory always OOMs.\n"
+    d = diagnose_text(words, "x", Context(engine="vllm"))
+    assert d.kind == "out_of_memory" and d.changes[0].setting == "--gpu-memory-utilization 0.80"
+    v0 = diagnose_text("INFO 06-30 18:37:30 model_runner.py:160] Loading model weights took 17.98 GB\n" + words, "x",
+                       Context(engine="vllm"))
+    assert v0.changes[0].lever == "max_model_len_down"  # a vLLM line places it: the V0 rule holds
+    set_len = diagnose_text(words, "x", Context(engine="vllm", flags_text="--max-model-len 4096"))
+    assert set_len.kind != "out_of_memory" or set_len.changes[0].lever != "gpu_memory_utilization_down"

@@ -99,9 +99,9 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
     diagnosis = _read(text, source, context, settings, engine)
     failure = last_error(text)
     if diagnosis is None and failure is None and engine is not None:
-        diagnosis = _engine_without_failure(text, source, engine)
+        diagnosis = _engine_without_failure(text, source, engine, settings)
     if diagnosis is not None and diagnosis.kind == "fits" and failure is None and not _healthy_start(diagnosis):
-        diagnosis = _engine_without_failure(text, source, engine or diagnosis.reader)
+        diagnosis = _engine_without_failure(text, source, engine or diagnosis.reader, settings)
     if diagnosis is None or (diagnosis.kind in ("fits", "within_watermark") and failure is not None):
         if failure is None:
             raise NotADiagnosableLog(f"{source}: no message diagnose reads (a PyTorch CUDA out-of-memory error, an "
@@ -188,10 +188,12 @@ def _healthy_start(diagnosis: Diagnosis) -> bool:
 LOW_UTILIZATION = 0.8  # a --gpu-memory-utilization at or below this is clearly under vLLM's default 0.9
 
 
-def _low_share_first(engine: str | None, settings: dict) -> tuple[Change, ...]:
-    """A vLLM start-up error no reader places, where the user set --gpu-memory-utilization clearly below the default:
-    vLLM's start-up failures are mostly the KV cache finding too little room inside that share (no blocks, one
-    sequence too long), so the lowered share is the first suspect. Nothing is guessed for other engines."""
+def _share_first(engine: str | None, settings: dict) -> tuple[Change, ...]:
+    """A vLLM failure no reader places, where the user set --gpu-memory-utilization far from the default: clearly
+    below it, vLLM's start-up failures are mostly the KV cache finding too little room inside that share (no blocks,
+    one sequence too long), so the lowered share is the first suspect; at MAX_UTILIZATION or above, what vLLM
+    allocates outside its share (CUDA graphs, the sampler, the CUDA context, buffers that grow while it generates)
+    has 5% of the GPU or less, so the raised share is. Nothing is guessed for other engines or between the two."""
     batch = settings.get("batch_size")
     if batch is not None and str(batch.value).lower().startswith("auto"):
         # a batch size the tool detects itself (lm-eval, accelerate's find_executable_batch_size) probes memory once
@@ -201,8 +203,15 @@ def _low_share_first(engine: str | None, settings: dict) -> tuple[Change, ...]:
                        "bounds what a step needs (a first guess: the log does not say which memory ran out)",
                        "batch_size_down"),)
     share = number(settings, "gpu_memory_utilization")
-    if engine != "vllm" or share is None or share > LOW_UTILIZATION:
+    if engine != "vllm" or share is None or LOW_UTILIZATION < share < MAX_UTILIZATION:
         return ()
+    if share >= MAX_UTILIZATION:
+        lower = min(DEFAULT_UTILIZATION, math.floor((share - 0.05) * 100) / 100)
+        return (Change(f"--gpu-memory-utilization {lower:.2f}",
+                       f"{share} leaves {1 - share:.0%} of the GPU outside vLLM's share for what it allocates besides "
+                       "the KV cache (CUDA graphs, the sampler, the CUDA context, buffers that grow while it "
+                       "generates): a little less share gives that room back (a first guess: the log does not say "
+                       "which memory ran out)", "gpu_memory_utilization_down"),)
     return (Change(f"--gpu-memory-utilization {DEFAULT_UTILIZATION}",
                    f"{share} is well below vLLM's default {DEFAULT_UTILIZATION}: the KV cache gets "
                    f"{DEFAULT_UTILIZATION - share:.2f} of the GPU more, if nothing else uses it (a first guess: the log "
@@ -215,19 +224,20 @@ def _not_recognised(failure, source: str, engine: str | None, seen: Diagnosis | 
     return Diagnosis(source, seen.reader if seen else (_READER.get(engine, "none")), "not_recognised",
                      f"not recognised: the log has {what} no reader knows (log line {failure.line}: "
                      f"{failure.text[:200]!r}), so it is not 'fits'",
-                     seen.figures if seen else (), _low_share_first(engine, settings or {}),
+                     seen.figures if seen else (), _share_first(engine, settings or {}),
                      ("the error's whole traceback and the server's start-up lines (its command line, the engine's "
                       "version, the memory lines before the error) would let diagnose decide",)
                      + (() if engine else ("which engine wrote it: --engine vllm|sglang|tgi|trtllm",)),
                      failing_line=failure.text[:300])
 
 
-def _engine_without_failure(text: str, source: str, engine: str) -> Diagnosis:
-    """An engine's log its reader knows, without a failure line or a memory figure it reads: said so, not refused."""
+def _engine_without_failure(text: str, source: str, engine: str, settings: dict | None = None) -> Diagnosis:
+    """An engine's log its reader knows, without a failure line or a memory figure it reads: said so, not refused
+    (with the one first guess a share far from the default allows)."""
     last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
     return Diagnosis(source, _READER[engine], "not_recognised",
                      f"not recognised: a {engine} log without an error line or a memory line diagnose reads (it ends "
-                     f"with {last[:160]!r})", (), (),
+                     f"with {last[:160]!r})", (), _share_first(engine, settings or {}) if engine == "vllm" else (),
                      ("the error the engine printed and the lines before it (the server's whole log) would let "
                       "diagnose decide",), failing_line=last[:300])
 
@@ -425,6 +435,8 @@ def _vllm_reading(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
         return _no_kv_memory(facts, source, figures, utilization, total_gib, context)
     if facts.oom is not None or facts.oom_text is not None:
         if facts.oom is not None and facts.serving_line and facts.oom_line > facts.serving_line:
+            return _oom_under_load(facts, source, figures, utilization, total_gib)
+        if facts.oom is None and facts.runtime_said is not None and facts.oom_during is None:
             return _oom_under_load(facts, source, figures, utilization, total_gib)
         return _vllm_oom(facts, source, figures, generation)
     if facts.load is not None and _kv_exhausted(facts.load):
@@ -774,6 +786,18 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         # the CUDA graphs V0 captures for decoder-only models
         eager = Change("--enforce-eager", "no CUDA graphs beside the encoder's buffers")
         changes = (fewer_seqs, eager, fewer_items, shorter) if facts.enc_dec else (fewer_items, shorter, fewer_seqs)
+        items = settings.get("limit_mm_per_prompt")
+        if not facts.enc_dec and items is not None and tried_gib and total_gib \
+                and tried_gib >= WHOLE_GPUS_ASKED * total_gib:
+            # one allocation several whole GPUs large is an attention matrix the vision tower materialises (eager or
+            # SDPA with a full mask over all patches of the profile's items) where a memory-efficient kernel keeps
+            # none: with the item count the user chose (--limit-mm-per-prompt) that kernel comes before fewer items
+            kernel = Change("install flash-attn (pip install flash-attn) so the vision encoder uses a memory-efficient "
+                            "attention kernel (recent vLLM: --mm-encoder-attn-backend FLASH_ATTN)",
+                            f"{tried_gib:,.0f} GiB in one allocation, {tried_gib / total_gib:.0f} times the GPU, is a "
+                            "full attention matrix over the profile's patches: a flash kernel never builds it, and the "
+                            f"--limit-mm-per-prompt {items.value} you set stays", "other")
+            changes = (kernel,) + changes
         return Diagnosis(source, "vllm", "activation_peak",
                          f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "
                          f"{tried}): it profiles --max-num-seqs inputs of the largest size"
@@ -827,11 +851,34 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                          tuple(figures), tuple(changes),
                          ("the traceback (capture_model, profile_run or load_model in its frames) would settle which "
                           "phase ran out",))
+    if _said_in_words_only(facts):
+        # nothing places the failure and nothing was set: the defaults are all there is, and the default share (0.9)
+        # is the one setting whose lowering helps wherever the failure lies after the KV cache took it (CUDA graphs,
+        # the sampler's warm-up, the encoder's cache, a running step), at the cost of some KV cache; the context the
+        # user would lose comes after
+        share_down = Change(f"--gpu-memory-utilization {math.floor((current - 0.1) * 100) / 100:.2f}",
+                            f"the default {current} share leaves {1 - current:.0%} of the GPU for all vLLM allocates "
+                            "outside it; a lower share gives that room back (less KV cache)",
+                            "gpu_memory_utilization_down")
+        return Diagnosis(source, "vllm", "out_of_memory",
+                         "vLLM ran out of memory, said in words only: no figure, frame, version or setting places it",
+                         tuple(figures), (share_down,) + tuple(
+                             c for c in changes if not c.setting.startswith("--gpu-memory-utilization")),
+                         ("the error's whole text (PyTorch's 'Tried to allocate' figures, the traceback) and the "
+                          "server's start-up lines would let diagnose decide which phase ran out",))
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))
 
 
+def _said_in_words_only(facts: VllmFacts) -> bool:
+    """An out-of-memory report with nothing else: no PyTorch figures, no vLLM line (weights, version, V0/V1 lines),
+    no phase and no setting from the log or --flags."""
+    return (facts.oom is None and facts.oom_during is None and facts.version is None and facts.weights_gib is None
+            and not facts.v0_lines and not facts.v1_lines and not facts.enc_dec and not facts.settings)
+
+
+WHOLE_GPUS_ASKED = 4  # an encoder allocation this many times the whole GPU: a materialised attention matrix
 LARGE_CAPTURE_BATCH = 128  # half of vLLM's default --max-num-seqs 256, the largest size it captures by default
 MANY_CAPTURE_SIZES = 32  # vLLM captures 35 sizes by default (1, 2, 4, then every 8 up to 256)
 # the capture as the log shows it: "35 FULL graphs", "FULL=35 (largest=256)", "Capturing CUDA graphs ... 0/51",
@@ -917,10 +964,22 @@ def _kv_exhausted_under_load(facts, source, figures, per_token, utilization, tot
     return Diagnosis(source, "vllm", "kv_exhausted_under_load", summary, tuple(figures), tuple(changes), missing)
 
 
+V1_STEP_TOKENS = 8192  # the largest --max-num-batched-tokens vLLM V1 picks itself for a server (on large GPUs)
+LARGE_STEP_TOKENS = 2 * V1_STEP_TOKENS
+
+
 def _oom_under_load(facts, source, figures, utilization, total_gib) -> Diagnosis:
+    """An OOM after the server served (its lines, or a report that says so in words): the KV cache was sized at
+    start-up and --max-model-len is no lever now; a step's activations and kernel workspaces are, and they scale with
+    the tokens of one step, so a step budget the user set large comes down first (their context length stays)."""
     oom = facts.oom
-    figures.append(Figure("tried to allocate", oom.tried or "?", _where(facts.oom_line)))
-    figures.append(Figure("the server was serving", "before the error", _where(facts.serving_line)))
+    if oom is not None:
+        figures.append(Figure("tried to allocate", oom.tried or "?", _where(facts.oom_line)))
+    if facts.serving_line:
+        figures.append(Figure("the server was serving", "before the error", _where(facts.serving_line)))
+    elif facts.runtime_said:
+        figures.append(Figure("the failure came while serving", repr(facts.runtime_said.value),
+                              _where(facts.runtime_said.line)))
     current = utilization or DEFAULT_UTILIZATION
     lower = math.floor((current - 0.05) * 100) / 100
     headroom = f" ({0.05 * total_gib:.2f} GiB on {total_gib:.1f} GiB)" if total_gib else ""
@@ -930,13 +989,22 @@ def _oom_under_load(facts, source, figures, utilization, total_gib) -> Diagnosis
                Change("--max-num-batched-tokens 4096", "caps the tokens of one forward step, and so its activations"),
                Change("--max-logprobs 5", "a request for many (prompt) log-probabilities materialises "
                       "vocabulary-sized rows per token; cap what clients may ask for")]
-    unallocated, tried = (oom.reserved_unallocated_bytes or 0) / GIB, size_gib(oom.tried)
+    step = number(facts.settings, "max_num_batched_tokens")
+    if step and step >= LARGE_STEP_TOKENS:
+        changes = [Change(f"--max-num-batched-tokens {V1_STEP_TOKENS}",
+                          f"vLLM's own budget on large GPUs instead of {int(step):,} tokens in one step: its activations and the attention and MoE kernels' "
+                          "workspaces scale with them, and only the largest steps (long prompts, many decodes at once) "
+                          "reach that peak; --max-model-len stays (the KV cache was sized at start-up)")] + [
+            c for c in changes if not c.setting.startswith("--max-num-batched-tokens")]
+    unallocated = (oom.reserved_unallocated_bytes or 0) / GIB if oom is not None else 0.0
+    tried = size_gib(oom.tried) if oom is not None else None
     if tried and unallocated >= tried:
         changes.insert(0, Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                                  f"{unallocated:.2f} GiB is reserved but unallocated, more than the {tried:.2f} GiB "
                                  "asked for: fragmentation"))
     return Diagnosis(source, "vllm", "oom_under_load",
-                     f"the server ran out of memory while serving (tried {oom.tried}), after a start-up that fitted: "
+                     f"the server ran out of memory while serving (tried {oom.tried if oom else '?'}), after a start-up "
+                     "that fitted: "
                      "the KV cache was allocated at start-up, so this is a step's activations or memory outside "
                      "vLLM's share; a smaller batch only hides it", tuple(figures), tuple(changes))
 

@@ -4,6 +4,7 @@ before its own engine's levers."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.diagnose.records import Change, Figure
@@ -75,6 +76,33 @@ def allocator_verdict(oom: OomFigures) -> Verdict | None:
                                f"lets the allocator grow segments instead of needing one free block of {tried:.2f} GiB"),
                         Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")))
     return None
+
+
+# PyTorch's own OOM message ends "... to avoid fragmentation" (max_split_size_mb, later expandable_segments): that
+# hint is printed on every OOM and says nothing; a person or a tool saying the memory is fragmented does
+_STOCK_HINT = re.compile(r"to avoid fragmentation", re.I)
+_FRAGMENTATION_SAID = re.compile(r"\bfragment(?:ation|ed|s)\b|内存碎片|显存碎片", re.I)
+
+
+def fragmentation_said(text: str) -> str | None:
+    """The first line that states fragmentation in words (outside PyTorch's stock hint), or None."""
+    for line in text.splitlines():
+        if _FRAGMENTATION_SAID.search(_STOCK_HINT.sub("", line)):
+            return line.strip()[:300]
+    return None
+
+
+def fragmentation_in_words(text: str) -> Verdict | None:
+    """An OOM the log says is fragmentation, with no allocator figures to weigh: the allocator's own switch first."""
+    said = fragmentation_said(text)
+    if said is None:
+        return None
+    return Verdict("fragmentation",
+                   f"the log says the memory is fragmented ({said[:120]!r}) and gives no allocator figures to weigh: "
+                   "the caching allocator's expandable segments are the first thing to try",
+                   (Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                           "the allocator grows segments instead of needing one free block of the request's size"),
+                    Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")))
 
 
 def free_other_process(held_gib: float | None = None) -> Change:

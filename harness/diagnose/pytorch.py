@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process, gib, oom_figures
+from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_in_words, free_other_process,
+                                       gib, oom_figures)
 from harness.diagnose.records import Change, Diagnosis
 from harness.measure.oom import OomFigures
 
@@ -251,6 +252,9 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
     lines = text.splitlines()
     quoted = lines[line - 1].strip()[:300] if 0 < line <= len(lines) else ""
     if oom is not None and (verdict := allocator_verdict(oom)) is not None:
+        return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
+                         failing_line=quoted)
+    if oom is None and (verdict := fragmentation_in_words(text)) is not None:
         return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
                          failing_line=quoted)
     if _WORKS_ALONE.search(text):

@@ -54,6 +54,7 @@ class VllmFacts:
     total_gib: Quoted | None = None  # the GPU's total memory, from a memory-profiling line
     load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
     serving_line: int | None = None  # the first line that shows the server serving
+    runtime_said: Quoted | None = None  # words that place the failure after start-up, while serving (a prose report)
     lm_eval: bool = False  # lm-eval drives this vLLM (lm_eval --model vllm): its requests, not a server's clients
     kv_check: Quoted | None = None  # a traceback through the KV-cache memory check, its message cut off
     utilization_hint: Quoted | None = None  # the --gpu-memory-utilization vLLM itself recommends (graph profiling)
@@ -210,12 +211,20 @@ def _non_memory_exception(lines: list[str]) -> str | None:
 
 # once serving: the first line that shows it, the periodic stats line, V0's preemption warning
 _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvicorn running on|Starting vLLM API server")
+# a failure placed at run time in words: EngineDeadError is what clients get once a started engine core died; a
+# report that the server served for hours or days first, or calls the OOM a runtime one
+_RUNTIME_SAID = re.compile(r"EngineDeadError|\bserv(?:es|ed|ing) (?:fine |normally |well )?for (?:\w+ )?(?:minutes|hours|"
+                           r"days|weeks)|\bruntime (?:CUDA |GPU )?(?:OOM|out of memory|`?torch\.(?:cuda\.)?OutOfMemory"
+                           r"Error)|\b(?:after|while) serving\b", re.I)
 # the periodic stats line: V1 "Running: R reqs, Waiting: W reqs[, Preemptions: P], GPU KV cache usage: U%", V0
 # "Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%, CPU KV cache usage: C%"
 _STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*?Preemptions: (\d+))?.*?\b(?:GPU|CPU|XPU|"
                     r"TPU|HPU) KV cache usage: ([\d.]+)%")
 _V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space.*?"
                            r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
+
+
+_CONTAINER_IMAGE = re.compile(r"\b(?:docker|container|vllm(?:/vllm-openai)?|openai)(?: docker)? images?\b")
 
 
 def read_vllm(text: str) -> VllmFacts | None:
@@ -292,6 +301,10 @@ def read_vllm(text: str) -> VllmFacts | None:
                 break
     facts.lm_eval = bool(_LM_EVAL_VLLM.search(text))
     for number, line in enumerate(lines, 1):
+        if (said := _RUNTIME_SAID.search(line)):
+            facts.runtime_said = Quoted(said.group(0), number)
+            break
+    for number, line in enumerate(lines, 1):
         if facts.kv_check is None and _KV_CHECK_FRAME.search(line):
             facts.kv_check = Quoted(line.strip()[:300], number)
             seen = True
@@ -329,7 +342,9 @@ def oom_phase(lines: list[str], number: int) -> str | None:
         return "lora"
     if _CAPTURE.search(around):
         return "cuda graph capture"
-    if re.search(r"encoder|enc_dec|dummy_mm|multi[-_ ]?modal|mm_data|vision|image|pixel_values", lowered):
+    # a container image ("the vLLM docker image") is no multimodal input
+    if re.search(r"encoder|enc_dec|dummy_mm|multi[-_ ]?modal|mm_data|vision|image|pixel_values",
+                 _CONTAINER_IMAGE.sub("", lowered)):
         return "encoder"
     if re.search(r"load_model|load_weights|weight_loader|model_loader|\.to\(|initialize_model", lowered):
         return "loading weights"
