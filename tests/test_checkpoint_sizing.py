@@ -334,9 +334,10 @@ def test_a_dynamic_bnb_checkpoint_is_served_by_vllm_from_0_7_3_only():
     config = _tiny_qwen2(["lm_head", "model.layers.0.self_attn", "model.layers.1.mlp"])
     shape, fmt = model_shape(plan_config(config)), checkpoint_format(config)
     target, work = Target(gpu_by_name("RTX 4090")), Workload(max_model_len=4096)
-    # (plan_vllm plans a release by its minor's rules, so 0.7.0-0.7.2 are planned as 0.7.3 and served)
-    old = plan_vllm(shape, fmt, target, work, version="0.6.6")
-    assert not old.servable and "0.7.3 is the first release" in old.reason
+    for version in ("0.6.6", "0.7.2"):  # the patch release decides: 0.7.2 is a 0.7 minor, yet refuses it
+        old = plan_vllm(shape, fmt, target, work, version=version)
+        assert not old.servable and "0.7.3 is the first release" in old.reason, version
+    assert plan_vllm(shape, fmt, target, work, version="0.7.3").servable
     assert plan_vllm(shape, fmt, target, work, version="0.8.5").servable
     assert plan_vllm(shape, checkpoint_format(_tiny_qwen2(None)), target, work, version="0.6.6").servable
     fused = checkpoint_format(_tiny_qwen2(["model.layers.1.mlp.up_proj"]))

@@ -176,7 +176,7 @@ def plan_vllm(shape: ModelShape, fmt: WeightFormat, target: Target, workload: Wo
     target = vllm_split_target(shape, target, version)
     notes: list[str] = [note for note in (version_note, engine_note) if note]
     method, refusal = quantization_method(shape, fmt, gpu, tp, "vllm", quantization_methods(version), notes,
-                                          version)
+                                          release)  # the patch release: support can start mid-minor (0.7.3)
     refusal = refusal or fp8_kv_refusal(gpu, workload, "vLLM")
     batched, chunked = _token_budget(workload, notes, rules, shape, gpu)
     seq_cap = workload.max_num_seqs or rules.default_max_num_seqs(gpu.memory_bytes, gpu.name)
