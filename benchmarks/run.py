@@ -56,6 +56,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fidelity-rungs", default="default",
                         help="the ladder's rungs in 6, comma-separated (benchmarks/fidelity_bench.py RUNGS; default: "
                              "builtin,w8a8,fp8,nvfp4,rtn,decoys)")
+    parser.add_argument("--fidelity-models", default="demo,gemma3-270m",
+                        help="the models the ladder runs on in 6 (benchmarks/fidelity_bench.py MODELS; default both)")
+    parser.add_argument("--fidelity-sets", default="squad_200,cmrc_200,cnndm_summeval_100",
+                        help="the public sets of 6, comma-separated (default all three)")
+    parser.add_argument("--fidelity-only", default="",
+                        help="run only these formats and candidates of the rungs in 6 (fidelity_bench --only)")
     parser.add_argument("--batch-size", type=int, default=8, help="generation batch size, every side (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every side (default 1)")
     parser.add_argument("--no-lm-eval-default-batch", dest="lm_eval_default_batch", action="store_false",
@@ -74,14 +80,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.steps) - set(STEPS)
     if unknown:
         parser.error(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(STEPS)}")
-    from benchmarks.fidelity_bench import parse_rungs
+    from benchmarks.fidelity_bench import MODELS, parse_rungs, parse_sets
     from harness.errors import UserError
 
-    try:
-        args.fidelity_rungs = parse_rungs(args.fidelity_rungs)  # checked before anything is measured
+    try:  # checked before anything is measured
+        args.fidelity_rungs = parse_rungs(args.fidelity_rungs)
+        args.fidelity_sets = parse_sets(args.fidelity_sets)
     except UserError as exc:
-        parser.error(str(exc).replace("--rungs", "--fidelity-rungs", 1))
+        parser.error(str(exc).replace("--rungs", "--fidelity-rungs", 1).replace("--sets", "--fidelity-sets", 1))
+    args.fidelity_models = tuple(m.strip() for m in args.fidelity_models.split(",") if m.strip())
+    if not args.fidelity_models or set(args.fidelity_models) - set(MODELS):
+        parser.error(f"--fidelity-models {','.join(args.fidelity_models)}: choose from {', '.join(MODELS)}")
+    args.fidelity_only = tuple(sorted({n.strip() for n in args.fidelity_only.split(",") if n.strip()}))
     return args
+
+
+def run_fidelity_models(demo: Path, work: Path, args: argparse.Namespace) -> dict | None:
+    """Benchmark 6 on each of --fidelity-models, their rows in one result (fidelity_bench.merge_results)."""
+    from benchmarks.fidelity_bench import DEMO, merge_results, model_paths, run_fidelity_bench
+
+    results = []
+    for model in args.fidelity_models:
+        if model == DEMO:
+            checkpoint = demo
+        else:
+            from benchmarks.second_model import build_second_model
+
+            checkpoint = build_second_model(work / "second-model")
+        result = run_fidelity_bench(checkpoint, model_paths(work, model)[0], args.fidelity_items,
+                                    args.calibration_samples, args.threads, args.batch_size, args.fidelity_rungs,
+                                    model, tuple(args.fidelity_sets), frozenset(args.fidelity_only))
+        if result:
+            results.append(result)
+    return merge_results(results) if results else None
 
 
 def main(argv: list[str]) -> int:
@@ -134,10 +165,7 @@ def main(argv: list[str]) -> int:
 
             serve_run = run_serve_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "serve")
         if "fidelity" in args.steps:
-            from benchmarks.fidelity_bench import run_fidelity_bench
-
-            fidelity_run = run_fidelity_bench(demo, work / "fidelity", args.fidelity_items, args.calibration_samples,
-                                              args.threads, args.batch_size, rungs=args.fidelity_rungs)
+            fidelity_run = run_fidelity_models(demo, work, args)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
