@@ -1051,3 +1051,103 @@ def test_a_vllm_oom_said_in_words_only_lowers_the_default_share_first():
     assert v0.changes[0].lever == "max_model_len_down"  # a vLLM line places it: the V0 rule holds
     set_len = diagnose_text(words, "x", Context(engine="vllm", flags_text="--max-model-len 4096"))
     assert set_len.kind != "out_of_memory" or set_len.changes[0].lever != "gpu_memory_utilization_down"
+
+
+# --- issue #40, generalised over the 155-log corpus (set 6 joined): the scale the log shows, autograd at inference,
+# the Trainer's evaluation -------------------------------------------------------------------------------------------
+
+_NO_TP = "python -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-2-70b-hf\nmy node is 8 A100-40Gs; OOM\n"
+
+
+def test_vllm_weights_above_one_gpu_without_tensor_parallel_split_over_the_gpus_shown():
+    d = diagnose_text(_NO_TP, "x", Context(engine="vllm"))
+    assert d.kind == "weights_do_not_fit"
+    assert (d.changes[0].setting, d.changes[0].lever) == ("--tensor-parallel-size 8", "tensor_parallel_up")
+    # a 7B model fits one 40 GB GPU: the rule does not fire
+    small = diagnose_text(_NO_TP.replace("70b", "7b"), "x", Context(engine="vllm"))
+    assert small.changes[0].lever != "tensor_parallel_up"
+    # tensor parallel already set, or the weights quantized: not this rule either
+    for flags in ("--tensor-parallel-size 8", "--quantization awq"):
+        other = diagnose_text(_NO_TP, "x", Context(engine="vllm", flags_text=flags))
+        assert other.kind != "weights_do_not_fit" or other.changes[0].setting != "--tensor-parallel-size 8"
+    # one GPU: nothing to split over
+    one = diagnose_text(_NO_TP.replace("8 A100-40Gs", "one A100-40G"), "x", Context(engine="vllm"))
+    assert one.changes[0].lever != "tensor_parallel_up"
+
+
+def test_vllm_at_a_share_of_the_whole_gpu_lowers_it_first():
+    log = "python benchmark_latency.py --model Qwen/Qwen2-7B --batch-size 8\nwith the share at 1.0 the run hits OOM\n"
+    whole = diagnose_text(log, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 1.0"))
+    assert whole.changes[0].lever == "gpu_memory_utilization_down"
+    assert float(whole.changes[0].setting.split()[-1]) < 1.0
+    usual = diagnose_text(log, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.9"))
+    assert usual.changes[0].lever != "gpu_memory_utilization_down" or \
+        float(usual.changes[0].setting.split()[-1]) < 0.9
+
+
+_KV_SHORT = ("vllm serve {model} --max-model-len {asked}\non 2x A100\n"
+             "ValueError: The model's max seq len ({asked}) is larger than the maximum number of tokens that can be "
+             "stored in KV cache ({holds}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+             "when initializing the engine.\n")
+
+
+def test_a_kv_room_far_below_the_context_asks_for_more_gpus_not_a_useless_context():
+    short = diagnose_text(_KV_SHORT.format(model="org/m-13b", asked=1024, holds=464), "x", Context(engine="vllm"))
+    assert short.changes[0].lever == "tensor_parallel_up"
+    assert all(not (c.lever == "max_model_len_down" and c is short.changes[0]) for c in short.changes)
+    # a long context cut to a still useful length (>= 2048 and a quarter of what was asked) stays the first change
+    long = diagnose_text(_KV_SHORT.format(model="org/m-13b", asked=40960, holds=20000), "x", Context(engine="vllm"))
+    assert long.changes[0].lever == "max_model_len_down"
+    # one GPU and a small model: no GPUs to add, and the useless cut is still not first
+    alone = diagnose_text(_KV_SHORT.format(model="org/m-7b", asked=1024, holds=464).replace("on 2x A100\n", ""),
+                          "x", Context(engine="vllm"))
+    assert alone.changes[0].lever != "max_model_len_down" or len(alone.changes) == 1
+
+
+_DIRECT = ("I generate images with the code:\nimage, latent = net.decoder([codes], input_is_latent=True)\n"
+           "CUDA out of memory. Tried to allocate 294.00 MiB (GPU 0; 15.90 GiB total capacity; 14.58 GiB already "
+           "allocated; 259.75 MiB free; 14.77 GiB reserved in total by PyTorch)\n")
+
+
+def test_inference_with_autograd_on_runs_without_it_first():
+    d = diagnose_text(_DIRECT, "x")
+    assert d.changes[0].lever == "inference_mode"
+    growing = diagnose_text("our generate loop goes up to 24GB generating 100 steps and OOM for 200 steps\n", "x")
+    assert growing.changes[0].lever == "inference_mode"
+    # gradients off already, or transformers' generate() (under no_grad itself), or a training run: not this rule
+    for text in (_DIRECT.replace("image, latent", "with torch.no_grad():\n    image, latent"),
+                 _DIRECT.replace("net.decoder([codes], input_is_latent=True)", "model.generate(ids, num_beams=4)"),
+                 "training: " + _DIRECT):
+        assert diagnose_text(text, "x").changes[0].lever != "inference_mode"
+
+
+def test_an_evaluation_harness_under_accelerate_at_its_default_batch_prepares_the_model_for_evaluation():
+    log = ("accelerate launch main.py --model hf --model_args pretrained=org/m-13b,dtype=float16 --tasks piqa\n"
+           "gives an OOM\n")
+    assert diagnose_text(log, "x").changes[0].lever == "inference_mode"
+    auto = diagnose_text(log.replace("--tasks piqa", "--tasks piqa --batch_size 16"), "x")
+    assert auto.changes[0].lever != "inference_mode"
+
+
+def test_the_trainers_evaluation_lowers_its_own_batch_or_accumulates_off_the_gpu():
+    shown = diagnose_text("training:\n  batch_size: 1\nthe run hits OOM when eval would start\n", "x")
+    assert (shown.changes[0].lever, shown.changes[0].setting.split(" ")[0]) == \
+        ("batch_size_down", "per_device_eval_batch_size=1")
+    unshown = diagnose_text("getting OutOfMemoryError: CUDA out of memory from trainer.evaluate step\n", "x")
+    assert unshown.changes[0].lever == "eval_accumulation_steps"
+    assert [c.lever for c in unshown.changes[:2]] == ["eval_accumulation_steps", "batch_size_down"]
+    set_already = diagnose_text("per_device_eval_batch_size=1 eval_accumulation_steps=4\nOOM in trainer.evaluate\n",
+                                "x")
+    assert set_already.changes[0].lever not in ("eval_accumulation_steps",)
+
+
+def test_a_model_size_the_log_names_above_the_whole_gpu_is_quantized_first():
+    oom = ("CUDA out of memory. Tried to allocate 96.00 MiB (GPU 0; {total} GiB total capacity; 5.27 GiB already "
+           "allocated; 0 bytes free; 5.28 GiB reserved in total by PyTorch)\n")
+    big = diagnose_text("model = AutoModel.from_pretrained('THUDM/chatglm-6b').half().cuda()\n"
+                        + oom.format(total="6.00"), "x")
+    assert big.changes[0].lever == "quantize_smaller"
+    # the same 6B model on a 24 GB GPU, or a 4-bit checkpoint, is not this rule
+    assert diagnose_text("model: THUDM/chatglm-6b\n" + oom.format(total="23.65"), "x").kind != "weights_do_not_fit"
+    assert diagnose_text("model: THUDM/chatglm-6b-int4\n" + oom.format(total="6.00"), "x").kind != \
+        "weights_do_not_fit"

@@ -20,6 +20,7 @@ from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines,
                                       memory_failures)
 from harness.diagnose.levers import with_levers
 from harness.diagnose.pytorch import diagnose_torch
+from harness.diagnose.scale import model_params_billion, quantized, vllm_by_scale, weights_16bit_gib
 from harness.diagnose.records import Change, Diagnosis, Figure
 from harness.diagnose.settings import Setting, is_on, merged, number, settings_given, settings_in, several_gpus
 
@@ -116,6 +117,8 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
         notes.append(f"--flags {context.flags_text!r}: no setting diagnose uses in it")
     changes = _split_before_quantizing(_sane_utilization(with_levers(diagnosis.changes, settings), diagnosis,
                                                          settings), diagnosis.kind, text, settings)
+    diagnosis = vllm_by_scale(replace(diagnosis, changes=changes), f"{text}\n{context.flags_text}", settings)
+    changes = with_levers(diagnosis.changes, settings)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
                    failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))
 
@@ -166,10 +169,10 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         facts = read_vllm(text) or VllmFacts(text=text)
         return _vllm(_with_settings(facts, settings, context), source, context)
     if (oom := read_torch_oom(text)) is not None:
-        return diagnose_torch(text, oom[0], oom[1], source, context.weights_16bit_bytes, bool(context.model_source),
-                              settings, context.flags_text)
+        return diagnose_torch(text, oom[0], oom[1], source, _named_weights(text, context, settings),
+                              bool(context.model_source), settings, context.flags_text)
     if (failure := last_error(text)) is not None and failure.memory and engine is None:
-        return diagnose_torch(text, None, failure.line, source, context.weights_16bit_bytes,
+        return diagnose_torch(text, None, failure.line, source, _named_weights(text, context, settings),
                               bool(context.model_source), settings, context.flags_text)
     if (trace := read_nvidia_smi(text)) is not None:
         return _smi(trace, source, context)
@@ -177,6 +180,16 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
     if facts is not None:
         return _vllm(_with_settings(facts, settings, context), source, context)
     return None
+
+
+def _named_weights(text: str, context: Context, settings: dict) -> int | None:
+    """The 16-bit weights: --model's, else a model size the log names ("chatglm-6b", "Llama-2-13b") where nothing
+    says the weights are quantized."""
+    if context.weights_16bit_bytes:
+        return context.weights_16bit_bytes
+    named = f"{text}\n{context.flags_text}"
+    params = model_params_billion(named)
+    return int(weights_16bit_gib(params) * GIB) if params and not quantized(named, settings) else None
 
 
 def _healthy_start(diagnosis: Diagnosis) -> bool:

@@ -246,6 +246,86 @@ def _lmdeploy_graphs(settings: dict, figures: list, quoted: str, source: str) ->
                      failing_line=quoted)
 
 
+# inference that keeps autograd's graph: a generation or decoding run the person wrote themselves (transformers'
+# generate() runs under torch.no_grad already), with no sign that gradients are off, where the memory grows with the
+# steps generated or a network's forward is called directly: every step's activations stay referenced for a backward
+# pass that never comes (PyTorch's autograd notes: no_grad / inference_mode for inference)
+_INFERENCE = re.compile(r"\bgenerat(?:e|es|ed|ing)\b|\binference\b|\bsampl(?:e|es|ing)\b|\bdecod(?:e|ing)\b", re.I)
+_GRAD_OFF = re.compile(r"no_grad|inference_mode|\.eval\(\)|requires_grad_?\(?\s*=?\s*False|set_grad_enabled\(\s*False",
+                       re.I)
+_LIBRARY_GENERATE = re.compile(r"generation/utils\.py|\.generate\(|\bnum_beams\b|max_new_tokens|generate script|"
+                               r"pipeline\(|\bvllm\b|lm_eval|lmms_eval", re.I)
+_GROWS_WITH_STEPS = re.compile(r"\b(?:grows?|goes up|increas\w*|climbs?|accumulat\w*|keeps? (?:rising|growing))\b"
+                               r"[^.\n]{0,80}\b(?:steps?|tokens|iterations?)\b", re.I)
+_DIRECT_FORWARD = re.compile(r"=\s*\w*(?:net|model|decoder|generator|g_ema|vae)\w*(?:\.\w+)*\(", re.I)
+
+
+def _autograd_kept_at_inference(context: str) -> bool:
+    return bool(_INFERENCE.search(context)) and not _TRAINING.search(context) and \
+        not _GRAD_OFF.search(context) and not _LIBRARY_GENERATE.search(context) and \
+        bool(_GROWS_WITH_STEPS.search(context) or _DIRECT_FORWARD.search(context))
+
+
+# an evaluation harness under `accelerate launch` that prepares its model with accelerator.prepare(): prepared for
+# training, the model is wrapped for data parallel (DDP's gradient buckets, a copy per process); accelerate's
+# prepare_model(model, evaluation_mode=True) skips the wrapper (EleutherAI/lm-evaluation-harness#770)
+_ACCELERATE_LAUNCH = re.compile(r"accelerate launch|accelerate\.commands\.launch", re.I)
+_EVAL_HARNESS = re.compile(r"--tasks\b|\blm_eval\b|evaluator\.py", re.I)
+
+
+def _at_default_batch(settings: dict, context: str) -> bool:
+    """No batch size given (the harness's default of one sequence) or one given at 1: no smaller batch is left."""
+    batch = settings.get("batch_size")
+    if batch is None:
+        return not re.search(r"--batch[_-]size", context)
+    return isinstance(batch.value, (int, float)) and not isinstance(batch.value, bool) and batch.value <= 1
+
+
+def _inference_mode_first(evaluation: bool, figures: list, quoted: str, source: str) -> Diagnosis:
+    first = Change("prepare the model for evaluation: accelerator.prepare_model(model, evaluation_mode=True) instead "
+                   "of accelerator.prepare(model)", "no data-parallel training wrapper: no gradient buckets beside "
+                   "the weights in each process", "inference_mode") if evaluation else \
+        Change("run it under torch.inference_mode() (or torch.no_grad()), with model.eval()",
+               "no activations kept for a backward pass: memory stays at one step's, whatever the steps",
+               "inference_mode")
+    return Diagnosis(source, "pytorch-oom", "generate",
+                     "an evaluation under a training wrapper ran out" if evaluation else
+                     "inference ran out with autograd on: each step's activations stay referenced for a backward "
+                     "pass that never comes, so memory grows with the steps", tuple(figures), (
+                         first,
+                         Change("lower the batch size", "fewer sequences at once"),
+                         Change("shorter sequences (max_length)", "activations grow with the length")),
+                     failing_line=quoted)
+
+
+# an evaluation in transformers' Trainer (trainer.evaluate, its evaluation loop, "OOM when eval starts"): its batch is
+# per_device_eval_batch_size (8 by default, whatever the training batch), and the logits of every step stay on the
+# GPU until the end of the loop unless eval_accumulation_steps moves them to the CPU every N steps
+_TRAINER_EVAL = re.compile(r"trainer\.evaluate|evaluation_loop|prediction_step|\beval(?:uation)?\s+(?:would\s+)?"
+                           r"(?:starts?|step|loop)|crash\w*\s+on\s+eval|\bon\s+eval\b", re.I)
+_TRAIN_BATCH_IN_CONFIG = re.compile(r"^\s*(?:per_device_train_)?batch_size\s*[:=]\s*(\d+)\s*$", re.M)
+_EVAL_BATCH_SET = re.compile(r"eval_batch_size|per_device_eval_batch_size", re.I)
+
+
+def _trainer_eval(settings: dict, context: str, figures: list, quoted: str, source: str) -> Diagnosis | None:
+    if not _TRAINER_EVAL.search(context) or _EVAL_BATCH_SET.search(context) or \
+            re.search(r"eval_accumulation_steps", context):
+        return None
+    batch = settings.get("batch_size")
+    value = batch.value if batch is not None else None
+    if value is None and (written := _TRAIN_BATCH_IN_CONFIG.search(context)):  # a YAML config's "batch_size: 1"
+        value = int(written.group(1))
+    train = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 8 else None
+    smaller = Change(f"per_device_eval_batch_size={train or 1} (TrainingArguments; 8 unless set)",
+                     "the evaluation's own batch, which the training batch does not lower", "batch_size_down")
+    accumulate = Change("eval_accumulation_steps=8 (TrainingArguments)", "moves the gathered logits to the CPU every "
+                        "8 steps instead of holding every step's on the GPU to the end", "eval_accumulation_steps")
+    return Diagnosis(source, "pytorch-oom", "generate",
+                     "the Trainer's evaluation ran out: its batch is per_device_eval_batch_size, and it holds every "
+                     "step's logits on the GPU until the end of the loop", tuple(figures),
+                     (smaller, accumulate) if train is not None else (accumulate, smaller), failing_line=quoted)
+
+
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
                    has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
     figures = oom_figures(oom, line) if oom is not None else []
@@ -284,7 +364,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                          (f"which processes hold the GPU: {LIST_PROCESSES}",), failing_line=quoted)
     around = "\n".join(lines[max(0, line - 60):line + 10])
     total = gib(oom.total) if oom is not None else None
-    if weights_16bit_bytes and total and weights_16bit_bytes / GIB > 0.8 * total:
+    # --model's weights that nearly fill the GPU; a size only the log's model name gives, weights above the whole GPU
+    if weights_16bit_bytes and total and weights_16bit_bytes / GIB > (0.8 if has_model else 1.0) * total:
         return Diagnosis(source, "pytorch-oom", "weights_do_not_fit",
                          f"the weights ({weights_16bit_bytes / GIB:.2f} GiB at 16 bits) nearly fill the {total:.2f} GiB "
                          "GPU", tuple(figures), (
@@ -302,6 +383,14 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         return _checkpointing_first(figures, quoted, source)
     if (phase is None or phase[1] in ("generate",)) and _image_tokens_first(context, settings or {}):
         return _image_tokens(figures, quoted, source)
+    if phase is None or phase[1] == "generate":
+        if (evaluation := _trainer_eval(settings or {}, context, figures, quoted, source)) is not None:
+            return evaluation
+        if _autograd_kept_at_inference(context):
+            return _inference_mode_first(False, figures, quoted, source)
+        if _ACCELERATE_LAUNCH.search(context) and _EVAL_HARNESS.search(context) and not _TRAINING.search(context) \
+                and _at_default_batch(settings or {}, context):
+            return _inference_mode_first(True, figures, quoted, source)
     training = phase is None or phase[1] in ("training_step", "optimizer_state")
     if training and (offload := _zero_offload(context, settings or {})) is not None:
         checkpointing = Change("gradient_checkpointing=True", "recomputes activations instead of keeping them")
