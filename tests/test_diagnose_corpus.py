@@ -24,6 +24,7 @@ CORPUS = Path(__file__).parent / "fixtures" / "diagnose_corpus"
 HOLDOUT = Path(__file__).parent / "fixtures" / "diagnose_holdout"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 FIRST_CHANGE_RIGHT = 0.85
+OTHER = "other"  # the lever id of a fix outside the corpus README's lever table
 READER_OF = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "trtllm": "trtllm", "tensorrt-llm": "trtllm",
              "tensorrt_llm": "trtllm"}  # any other engine (PyTorch, transformers, lm-eval, ...): a non-engine reader
 TABLE_BEGIN = "<!-- diagnose corpus table: begin -->"
@@ -60,7 +61,10 @@ class Graded:
 
     @property
     def right(self) -> bool:
-        return self.first is not None and self.first.lever in self.case["confirmed_levers"]
+        """The first change's lever is one the thread confirmed. `other` ("a fix outside the list; the setup says
+        which") is never right: two `other`s need not be the same fix, and nothing here could check that they are."""
+        lever = self.first.lever if self.first is not None else None
+        return lever is not None and lever != OTHER and lever in self.case["confirmed_levers"]
 
 
 def grade(case: dict, with_flags: bool) -> Graded:
@@ -212,6 +216,32 @@ def test_the_held_out_share_is_recorded_as_a_strict_xfail_with_its_figures():
     assert f"{right} of {failed} = " in mark.kwargs["reason"]
     sample = [c for c in CASES if c["failed"]][:3]
     assert share_of(sample) == (sum(grade(c, with_flags=True).right for c in sample), 3)
+
+
+def test_a_first_change_of_lever_other_is_never_right():
+    """`other` meeting a confirmed `other` is not a match (the strict grading, issue #40); a named lever still is."""
+    from harness.diagnose.records import Change, Diagnosis
+
+    def graded(lever: str, confirmed: list[str]) -> Graded:
+        answer = Diagnosis("x", "pytorch-oom", "out_of_memory", "ran out", changes=(Change("a fix", "less", lever),))
+        return Graded({"id": "x", "confirmed_levers": confirmed}, (answer,))
+
+    assert not graded(OTHER, [OTHER]).right
+    assert not graded(OTHER, ["batch_size_down", OTHER]).right
+    assert graded("batch_size_down", ["batch_size_down", OTHER]).right
+    assert not graded("batch_size_down", [OTHER]).right
+    right, failed = share_of([c for c in EVERY if c["failed"] and c["confirmed_levers"] == [OTHER]])
+    assert right == 0 and failed > 0
+
+
+def test_every_confirmed_lever_is_in_the_corpus_readme_lever_table():
+    """Labels use only the ids the corpus README defines (a new id joins that table with its meaning first)."""
+    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Lever ids", 1)[1].split("\n## ", 1)[0]
+    defined = set(re.findall(r"^\| ([a-z0-9_]+) \|", table, re.M))
+    assert {"attention_kernel", "image_resolution_down", "map_location", "upgrade", OTHER} <= defined
+    for case in EVERY:
+        assert set(case["confirmed_levers"]) <= defined, (case["id"], case["confirmed_levers"])
 
 
 def test_held_out_logs_share_no_source_with_the_corpus():

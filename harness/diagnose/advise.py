@@ -809,7 +809,7 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                             "attention kernel (recent vLLM: --mm-encoder-attn-backend FLASH_ATTN)",
                             f"{tried_gib:,.0f} GiB in one allocation, {tried_gib / total_gib:.0f} times the GPU, is a "
                             "full attention matrix over the profile's patches: a flash kernel never builds it, and the "
-                            f"--limit-mm-per-prompt {items.value} you set stays", "other")
+                            f"--limit-mm-per-prompt {items.value} you set stays", "attention_kernel")
             changes = (kernel,) + changes
         return Diagnosis(source, "vllm", "activation_peak",
                          f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "

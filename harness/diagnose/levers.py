@@ -62,6 +62,12 @@ _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
     _row(r"^--max-loras", "max_loras_down"),
     _row(r"^--limit-mm-per-prompt", "limit_mm_per_prompt_down"),
     _row(r"^--cpu-offload-gb", "cpu_offload", "cpu_offload_gb", "up"),
+    # fixes no engine setting names, each with its own id so that grading never counts a catch-all "other" as right
+    _row(r"flash[-_ ]?attn|flash_attention|attn_implementation|\bsdpa\b|(?:attn|attention)[-_ ]backend",
+         "attention_kernel"),
+    _row(r"max_pixels|image resolution|fewer image tiles", "image_resolution_down", None, ""),
+    _row(r"map_location", "map_location"),
+    _row(r"\bupgrade\b", "upgrade"),
     _row(r"batch size|per_device_train_batch_size|^--batch[-_]size|lower the tokens per step", "batch_size_down"),
     _row(r"gradient.checkpointing", "gradient_checkpointing"),
     _row(r"8-bit optimizer|adamw_8bit|optimizer state", "optimizer_state_down", None, ""),

@@ -23,7 +23,7 @@ _PHASES = (
      "and optimizer they are loaded into",
      (Change("torch.load(path, map_location='cpu') (or this process's own device), and drop the loaded dict after "
              "load_state_dict", "the checkpoint's copy stays off this GPU; load_state_dict copies into the tensors "
-             "already there", "other"),
+             "already there", "map_location"),
       Change("lower the batch size (per_device_train_batch_size)", "the first step after the resume needs its "
              "activations beside the model and optimizer"))),
     (r"value_buffer|key_buffer|kv_buffer|mem_manager|max_total_token_num", "kv_cache_too_small",
@@ -212,7 +212,7 @@ def _image_tokens(figures: list, quoted: str, source: str) -> Diagnosis:
                      tuple(figures), (
                          Change("lower the image resolution: the processor's max_pixels (Qwen2-VL: e.g. 256*28*28 "
                                 "instead of 16384*28*28), or fewer image tiles", "image tokens shrink in proportion "
-                                "to the pixels: their activations and KV cache with them", "other"),
+                                "to the pixels: their activations and KV cache with them", "image_resolution_down"),
                          Change("lower the batch size", "fewer images at once"),
                          Change("quantize the weights (awq or gptq 4-bit)", "leaves more for the image tokens")),
                      failing_line=quoted)
@@ -345,7 +345,7 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                              Change("run the failing job in a fresh process, or upgrade to a release that resets its "
                                     "per-job state (lm-eval re-detects --batch_size auto per task since "
                                     "EleutherAI/lm-evaluation-harness#3654)",
-                                    "it starts from what fitted when it ran alone", "other"),
+                                    "it starts from what fitted when it ran alone", "upgrade"),
                              Change("an explicit batch size for the failing job (instead of auto)",
                                     "no size carried over from a shorter job"),
                              Change("torch.cuda.empty_cache() and drop references between jobs",
