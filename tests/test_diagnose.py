@@ -511,6 +511,7 @@ _FAILURE_STATEMENTS = (
     "the backend ooms because of memory fragmentation on a 4090",  # OOM as a verb in lower case
     "我运行评测时显存爆掉了",  # "the GPU memory blew up while I ran the evaluation"
     "训练到第二轮显存不够",  # "not enough GPU memory by the second epoch"
+    "  ... _initialize_kv_caches ...",  # a traceback pasted as its frames' names only, at vLLM's KV-cache sizing
     "RuntimeError: CUDA error: out of memory",
     "RuntimeError: CUDA error: an illegal memory access was encountered",
     "ERROR 12-07 10:00:01 [core.py:1] EngineCore failed to start.",

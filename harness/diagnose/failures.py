@@ -29,13 +29,18 @@ _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No 
                      r"memory allocation failed|insufficient memory|not enough GPU memory|"
                      r"Cannot allocate memory|can't allocate memory|component creation attempt|No free blocks left|OOM|"
                      + TORCH_OOM_BODY + "|" + EXCEEDS_MEMORY, re.I)
+VLLM_STARTUP_FRAMES = (r"(?:^|\.\.\.|\bin )\s*(?:_initialize_kv_caches|determine_num_available_blocks|"
+                       r"determine_available_memory|initialize_from_config|_dummy_sampler_run|capture_model)\b")
 _ERROR = re.compile(r"^\s*(?:\S+ )?(?:[\w.]+\.)?\w*(?:Error|Exception)(?:\(| ?: | ?:$)|Traceback \(most recent call last\)|"
                     r"^\s*(?:\S+ )?File \"[^\"]+\", line \d+, in |"
                     r"\bERROR\b|\bFATAL\b|panicked at|core dumped|Killed\b|exited with|died\b|\berror:|"
                     # a failure stated in words, in any language: "failed to start", "refuses to launch", "报错" (raised
                     # an error), "错误" (error), "失败" (failed), "异常" (exception), "出错" (went wrong)
                     r"\bfail(?:ed|s|ure)\b(?!\s*[:=]\s*0\b)|refuses? to (?:launch|start|load|run)|"
-                    r"报错|错误|失败|异常|出错|エラー|오류|에러|실패", re.I)
+                    r"报错|错误|失败|异常|出错|エラー|오류|에러|실패|"
+                    # a traceback pasted as its frames' names only ("... _initialize_kv_caches ..."): vLLM's start-up
+                    # steps that only a failure prints (the memory profile, the KV cache's sizing, graph capture)
+                    + VLLM_STARTUP_FRAMES, re.I)
 _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|ErrorHandler|error_code=0|"
                     # a logger's WARNING/INFO line that mentions an error (vLLM's "Found ulimit ... with error")
                     r"\b(?:WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d", re.I)
@@ -43,7 +48,7 @@ _NOISE = re.compile(r"ERROR 0 |error_rate|errors?=0\b|\b0 errors\b|on_error|Erro
 # markers of each engine in its logs (logger names, module paths, banners)
 ENGINE_MARKERS = {
     "vllm": re.compile(r"\bvllm[./ ]|\bvLLM\b|EngineCore|cumem_allocator|\[gpu_model_runner\.py|\(VllmWorker|vllm serve|"
-                       r"\bLLMEngine\b|\bAsyncLLM", re.I),
+                       r"\bLLMEngine\b|\bAsyncLLM|_initialize_kv_caches|determine_num_available_blocks", re.I),
     "sglang": re.compile(r"sglang|\bsgl[_-]|\bTP\d+\] (?:Load weight|Init torch|Memory pool|Capture)|ServerArgs\(|"
                          r"mem_fraction_static"),
     "tgi": re.compile(r"text[_-]generation[_-](?:launcher|router|server|inference)|\bShard \d+|\bwebserver\b.*router|"
@@ -67,7 +72,9 @@ class FailureLine:
 _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"", "fatal", "panicked", "dumped",
                   "killed", "exited", "died", "alloc", "not enough", "larger than", "component", "less than",
                   "capacity", "exceed", "insufficient", "vram", "fail", "refuse", "报错", "错误", "失败", "异常", "出错",
-                  "显存", "内存", "エラー", "오류", "에러", "실패", "メモリ", "메모리")
+                  "显存", "内存", "エラー", "오류", "에러", "실패", "メモリ", "메모리", "_initialize_kv_caches",
+                  "determine_num_available_blocks", "determine_available_memory", "initialize_from_config",
+                  "_dummy_sampler_run", "capture_model")
 
 
 @functools.lru_cache(maxsize=4)
