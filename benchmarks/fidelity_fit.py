@@ -21,11 +21,12 @@ class Slope:
     ci_high: float
 
 
-def _points(rows: list[dict]) -> list[tuple[str, float, float, float]]:
+def _points(rows: list[dict], kl_below: float | None = None) -> list[tuple[str, float, float, float]]:
     """(rung, KL, disagreement in points, drop in margins) of every fitted row: decoys are built to break the
-    relation, so they are kept out, as are rows without a margin."""
+    relation, so they are kept out, as are rows without a margin; with kl_below, only rows under that KL."""
     return [(f"{r.get('model', '')}/{r['format']}", r["kl"]["value"], 100 - r["top1_agreement"]["value"],
-             -r["delta"] / r["margin"]) for r in rows if r.get("margin") and r.get("family") != "decoy"]
+             -r["delta"] / r["margin"]) for r in rows if r.get("margin") and r.get("family") != "decoy"
+            and (kl_below is None or r["kl"]["value"] <= kl_below)]
 
 
 def _slope(pairs: list[tuple[float, float]]) -> float:
@@ -55,10 +56,12 @@ def at_margin(slope: float) -> float | None:
     return 1 / slope if slope > 0 else None
 
 
-def fit(rows: list[dict], seed: int = 0) -> dict:
+def fit(rows: list[dict], seed: int = 0, kl_below: float | None = None) -> dict:
     """Slopes of drop-in-margins on KL and on disagreement with 95% cluster-bootstrap intervals (rungs resampled), and
-    where one margin falls: KL one margin = 1 / slope, so the interval's high slope gives its low KL."""
-    points = _points(rows)
+    where one margin falls: KL one margin = 1 / slope, so the interval's high slope gives its low KL. kl_below: the
+    fit over the decision region only (a through-origin fit over every rung is led by the far rungs, where the task
+    metric saturates)."""
+    points = _points(rows, kl_below)
     if len({p[0] for p in points}) < 2:
         return {}
     kl, dis = _bootstrap(points, 1, seed), _bootstrap(points, 2, seed + 1)
