@@ -122,7 +122,9 @@ def test_fidelity_clearly_beyond_the_limit_is_no_go_with_the_figures():
 def test_too_few_items_or_a_straddling_interval_cannot_carry_a_go():
     baseline, candidate = _outcomes(n=10)
     assert decide_format(baseline, candidate, Policy()).verdict == "INCONCLUSIVE"
-    kls = np.random.default_rng(4).gamma(1.0, 0.05, size=30)  # mean about 0.05: straddles max_kl
+    from harness.policy import DEFAULT_MAX_KL
+
+    kls = np.random.default_rng(4).gamma(1.0, DEFAULT_MAX_KL, size=30)  # mean about max_kl: straddles it
     baseline, candidate = _outcomes(kl=kls)
     decision = decide_format(baseline, candidate, Policy())
     assert decision.verdict == "INCONCLUSIVE" and "straddles" in decision.fidelity["faq"]["detail"]
@@ -343,22 +345,24 @@ def test_a_decoy_that_breaks_only_the_numbers_is_not_passed_by_the_mean():
     condition holds the pass back. A close format's figures still pass, and so do the decoy's where the per-position
     figures are unknown (quantgate decide input), the limit docs/fidelity.md names."""
     from harness.fidelity.rule import judge_fidelity
+    from harness.policy import FidelityRule
 
+    policy = Policy(fidelity=FidelityRule(max_kl=0.05))  # a limit the decoy's mean passes: the tail must catch it
     decoy = _numeric_answer_items(np.random.default_rng(8), answer_kl=2.0)
-    judgment = judge_fidelity("faq", decoy, Policy())
+    judgment = judge_fidelity("faq", decoy, policy)
     assert judgment.summary.kl.ci_high < 0.05 and judgment.summary.top1_agreement.ci_low > 90.0
     assert judgment.status == "inconclusive" and "30 of its 30 items" in judgment.detail
     assert "confidently off the baseline's token" in judgment.detail
     close = _numeric_answer_items(np.random.default_rng(8), answer_kl=0.3)
-    assert judge_fidelity("faq", close, Policy()).status == "pass"
+    assert judge_fidelity("faq", close, policy).status == "pass"
     bare = {i: FidelityItem(item.positions, item.kl_sum, item.agree) for i, item in decoy.items()}
-    assert judge_fidelity("faq", bare, Policy()).status == "pass"
+    assert judge_fidelity("faq", bare, policy).status == "pass"
     baseline = {i: {"f1": 60.0 + 20 * (k % 3)} for k, i in enumerate(decoy)}
     rng = np.random.default_rng(9)  # a small F1 loss on each item, noisy: the task interval straddles the margin
     candidate = {i: {"f1": row["f1"] - 1.0 + float(rng.normal(0, 8))} for i, row in baseline.items()}
     decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
                              FormatOutcome("decoy", items={"faq": candidate}, gates={"faq": ["f1"]},
-                                           fidelity={"faq": decoy}), Policy())
+                                           fidelity={"faq": decoy}), policy)
     assert decision.verdict != "GO", decision.reasons
 
 

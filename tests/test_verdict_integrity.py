@@ -154,8 +154,9 @@ def test_dropped_items_are_counted_and_never_go(tmp_path, capsys):
 def test_decide_applies_per_language_fidelity_limits_and_checks_their_keys(tmp_path, capsys):
     base, cand = _score_files(tmp_path, language="zh", kl=0.03)
     policy = tmp_path / "policy.toml"
-    assert main(["decide", "--baseline", str(base), "--candidate", str(cand)]) == 0  # max_kl 0.05
-    policy.write_text("[fidelity.max_kl_for]\nzh = 0.02\n", encoding="utf-8")
+    policy.write_text("[fidelity]\nmax_kl = 0.05\n", encoding="utf-8")
+    assert main(["decide", "--baseline", str(base), "--candidate", str(cand), "--policy", str(policy)]) == 0
+    policy.write_text("[fidelity]\nmax_kl = 0.05\n[fidelity.max_kl_for]\nzh = 0.02\n", encoding="utf-8")
     assert main(["decide", "--baseline", str(base), "--candidate", str(cand), "--policy", str(policy)]) == 1
     assert "max KL 0.0200" in capsys.readouterr().out
     policy.write_text("[fidelity.max_kl_for]\nfr = 0.02\n", encoding="utf-8")
