@@ -1169,3 +1169,20 @@ def test_fixes_no_engine_setting_names_get_their_own_lever_ids(setting, lever):
     so that grading never needs a catch-all `other` to match another `other`."""
     from harness.diagnose.levers import lever_of
     assert lever_of(setting) == lever
+
+
+def test_a_number_in_a_log_is_no_gpu_count_and_a_long_context_cut_still_comes_first():
+    """vLLM's own KV error on a CPU server (the real server test's shape): '(200000)' is not '20' x a '0000' card, so
+    no tensor parallel over 20 GPUs; and a context cut to what the cache holds (23,296 tokens) is a useful first
+    change, however far below the 200,000 asked for: only a cut below SHORTEST_USEFUL_CONTEXT steps back."""
+    from harness.diagnose.scale import gpus_named
+
+    text = ("(EngineCore pid=1) INFO 12-07 12:00:00 [cpu_worker.py:100] Available KV cache memory: 1.00 GiB\n"
+            "ValueError: To serve at least one request with the model's max seq len (200000), (8.58 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (1.00 GiB). Based on the available memory, the "
+            "estimated maximum model length is 23296. Try increasing `gpu_memory_utilization` or decreasing "
+            "`max_model_len` when initializing the engine.\n")
+    assert gpus_named(text) is None
+    assert [gpus_named(t) for t in ("8 A100-40Gs", "2x RTX 2080 Ti", "4 x A100", "4 GPUs", "2*A100")] == [8, 2, 4, 4, 2]
+    first = diagnose_text(text, "x").changes[0]
+    assert (first.lever, first.setting) == ("max_model_len_down", "--max-model-len 23,296")

@@ -19,9 +19,10 @@ BYTES_16BIT = 2
 _PARAMS = re.compile(r"[A-Za-z][\w.\-/]*?[-_/](\d{1,3}(?:\.\d{1,2})?)[bB](?![\w])")
 _QUANTIZED = re.compile(r"awq|gptq|int4|int8|4bit|8bit|4-bit|8-bit|fp8|nf4|bnb|bitsandbytes|gguf|quantiz|w4a16|w8a8|"
                         r"exl2|marlin", re.I)
-_CARD = r"(?:NVIDIA\s+|Tesla\s+|GeForce\s+)?(?:RTX\s*|GTX\s*)?(?:[AHLTV]\d{1,4}|\d{4})(?:\s*ti)?"
-# "8 A100-40Gs", "2x RTX 2080 Ti", "4 x A100", "2*A00" (a count, then a card), "4 GPUs", "2 cards"
-_COUNT = re.compile(rf"\b(\d{{1,2}})\s*(?:[x×*]\s*)?{_CARD}\b|\b(\d{{1,2}})\s*(?:GPUs|cards)\b", re.I)
+# a bare four-digit card is a GeForce model number (1080, 2080, 3090, 4090, 5090), never any number ("200000")
+_CARD = r"(?:NVIDIA\s+|Tesla\s+|GeForce\s+)?(?:RTX\s*|GTX\s*)?(?:[AHLTV]\d{1,4}|[1-5]0[5-9]0)(?:\s*ti)?"
+# "8 A100-40Gs", "2x RTX 2080 Ti", "4 x A100", "2*A00" (a count, a separator, then a card), "4 GPUs", "2 cards"
+_COUNT = re.compile(rf"\b(\d{{1,2}})(?:\s*[x×*]\s*|\s+){_CARD}\b|\b(\d{{1,2}})\s*(?:GPUs|cards)\b", re.I)
 # a card with its size written beside it: "A100-40G", "A100 80GB", "RTX 3090 24GB"
 _SIZED_CARD = re.compile(rf"{_CARD}[\s-]*(?:SXM\d?[\s-]*|PCIe[\s-]*)?(\d{{1,3}})\s*G(?:B|iB)?s?\b", re.I)
 # cards with one memory size (where a card comes in two, the larger: a weights-exceed verdict must not rest on the
@@ -137,7 +138,7 @@ def _useless_context(change: Change, asked: int) -> bool:
     if change.lever != "max_model_len_down" or value is None:
         return False
     length = int(value.group(1).replace(",", ""))
-    return length < SHORTEST_USEFUL_CONTEXT or length < asked / 4
+    return length < SHORTEST_USEFUL_CONTEXT
 
 
 def _kv_room_by_scale(diagnosis: Diagnosis, tp: int, params: float | None, count: int | None) -> Diagnosis:
