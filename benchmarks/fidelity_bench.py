@@ -56,7 +56,7 @@ from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
 from benchmarks.fidelity_fit import time_shares
 
 SETS = ("squad_200", "cmrc_200", "cnndm_summeval_100")
-REGION_X = 4  # the decision region of the fit: KL up to this many times the policy's max_kl
+REGION_MAX_KL = 0.2  # the fit's decision region, in nats/token: fixed, so the fit does not move with the default
 GPTQ_BITS = (8, 3)  # the gptq-extra rungs, GPTQ with group 64 like the built-in 4-bit
 SHARED = ROOT.parent / "shared" / "data"
 # rung name -> the run's formats it adds (quantgate's own); the candidate rungs are built in candidate_rungs()
@@ -391,10 +391,10 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
         lines += ["", f"Fit through the origin over {f['points']} {over} ({f.get('rungs', '?')} rungs; 95% intervals by "
                       f"resampling rungs): {_fit_line(f)}. Policy defaults: max_kl {DEFAULT_MAX_KL}, "
                       f"min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
-        region = fit_over(result["rows"], kl_below=REGION_X * DEFAULT_MAX_KL)
+        region = fit_over(result["rows"], kl_below=REGION_MAX_KL)
         if region:
-            lines.append(f"Over the decision region only (KL at most {REGION_X} x max_kl = "
-                         f"{REGION_X * DEFAULT_MAX_KL:g}: {region['points']} points, {region['rungs']} rungs): "
+            lines.append(f"Over the decision region only (KL at most {REGION_MAX_KL:g}: "
+                         f"{region['points']} points, {region['rungs']} rungs): "
                          f"{_fit_line(region)}.")
             factor = safety_factor(region, DEFAULT_MAX_KL)
             if factor:

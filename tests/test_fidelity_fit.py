@@ -87,7 +87,7 @@ def test_the_bench_section_carries_the_fit_intervals_coincidences_time_shares_an
     text = "\n".join(render_fidelity_bench(result, tmp_path / "ladder.png"))
     assert "95% intervals by resampling rungs" in text and "one margin at KL 0.1" in text
     assert "Factor of safety of max_kl over every rung: the fitted one-margin KL is" in text
-    assert "Over the decision region only (KL at most 4 x max_kl = 0.2: 5 points" in text
+    assert "Over the decision region only (KL at most 0.2: 5 points" in text
     # the decoy passes fidelity while its task interval lies past the margin: the section names it
     assert "with the task interval wholly past the margin: 1 (demo/decoy-digits/s)" in text
     assert "| r1 | 100.0 | 8.0 | 0.080x |" in text
