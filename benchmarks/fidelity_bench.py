@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
-from benchmarks.fidelity_fit import time_shares
+from benchmarks.fidelity_fit import fit, time_shares
 
 SETS = ("squad_200", "cmrc_200", "cnndm_summeval_100")
 REGION_MAX_KL = 0.2  # the fit's decision region, in nats/token: fixed, so the fit does not move with the default
@@ -283,14 +283,6 @@ def decoy_verdicts(report: dict) -> dict[str, dict]:
             for name, fmt in report["formats"].items() if rung_family(name, fmt) == "decoy"}
 
 
-def fit(rows: list[dict]) -> dict:
-    """The drop in margins against KL and against disagreement through the origin, over every row but the decoys'
-    (built to break that relation), with cluster-bootstrap intervals (benchmarks/fidelity_fit.py)."""
-    from benchmarks.fidelity_fit import fit as fitted
-
-    return fitted(rows)
-
-
 def row_model(row: dict) -> str:
     """The model a row is about; rows saved before rows named their model are the demo model's."""
     return row.get("model") or DEMO
@@ -367,7 +359,6 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
     if not result:
         return []
     from benchmarks.fidelity_fit import coincidences, safety_factor
-    from benchmarks.fidelity_fit import fit as fit_over
     from benchmarks.fidelity_fit import plot as plot_rows
     from harness.policy import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT
 
@@ -391,7 +382,7 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
         lines += ["", f"Fit through the origin over {f['points']} {over} ({f.get('rungs', '?')} rungs; 95% intervals by "
                       f"resampling rungs): {_fit_line(f)}. Policy defaults: max_kl {DEFAULT_MAX_KL}, "
                       f"min_top1_agreement {DEFAULT_MIN_TOP1_AGREEMENT}."]
-        region = fit_over(result["rows"], kl_below=REGION_MAX_KL)
+        region = fit(result["rows"], kl_below=REGION_MAX_KL)
         if region:
             lines.append(f"Over the decision region only (KL at most {REGION_MAX_KL:g}: "
                          f"{region['points']} points, {region['rungs']} rungs): "

@@ -20,7 +20,7 @@ from harness import progress
 from harness.cache import atomic_write_json, cache_dir, read_json, stable_hash
 from harness.capacity import PLANNERS, Target
 from harness.capacity.gpus import this_gpu
-from harness.evalsets.prompts import encode_prompt
+from harness.evalsets.prompts import prompt_encoder
 from harness.diagnose.advise import NotADiagnosableLog, diagnose_text
 from harness.format_plans import longest_request, serving_plans
 from harness.fidelity.served import (compare_served, served_comparison_path, served_reference_path,
@@ -170,7 +170,7 @@ def measure_served_fidelity(inputs: RunInputs, served: ServedFormat, endpoint: E
         if kind == "reference":
             if encode is None:  # as LoadedModel.encode does, with the baseline's tokenizer
                 tokenizer = load_tokenizer(inputs.source.path, inputs.spec.trust_remote_code)
-                encode = lambda text: encode_prompt(tokenizer, text)  # noqa: E731
+                encode = prompt_encoder(tokenizer)
             outputs = (read_json(source) or {}).get("outputs") or []
             write_served_reference(endpoint, evalset.name, inputs.prompts[evalset.name], outputs, encode, path, label,
                                    max_model_len)

@@ -7,7 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from harness.evalsets.prompts import encode_prompt, leading_bos, render_prompts, with_bos
+from harness.evalsets.prompts import leading_bos, prompt_encoder, render_prompts, with_bos
 from harness.evalsets import load_evalsets
 
 
@@ -27,19 +27,19 @@ def _tokenizer(adds_bos: bool, template: str | None = None) -> PreTrainedTokeniz
 def test_a_plain_prompt_gets_the_bos_its_tokenizer_adds():
     tokenizer = _tokenizer(adds_bos=True)
     assert leading_bos(tokenizer) == 1
-    assert encode_prompt(tokenizer, "what is the capital of france ?")[:2] == [1, tokenizer.convert_tokens_to_ids("what")]
+    assert prompt_encoder(tokenizer)("what is the capital of france ?")[:2] == [1, tokenizer.convert_tokens_to_ids("what")]
 
 
 def test_a_template_that_writes_its_bos_is_not_doubled():
     tokenizer = _tokenizer(adds_bos=True)
-    ids = encode_prompt(tokenizer, "<bos> question : what")
+    ids = prompt_encoder(tokenizer)("<bos> question : what")
     assert ids[0] == 1 and ids[1] != 1
 
 
 def test_a_tokenizer_that_adds_nothing_gets_nothing():
     tokenizer = _tokenizer(adds_bos=False)
     assert leading_bos(tokenizer) is None
-    assert encode_prompt(tokenizer, "what is paris") == tokenizer("what is paris", add_special_tokens=False)["input_ids"]
+    assert prompt_encoder(tokenizer)("what is paris") == tokenizer("what is paris", add_special_tokens=False)["input_ids"]
     assert with_bos([5, 6], None) == [5, 6] and with_bos([], 1) == [1]
 
 

@@ -107,9 +107,11 @@ def with_bos(ids: list[int], bos: int | None) -> list[int]:
     return ids if bos is None or (ids and ids[0] == bos) else [bos, *ids]
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """A rendered prompt's token ids, as render_prompts counts them and every runtime is given them."""
-    return with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], leading_bos(tokenizer))
+def prompt_encoder(tokenizer):
+    """text -> a rendered prompt's token ids, as render_prompts counts them and every runtime is given them; the
+    tokenizer is probed for its BOS once, not per prompt."""
+    bos = leading_bos(tokenizer)
+    return lambda text: with_bos(tokenizer(text, add_special_tokens=False)["input_ids"], bos)
 
 
 def render_prompts(tokenizer, evalsets: list[EvalSet], max_new_tokens: int | None = None) -> dict[str, list[Prompt]]:

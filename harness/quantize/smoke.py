@@ -106,6 +106,6 @@ def _render(tokenizer, text: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False)
-    from harness.evalsets.prompts import encode_prompt
+    from harness.evalsets.prompts import prompt_encoder
 
-    return encode_prompt(tokenizer, text)
+    return prompt_encoder(tokenizer)(text)

@@ -64,11 +64,11 @@ class LoadedModel:
         config.pad_token_id = self.tokenizer.pad_token_id
 
     def encode(self, prompt: str) -> list[int]:
-        from harness.evalsets.prompts import leading_bos, with_bos
+        from harness.evalsets.prompts import prompt_encoder
 
-        if not hasattr(self, "_bos"):
-            self._bos = leading_bos(self.tokenizer)  # one probe a model: encode runs once per prompt
-        return with_bos(self.tokenizer(prompt, add_special_tokens=False)["input_ids"], self._bos)
+        if not hasattr(self, "_encode"):
+            self._encode = prompt_encoder(self.tokenizer)  # one BOS probe a model: encode runs once per prompt
+        return self._encode(prompt)
 
     def weights_bytes(self) -> int:
         from harness.measure.memory import loaded_weights_bytes
