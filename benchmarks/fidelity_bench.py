@@ -50,6 +50,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
@@ -83,6 +84,30 @@ def parse_rungs(text: str) -> tuple[str, ...]:
 DEMO = "demo"
 SECOND_MODEL = "gemma3-270m"  # benchmarks/second_model.py
 MODELS = (DEMO, SECOND_MODEL)
+
+
+@dataclass(frozen=True)
+class LadderPlan:
+    """One model's share of the default ladder: its rungs, and the formats and candidates of them it runs."""
+    rungs: tuple[str, ...]
+    only: frozenset[str]
+
+
+# The ladder `nox -s bench -- --steps fidelity` runs unless told otherwise (#42 item 7): on each model, the rungs
+# that span the decision region (KL about 0.003 to 0.5), 100 items of SQuAD and of CMRC, the two models side by
+# side on a 2-core machine (run.py). CNN/DM's long articles cost several times a QA set an item: --fidelity-sets.
+LADDER_ITEMS = 100
+LADDER_SETS = ("squad_200", "cmrc_200")
+LADDER_RTN = ("rtn8-g128-sym", "rtn6-g128-sym", "rtn6-g32-asym", "rtn5-g128-sym", "rtn5-g32-sym", "rtn5-g32-asym",
+              "rtn4-g32-asym")
+DEFAULT_LADDER = {
+    DEMO: LadderPlan(("builtin", "w8a8", "fp8", "rtn", "decoys"),
+                     frozenset({"int8", "gptq", "awq", "w8a8", "fp8", *LADDER_RTN, "rtn5-g128-asym",
+                                "decoy-digits-lmhead-permute", "decoy-digits-embed-permute",
+                                "decoy-cjk-lmhead-permute"})),
+    SECOND_MODEL: LadderPlan(("int8", "fp8", "rtn", "decoys"),
+                             frozenset({"int8", "fp8", *LADDER_RTN, "decoy-digits-lmhead-permute"})),
+}
 
 
 def parse_sets(text: str) -> tuple[str, ...]:

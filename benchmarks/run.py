@@ -16,8 +16,10 @@ benchmarks/report.py). `--quick` is a smoke run (about 10 minutes on 2 cores).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,12 +29,12 @@ from pathlib import Path
 # the project root goes there instead, and the modules are imported as the `benchmarks` package.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from benchmarks.common import ROOT, say  # noqa: E402
+from benchmarks.common import ROOT, child_env, say  # noqa: E402
 from benchmarks.report import build_report, summary_table  # noqa: E402
 
 EVALSET = ROOT / "benchmarks" / "shared_evalsets" / "squad_200.toml"
 FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8,
-        "fidelity_items": 200}
+        "fidelity_items": 100}
 QUICK = {"items": 24, "repeats": 1, "profile_items": 8, "cache_items": 2, "calibration_samples": 4, "latency_requests": 2,
          "fidelity_items": 6}
 STEPS = ("eval", "profile", "cache", "quantize", "serve", "fidelity")
@@ -52,16 +54,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--latency-requests", type=int,
                         help=f"--latency-requests of the demo run in 3 (default {FULL['latency_requests']})")
     parser.add_argument("--fidelity-items", type=int,
-                        help=f"items per public set in 6 (default {FULL['fidelity_items']}: every item)")
-    parser.add_argument("--fidelity-rungs", default="default",
-                        help="the ladder's rungs in 6, comma-separated (benchmarks/fidelity_bench.py RUNGS; default: "
-                             "builtin,w8a8,fp8,nvfp4,rtn,decoys)")
+                        help=f"items per public set in 6 (default {FULL['fidelity_items']})")
+    parser.add_argument("--fidelity-rungs", default="",
+                        help="the ladder's rungs in 6, comma-separated, on every model (benchmarks/fidelity_bench.py "
+                             "RUNGS; default: each model's share of fidelity_bench.DEFAULT_LADDER)")
     parser.add_argument("--fidelity-models", default="demo,gemma3-270m",
                         help="the models the ladder runs on in 6 (benchmarks/fidelity_bench.py MODELS; default both)")
-    parser.add_argument("--fidelity-sets", default="squad_200,cmrc_200,cnndm_summeval_100",
-                        help="the public sets of 6, comma-separated (default all three)")
+    parser.add_argument("--fidelity-sets", default="squad_200,cmrc_200",
+                        help="the public sets of 6, comma-separated (default squad_200,cmrc_200; cnndm_summeval_100 "
+                             "costs several times a QA set an item)")
     parser.add_argument("--fidelity-only", default="",
                         help="run only these formats and candidates of the rungs in 6 (fidelity_bench --only)")
+    parser.add_argument("--fidelity-parallel", type=int,
+                        help="model ladders run at once in 6 (default: one a CPU core, at most one a model)")
     parser.add_argument("--batch-size", type=int, default=8, help="generation batch size, every side (default 8)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every side (default 1)")
     parser.add_argument("--no-lm-eval-default-batch", dest="lm_eval_default_batch", action="store_false",
@@ -84,7 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from harness.errors import UserError
 
     try:  # checked before anything is measured
-        args.fidelity_rungs = parse_rungs(args.fidelity_rungs)
+        args.fidelity_rungs = parse_rungs(args.fidelity_rungs) if args.fidelity_rungs.strip() else ()
         args.fidelity_sets = parse_sets(args.fidelity_sets)
     except UserError as exc:
         parser.error(str(exc).replace("--rungs", "--fidelity-rungs", 1).replace("--sets", "--fidelity-sets", 1))
@@ -92,26 +97,93 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.fidelity_models or set(args.fidelity_models) - set(MODELS):
         parser.error(f"--fidelity-models {','.join(args.fidelity_models)}: choose from {', '.join(MODELS)}")
     args.fidelity_only = tuple(sorted({n.strip() for n in args.fidelity_only.split(",") if n.strip()}))
+    if args.fidelity_parallel is None:
+        args.fidelity_parallel = max(1, min(len(args.fidelity_models), os.cpu_count() or 1))
+    elif args.fidelity_parallel < 1:
+        parser.error(f"--fidelity-parallel {args.fidelity_parallel}: give at least 1")
     return args
 
 
-def run_fidelity_models(demo: Path, work: Path, args: argparse.Namespace) -> dict | None:
-    """Benchmark 6 on each of --fidelity-models, their rows in one result (fidelity_bench.merge_results)."""
-    from benchmarks.fidelity_bench import DEMO, merge_results, model_paths, run_fidelity_bench
+def fidelity_plans(args: argparse.Namespace) -> dict[str, tuple[tuple[str, ...], frozenset[str]]]:
+    """{model: (rungs, only)}: --fidelity-rungs/--fidelity-only for every model where given, else each model's
+    share of the default ladder (fidelity_bench.DEFAULT_LADDER)."""
+    from benchmarks.fidelity_bench import DEFAULT_LADDER, DEFAULT_RUNGS
 
-    results = []
+    plans = {}
     for model in args.fidelity_models:
-        if model == DEMO:
-            checkpoint = demo
-        else:
-            from benchmarks.second_model import build_second_model
+        default = DEFAULT_LADDER.get(model)
+        rungs = args.fidelity_rungs or (default.rungs if default else DEFAULT_RUNGS)
+        only = frozenset(args.fidelity_only) if args.fidelity_only else (
+            default.only if default and not args.fidelity_rungs else frozenset())
+        plans[model] = (rungs, only)
+    return plans
 
-            checkpoint = build_second_model(work / "second-model")
-        result = run_fidelity_bench(checkpoint, model_paths(work, model)[0], args.fidelity_items,
-                                    args.calibration_samples, args.threads, args.batch_size, args.fidelity_rungs,
-                                    model, tuple(args.fidelity_sets), frozenset(args.fidelity_only))
-        if result:
-            results.append(result)
+
+def ladder_command(model: str, work: Path, rungs: tuple[str, ...], only: frozenset[str],
+                   args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.fidelity_bench", "--run", "--model", model, "--work", str(work),
+            "--items", str(args.fidelity_items), "--sets", ",".join(args.fidelity_sets), "--rungs", ",".join(rungs),
+            "--only", ",".join(sorted(only)), "--threads", str(args.threads), "--batch-size", str(args.batch_size),
+            "--calibration-samples", str(args.calibration_samples)]
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(starting)"
+    return next((line.strip()[:160] for line in reversed(lines) if line.strip()), "(starting)")
+
+
+def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
+    """Benchmark 6 on each of --fidelity-models, each model's ladder a `fidelity_bench --run` process of its own,
+    up to --fidelity-parallel at once (default: one a core, the models being independent), their rows in one
+    result (fidelity_bench.merge_results). A ladder that fails is reported and left out; none outlives this."""
+    from benchmarks.fidelity_bench import merge_results, model_paths
+
+    pending = list(fidelity_plans(args).items())
+    running: list[tuple[str, subprocess.Popen, Path]] = []
+    results, failed = [], []
+    last_report = time.time()
+    try:
+        while pending or running:
+            while pending and len(running) < args.fidelity_parallel:
+                model, (rungs, only) = pending.pop(0)
+                log = work / f"fidelity-{model}.log"
+                say(f"fidelity: ladder on {model} started ({','.join(rungs)}; {len(only) or 'all'} formats and "
+                    f"candidates; {args.fidelity_items} items of {','.join(args.fidelity_sets)}); log {log}")
+                with open(log, "w", encoding="utf-8") as out:
+                    process = subprocess.Popen(ladder_command(model, work, rungs, only, args), cwd=ROOT,
+                                               env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+                running.append((model, process, log))
+            time.sleep(5)
+            for entry in list(running):
+                model, process, log = entry
+                if process.poll() is None:
+                    continue
+                running.remove(entry)
+                result_path = model_paths(work, model)[1]
+                if process.returncode == 0 and result_path.is_file():
+                    results.append(json.loads(result_path.read_text(encoding="utf-8")))
+                    say(f"fidelity: ladder on {model} done")
+                else:
+                    failed.append(model)
+                    say(f"fidelity: ladder on {model} failed (exit {process.returncode}): {last_line(log)}; see {log}")
+            if running and time.time() - last_report >= 300:
+                last_report = time.time()
+                for model, _, _ in running:
+                    run_log = model_paths(work, model)[0] / "run.log"
+                    say(f"fidelity: {model}: {last_line(run_log)}")
+    finally:
+        for _, process, _ in running:  # interrupted: no ladder outlives the bench
+            process.terminate()
+        for _, process, _ in running:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if failed:
+        say(f"fidelity: {len(failed)} ladder(s) failed ({', '.join(failed)}); the table holds the others")
     return merge_results(results) if results else None
 
 
@@ -165,7 +237,7 @@ def main(argv: list[str]) -> int:
 
             serve_run = run_serve_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "serve")
         if "fidelity" in args.steps:
-            fidelity_run = run_fidelity_models(demo, work, args)
+            fidelity_run = run_fidelity_models(work, args)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
