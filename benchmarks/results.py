@@ -36,3 +36,35 @@ def load(path: Path) -> dict:
                                           "cache": Path(data["cache_run"]["cache"])})
     data["quantize_runs"] = [QuantizeBench(**q) for q in data.get("quantize_runs") or []]
     return data
+
+
+# the parts of a run each bench step measures (cache and quantize share the demo run in cache_run)
+STEP_PARTS = {"eval": ("eval_run",), "profile": ("profile",), "cache": ("cache_run",), "quantize": ("quantize_runs",),
+              "serve": ("serve_run",), "fidelity": ("fidelity_run",)}
+
+
+def carry_over(run: dict, steps: list[str], previous_path: Path) -> dict:
+    """`run` with the parts of the steps it did not run taken from the run saved at `previous_path` (the JSON beside
+    the report), so `--steps fidelity` rewrites section 6 without dropping sections 1-5; `carried` names each kept
+    step with when it was measured."""
+    if not previous_path.is_file():
+        return run
+    previous = load(previous_path)
+    earlier = previous.get("carried") or {}
+    carried = {}
+    for step, parts in STEP_PARTS.items():
+        if step in steps:
+            continue
+        for part in parts:
+            if previous.get(part) and not run.get(part):
+                run = {**run, part: previous[part]}
+                carried[step] = earlier.get(step) or previous.get("measured_at") or "an earlier run"
+    return {**run, "carried": carried}
+
+
+def carried_line(carried: dict) -> str:
+    """The report's note on the sections kept from earlier runs ('' when every section was measured now)."""
+    if not carried:
+        return ""
+    return ("Not measured in this run, kept from the last run that measured them: "
+            + "; ".join(f"{step} ({when})" for step, when in carried.items()) + ".")

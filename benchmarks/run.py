@@ -247,8 +247,9 @@ def main(argv: list[str]) -> int:
            "fidelity_run": fidelity_run}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from benchmarks.results import save
+    from benchmarks.results import carry_over, save
 
+    run = carry_over(run, args.steps, out.with_suffix(".json"))
     save(out.with_suffix(".json"), run)
     return write(out, run)
 
@@ -257,10 +258,16 @@ def write(out: Path, run: dict) -> int:
     from benchmarks.fidelity_bench import render_fidelity_bench
     from benchmarks.serve_bench import render_serve_bench
 
+    from benchmarks.results import carried_line
+
     run = dict(run)
+    carried = carried_line(run.pop("carried", None) or {})
     serve_lines = render_serve_bench(run.pop("serve_run", None))
     fidelity_lines = render_fidelity_bench(run.pop("fidelity_run", None), out.parent / "fidelity_ladder.png")
     markdown, checks = build_report(**run)
+    if carried:  # after the title and the "Measured ..." paragraph
+        title, measured, rest = markdown.split("\n\n", 2)
+        markdown = "\n\n".join((title, measured, carried, rest))
     for lines in (serve_lines, fidelity_lines):
         if lines:
             markdown = markdown.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"

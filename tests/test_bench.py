@@ -126,3 +126,26 @@ def test_bench_fidelity_plans_default_per_model_and_overrides_apply_to_every_mod
     assert told.fidelity_parallel == 1
     with pytest.raises(SystemExit):
         bench_run.parse_args(["--fidelity-parallel", "0"])
+
+
+def test_a_partial_bench_keeps_the_sections_it_did_not_measure(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.results import carried_line, carry_over, save
+
+    previous = {"args": Namespace(quick=False), "eval_run": None, "profile": {"top": []}, "cache_run": None,
+                "quantize_runs": [], "serve_run": {"rows": [1]}, "fidelity_run": {"rows": ["old"]},
+                "measured_at": "2026-12-03 10:15 UTC"}
+    saved = tmp_path / "latest.json"
+    save(saved, previous)
+    now = {"args": Namespace(quick=False), "eval_run": None, "profile": None, "cache_run": None, "quantize_runs": [],
+           "serve_run": None, "fidelity_run": {"rows": ["new"]}, "measured_at": "2026-12-07 15:00 UTC"}
+    run = carry_over(now, ["fidelity"], saved)
+    assert run["fidelity_run"] == {"rows": ["new"]}  # measured now: never replaced
+    assert run["serve_run"] == {"rows": [1]} and run["profile"] == {"top": []}
+    assert run["carried"] == {"profile": "2026-12-03 10:15 UTC", "serve": "2026-12-03 10:15 UTC"}
+    save(saved, run)  # a second partial run keeps the first date, not the date of the run that carried it
+    again = carry_over({**now, "measured_at": "2026-12-08 09:00 UTC"}, ["fidelity"], saved)
+    assert again["carried"]["serve"] == "2026-12-03 10:15 UTC"
+    assert "serve (2026-12-03 10:15 UTC)" in carried_line(again["carried"]) and carried_line({}) == ""
+    assert carry_over(now, ["fidelity"], tmp_path / "missing.json") is now
