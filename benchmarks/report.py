@@ -86,7 +86,7 @@ VERSIONS = ("torch", "transformers", "lm_eval", "gptqmodel", "datasets", "tokeni
 
 
 def build_report(args, eval_run, profile, cache_run, quantize_runs, load_before, load_after, total_s: float,
-                 measured_at: str) -> tuple[str, list[Check]]:
+                 measured_at: str, machine: dict | None = None) -> tuple[str, list[Check]]:
     """The Markdown and the checks, from run.py's arguments and the results of the steps that ran."""
     checks = make_checks(eval_run, cache_run, quantize_runs)
     blocks: list[tuple[str, list[str]]] = [("", [
@@ -98,7 +98,7 @@ def build_report(args, eval_run, profile, cache_run, quantize_runs, load_before,
     misses = miss_notes(checks, eval_run, profile, quantize_runs)
     if misses:
         blocks.append(("Where targets are missed, and why", misses))
-    blocks.append(("Machine and settings", machine_lines(args, load_before, load_after)))
+    blocks.append(("Machine and settings", machine_lines(args, load_before, load_after, machine)))
     if eval_run:
         blocks.append(("1-2. Evaluation: quantgate vs lm-evaluation-harness vs a bare generate loop", eval_lines(eval_run)))
     if profile:
@@ -179,18 +179,28 @@ def miss_notes(checks: list[Check], e, profile: dict[str, float] | None, quantiz
     return notes
 
 
-def machine_lines(args, load_before, load_after) -> list[str]:
+def machine_facts(threads: int) -> dict:
+    """What the report says of the machine and software, taken when the bench measures (saved with the results, so
+    a report rendered later, or a section kept from an earlier run, names the machine that measured it)."""
     import platform
 
     from harness import __version__
     from harness.quantize.base import package_versions
     from harness.runtime.device import device_info
 
-    info = device_info(args.threads)
+    info = device_info(threads)
+    return {"name": info["name"], "cores": info.get("cores", "?"),
+            "memory_gib": round(info.get("total_memory_bytes", 0) / 2**30), "platform": platform.platform(),
+            "versions": f"quantgate {__version__}, python {platform.python_version()}, "
+                        + ", ".join(f"{k} {v}" for k, v in package_versions(*VERSIONS).items())}
+
+
+def machine_lines(args, load_before, load_after, machine: dict | None) -> list[str]:
     busy = max(load_before[0], load_after[0]) > 1.5
+    unrecorded = "not recorded (saved before the bench recorded its machine)"
     return [
-        f"- machine: {info['name']}, {info.get('cores', '?')} cores, "
-        f"{info.get('total_memory_bytes', 0) / 2**30:.0f} GiB RAM; {platform.platform()}",
+        (f"- machine: {machine['name']}, {machine['cores']} cores, {machine['memory_gib']} GiB RAM; "
+         f"{machine['platform']}" if machine else f"- machine: {unrecorded}"),
         f"- load average (1 min) at start {load_before[0]:.2f}, at end {load_after[0]:.2f}"
         + (" — **the machine was busy with other work: wall times are inflated, CPU times much less**" if busy else ""),
         f"- threads: {args.threads} torch thread(s) in every process; batch size {args.batch_size} on every side",
@@ -198,8 +208,7 @@ def machine_lines(args, load_before, load_after) -> list[str]:
         f"{args.repeats} time(s) (best time of each kind counts), lm-eval at batch size 1 once",
         f"- benchmarks 3-4: `--max-items {args.cache_items} --calibration-samples {args.calibration_samples}` "
         f"(3 also `--latency-requests {args.latency_requests}`)",
-        f"- versions: quantgate {__version__}, python {platform.python_version()}, "
-        + ", ".join(f"{k} {v}" for k, v in package_versions(*VERSIONS).items()),
+        f"- versions: {machine['versions'] if machine else unrecorded}",
     ]
 
 

@@ -58,7 +58,8 @@ def carry_over(run: dict, steps: list[str], previous_path: Path) -> dict:
         for part in parts:
             if previous.get(part) and not run.get(part):
                 run = {**run, part: previous[part]}
-                carried[step] = earlier.get(step) or previous.get("measured_at") or "an earlier run"
+                machine = (previous.get("machine") or {}).get("name", "a machine not recorded")
+                carried[step] = earlier.get(step) or f"{previous.get('measured_at') or 'an earlier run'}, {machine}"
     return {**run, "carried": carried}
 
 

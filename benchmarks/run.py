@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks.common import ROOT, child_env, say  # noqa: E402
-from benchmarks.report import build_report, summary_table  # noqa: E402
+from benchmarks.report import build_report, machine_facts, summary_table  # noqa: E402
 
 EVALSET = ROOT / "benchmarks" / "shared_evalsets" / "squad_200.toml"
 FULL = {"items": 200, "repeats": 2, "profile_items": 48, "cache_items": 16, "calibration_samples": 16, "latency_requests": 8,
@@ -244,7 +244,7 @@ def main(argv: list[str]) -> int:
     run = {"args": args, "eval_run": eval_run, "profile": profile, "cache_run": cache_run,
            "quantize_runs": quantize_runs, "load_before": load_before, "load_after": os.getloadavg(),
            "total_s": time.time() - started, "measured_at": time.strftime("%Y-%m-%d %H:%M %Z"), "serve_run": serve_run,
-           "fidelity_run": fidelity_run}
+           "fidelity_run": fidelity_run, "machine": machine_facts(args.threads)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     from benchmarks.results import carry_over, save

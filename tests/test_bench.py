@@ -143,9 +143,12 @@ def test_a_partial_bench_keeps_the_sections_it_did_not_measure(tmp_path):
     run = carry_over(now, ["fidelity"], saved)
     assert run["fidelity_run"] == {"rows": ["new"]}  # measured now: never replaced
     assert run["serve_run"] == {"rows": [1]} and run["profile"] == {"top": []}
-    assert run["carried"] == {"profile": "2026-12-03 10:15 UTC", "serve": "2026-12-03 10:15 UTC"}
+    assert run["carried"] == {"profile": "2026-12-03 10:15 UTC, a machine not recorded",
+                              "serve": "2026-12-03 10:15 UTC, a machine not recorded"}
     save(saved, run)  # a second partial run keeps the first date, not the date of the run that carried it
     again = carry_over({**now, "measured_at": "2026-12-08 09:00 UTC"}, ["fidelity"], saved)
-    assert again["carried"]["serve"] == "2026-12-03 10:15 UTC"
-    assert "serve (2026-12-03 10:15 UTC)" in carried_line(again["carried"]) and carried_line({}) == ""
+    assert again["carried"]["serve"] == "2026-12-03 10:15 UTC, a machine not recorded"
+    assert "serve (2026-12-03 10:15 UTC, a machine" in carried_line(again["carried"]) and carried_line({}) == ""
+    save(saved, {**previous, "machine": {"name": "AMD EPYC"}})
+    assert carry_over(now, ["fidelity"], saved)["carried"]["serve"] == "2026-12-03 10:15 UTC, AMD EPYC"
     assert carry_over(now, ["fidelity"], tmp_path / "missing.json") is now
