@@ -79,7 +79,8 @@ def test_cuda_graph_capture_oom_is_not_answered_with_the_batch_size():
 @pytest.mark.parametrize("name, kind, first", [
     ("torch_fragmentation.txt", "fragmentation", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     ("torch_other_process.txt", "memory_held_elsewhere", "stop the other process"),
-    ("torch_old.txt", "out_of_memory", "lower the tokens per step"),
+    # the old shape's line alone, 14.56 of 15.78 GiB in tensors and nothing that sizes a step: what was loaded fills it
+    ("torch_old.txt", "weights_do_not_fit", "quantize the weights"),
 ])
 def test_pytorch_oom_shapes(name, kind, first):
     d = _diagnose(name)
@@ -101,7 +102,7 @@ def test_cli_text_json_stdin_and_refusals(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "kv cache too small" in out and "1. --max-model-len 19,456" in out
     assert cli.main(["diagnose", str(FIXTURES / "torch_old.txt"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["kind"] == "out_of_memory"
+    assert json.loads(capsys.readouterr().out)[0]["kind"] == "weights_do_not_fit"
     empty = tmp_path / "empty.log"
     empty.write_text("  \n")
     binary = tmp_path / "core"
@@ -1186,3 +1187,84 @@ def test_a_number_in_a_log_is_no_gpu_count_and_a_long_context_cut_still_comes_fi
     assert [gpus_named(t) for t in ("8 A100-40Gs", "2x RTX 2080 Ti", "4 x A100", "4 GPUs", "2*A100")] == [8, 2, 4, 4, 2]
     first = diagnose_text(text, "x").changes[0]
     assert (first.lever, first.setting) == ("max_model_len_down", "--max-model-len 23,296")
+
+
+_TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 300.00 MiB (GPU 0; {total} GiB total "
+              "capacity; {allocated} GiB already allocated; 188.56 MiB free; {allocated} GiB reserved in total by "
+              "PyTorch)\n")
+
+
+def test_a_vllm_oom_of_a_model_whose_name_states_a_long_context_lowers_max_model_len_first():
+    """A '-1m'/'-128k' model left at its own context (no --max-model-len): vLLM takes the config's length, and without
+    chunked prefill its profile run prefills max(max_model_len, 2048) tokens (V0's SchedulerConfig)."""
+    vllm = Context(engine="vllm")
+
+    def first(text: str):
+        return diagnose_text(text, "x", vllm).changes[0]
+
+    long = first("Deploying THUDM/glm-4-9b-chat-1m with vLLM caused OOM\n")
+    assert (long.lever, long.setting) == ("max_model_len_down", "--max-model-len 32,768")
+    assert "1,048,576-token context" in long.effect
+    assert first("vllm serve Qwen/Qwen2.5-7B-Instruct-1M\nCUDA out of memory\n").setting == "--max-model-len 32,768"
+    assert first("vllm serve microsoft/Phi-3-mini-128k-instruct\nCUDA out of memory\n").setting == \
+        "--max-model-len 32,768"
+    # the same report of the model without the long context, one at 8k, or a context the user set: not this rule
+    for text in ("Deploying THUDM/glm-4-9b-chat with vLLM caused OOM\n", "vllm serve org/model-7b-chat-8k\nOOM\n",
+                 "vllm serve THUDM/glm-4-9b-chat-1m --max-model-len 8192\nCUDA out of memory\n"):
+        assert first(text).setting != "--max-model-len 32,768", text
+
+
+def test_vllm_colocated_with_a_trainer_lowers_its_share_and_a_trainer_side_oom_splits_the_trainer():
+    frames = "  ... _initialize_kv_caches ...\n  ... initialize_cache ...\n"
+    vllm = Context(engine="vllm")
+    grpo = diagnose_text("accelerate launch --num_processes=4 src/trainer/grpo.py --config grpo.yaml\n" + frames, "x",
+                         vllm)
+    assert (grpo.changes[0].lever, grpo.changes[0].setting.split(" (")[0]) == \
+        ("gpu_memory_utilization_down", "--gpu-memory-utilization 0.50")
+    shown = diagnose_text("swift rlhf --rlhf_type grpo --use_vllm true --vllm_mode colocate "
+                          "--vllm_gpu_memory_utilization 0.7\n" + frames, "x", vllm)
+    assert shown.changes[0].setting.startswith("--gpu-memory-utilization 0.50")  # the trainer's 0.7, read as the share
+    alone = diagnose_text("vllm serve meta-llama/Llama-3.1-8B\n" + frames, "x", vllm)  # no trainer: not this rule
+    assert not any("trainer" in c.setting for c in alone.changes)
+    asleep = diagnose_text("GRPO nightly failing with a CUDA OOM after the vllm bump\n"
+                           "After initial sleep: `Sleep mode freed 43.82 GiB, 4.11 GiB memory is still in use`\n"
+                           "After Step 2: around `25.0 GiB memory is still in use`\n"
+                           "The OOM happened later in the Megatron training path.\n", "x", vllm)
+    assert [c.lever for c in asleep.changes[:2]] == ["tensor_parallel_up", "gpu_memory_utilization_down"]
+    woken = diagnose_text("GRPO run: the OOM happens when the vLLM rollout is woken up (wake_up) at step 2\n", "x", vllm)
+    assert woken.changes[0].lever == "gpu_memory_utilization_down"  # vLLM's own wake-up, not the trainer's step
+
+
+def test_a_training_step_at_one_sequence_per_gpu_with_checkpointing_on_asks_for_an_attention_kernel():
+    """micro batch 1 (over a global train_batch_size) and gradient checkpointing on: the recomputed layer's eager
+    attention scores are what is left to shrink; not where flash attention is on, checkpointing off or the batch > 1."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory during DPO training\n"
+
+    def first(flags: str):
+        return diagnose_text(f"deepspeed --module openrlhf.cli.train_dpo {flags} --zero_stage 3 --bf16\n" + oom,
+                             "x").changes[0]
+
+    assert first("--train_batch_size 128 --micro_train_batch_size 1 --gradient_checkpointing").lever == \
+        "attention_kernel"
+    assert first("--train_batch_size 128 --micro_train_batch_size 1 --gradient_checkpointing --flash_attn").lever != \
+        "attention_kernel"
+    assert first("--train_batch_size 128 --micro_train_batch_size 1").lever != "attention_kernel"
+    assert first("--train_batch_size 128 --micro_train_batch_size 4 --gradient_checkpointing").lever != \
+        "attention_kernel"
+    # the global batch of 128 is not what one GPU runs: it is not halved first
+    assert not first("--train_batch_size 128 --micro_train_batch_size 1").setting.startswith("lower the batch size to")
+
+
+def test_an_oom_line_alone_with_the_tensors_filling_a_consumer_card_quantizes_first():
+    """Nothing sizes a step and PyTorch's tensors hold >= 85% of a <= 24 GB card: what was loaded fills it."""
+    alone = diagnose_text(_TORCH_OOM.format(total="23.65", allocated="22.36"), "x")
+    assert (alone.kind, alone.changes[0].lever, alone.changes[1].lever) == \
+        ("weights_do_not_fit", "quantize_smaller", "batch_size_down")
+    for before in ("batch_size = 16\n", "epoch 3: training\n", "model: Qwen/Qwen2-7B-Instruct-AWQ\n",
+                   '  File "train.py", line 10, in <module>\n'):
+        assert diagnose_text(before + _TORCH_OOM.format(total="23.65", allocated="22.36"), "x").changes[0].lever != \
+            "quantize_smaller", before
+    assert diagnose_text(_TORCH_OOM.format(total="79.15", allocated="77.10"), "x").changes[0].lever != \
+        "quantize_smaller"  # a data-centre card
+    assert diagnose_text(_TORCH_OOM.format(total="23.65", allocated="12.00"), "x").changes[0].lever != \
+        "quantize_smaller"  # the tensors hold half

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
                                       read_torch_oom, read_vllm, size_gib)
+from harness.diagnose.colocated import colocated_trainer
 from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
 from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm, quoted_figures
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
@@ -117,7 +118,8 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
         notes.append(f"--flags {context.flags_text!r}: no setting diagnose uses in it")
     changes = _split_before_quantizing(_sane_utilization(with_levers(diagnosis.changes, settings), diagnosis,
                                                          settings), diagnosis.kind, text, settings)
-    diagnosis = vllm_by_scale(replace(diagnosis, changes=changes), f"{text}\n{context.flags_text}", settings)
+    shown = f"{text}\n{context.flags_text}"
+    diagnosis = colocated_trainer(vllm_by_scale(replace(diagnosis, changes=changes), shown, settings), shown, settings)
     changes = with_levers(diagnosis.changes, settings)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
                    failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))

@@ -137,7 +137,20 @@ def _share_down_first(share: float, figures: list, quoted: str, source: str) -> 
 LARGE_BATCH = 32  # a training batch this large is the first lever: halving it halves the activations, no recompute
 
 
-def _large_batch(settings: dict) -> int | None:
+# the batch one GPU runs per step where a run names it apart from the global batch (DeepSpeed's train_batch_size is
+# micro batch x accumulation x GPUs): OpenRLHF's --micro_train_batch_size, DeepSpeed's train_micro_batch_size_per_gpu
+_MICRO_BATCH = re.compile(r"\b(?:micro_train_batch_size|train_micro_batch_size_per_gpu|micro_batch_size)\b[\"']?"
+                          r"(?:\s*[:=]\s*|\s+)(\d+)\b", re.I)
+
+
+def _micro_batch(context: str) -> int | None:
+    shown = [int(m.group(1)) for m in _MICRO_BATCH.finditer(context)]
+    return min(shown) if shown else None
+
+
+def _large_batch(settings: dict, context: str = "") -> int | None:
+    if (micro := _micro_batch(context)) is not None:
+        return micro if micro >= LARGE_BATCH else None
     batch = settings.get("batch_size")
     value = batch.value if batch is not None else None
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= LARGE_BATCH \
@@ -155,6 +168,84 @@ def _batch_first(batch: int, figures: list, quoted: str, source: str) -> Diagnos
                          Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"),
                          Change("shorter sequences (max_length)", "activations grow with the length")),
                      failing_line=quoted)
+
+
+# a memory-efficient attention kernel named anywhere (a trainer's --flash_attn, attn_implementation, sdpa, xformers)
+_ATTENTION_ON = re.compile(r"flash[-_ ]?attn|flash[-_ ]?attention|attn_implementation|\bsdpa\b|xformers|"
+                           r"use_flash|--attention[-_]backend", re.I)
+# gradient checkpointing switched on where the run shows it (a flag, a config key, the call)
+_CHECKPOINTING_SET = re.compile(r"--gradient[_-]checkpointing(?!\s*(?:=\s*)?(?:false|0)\b)|"
+                                r"gradient_checkpointing\s*[:=]\s*true|gradient_checkpointing_enable\(", re.I)
+
+
+def _attention_left(context: str, settings: dict) -> bool:
+    """A training step at one sequence per GPU with gradient checkpointing on: neither the batch nor the kept
+    activations can shrink further, and what is left to peak is each layer's attention while it is recomputed; in
+    eager attention that materialises batch x heads x length x length scores, which a memory-efficient kernel (flash
+    attention, PyTorch's SDPA) never holds. Only where no such kernel is named."""
+    micro = _micro_batch(context)
+    batch = settings.get("batch_size")
+    at_one = micro is not None and micro <= 1 if micro is not None else (
+        batch is not None and isinstance(batch.value, (int, float)) and not isinstance(batch.value, bool)
+        and batch.value <= 1)
+    checkpointing = settings.get("gradient_checkpointing")
+    on = (checkpointing is not None and checkpointing.value is True) or bool(_CHECKPOINTING_SET.search(context))
+    return at_one and on and bool(_TRAINING.search(context)) and not _ATTENTION_ON.search(context)
+
+
+def _attention_first(figures: list, quoted: str, source: str) -> Diagnosis:
+    return Diagnosis(source, "pytorch-oom", "training_step",
+                     "a training step ran out at one sequence per GPU with gradient checkpointing on: what is left "
+                     "is the attention of the layer being recomputed, which eager attention materialises as length x "
+                     "length scores per head", tuple(figures), (
+                         Change("a memory-efficient attention kernel: the trainer's --flash_attn (OpenRLHF, "
+                                "LLaMA-Factory), or attn_implementation='flash_attention_2' / 'sdpa'",
+                                "no length x length score matrix is held: attention memory grows with the length, "
+                                "not its square", "attention_kernel"),
+                         Change("shorter sequences (max_len / max_length / cutoff_len)",
+                                "activations grow with the length"),
+                         Change("DeepSpeed ZeRO offload: zero_optimization.offload_optimizer and offload_param "
+                                "{\"device\": \"cpu\"}", "the optimizer state and parameter shards move to CPU "
+                                "memory", "cpu_offload")),
+                     failing_line=quoted)
+
+
+# a consumer card's memory (a 24 GB RTX 3090/4090 and below: laptops' 6-8 GB, 10-16 GB desktop cards)
+CONSUMER_GPU_GIB = 24.5
+HELD_BY_TENSORS = 0.85  # PyTorch's own tensors hold this share of the GPU
+# what a step's size would be read from: a batch, a length, samples, steps, a training run
+_STEP_SIZE_SAID = re.compile(r"batch|seq(?:uence)?[_ ]?len|max[_-]?len|pad_size|max_length|cutoff|samples|\bsteps?\b|"
+                             r"\btrain|epoch|num_beams|max_new_tokens", re.I)
+_QUANTIZED_SAID = re.compile(r"int4|int8|4[-_ ]?bit|8[-_ ]?bit|awq|gptq|nf4|bnb|bitsandbytes|quantiz|gguf|fp8", re.I)
+
+
+def _weights_fill_a_small_gpu(oom: OomFigures, context: str, settings: dict) -> bool:
+    """PyTorch's OOM line pasted with nothing that sizes a step (no traceback, batch, length, training words), where
+    this process's own tensors hold nearly all of a consumer card and the allocator holds nothing spare: what fills
+    it is what was loaded, the weights, and on a card this size 16-bit weights of a 6-13B model are the usual cause
+    (2 bytes per parameter: 12-26 GB); 8- or 4-bit weights are the change that makes them fit."""
+    allocated, total = oom.bytes_of("allocated"), oom.bytes_of("total")
+    unallocated = oom.reserved_unallocated_bytes or 0
+    if not allocated or not total or total / GIB > CONSUMER_GPU_GIB or allocated < HELD_BY_TENSORS * total:
+        return False
+    if unallocated > 0.05 * total or _FRAME.search(context) or _STEP_SIZE_SAID.search(context) or \
+            _QUANTIZED_SAID.search(context):
+        return False
+    return not any(key in settings for key in ("batch_size", "max_length", "max_new_tokens", "quantization"))
+
+
+def _quantize_first(oom: OomFigures, figures: list, quoted: str, source: str) -> Diagnosis:
+    return Diagnosis(source, "pytorch-oom", "weights_do_not_fit",
+                     f"this process's own tensors hold {oom.allocated} of the {oom.total} card and nothing in the log "
+                     "sizes a step (no batch, length or training step): what fills it is what was loaded, most likely "
+                     "the weights at 16 bits", tuple(figures), (
+                         Change("quantize the weights (8-bit or 4-bit: load_in_8bit / load_in_4bit, a GPTQ/AWQ "
+                                "checkpoint, the model's own quantize(4))", "8-bit weights take half the 16-bit "
+                                "bytes, 4-bit a quarter", "quantize_smaller"),
+                         Change("lower the tokens per step (batch x sequence length)", "the lever where the weights "
+                                "fit and the activations do not"),
+                         Change("a larger GPU, or split the model over more GPUs", "more room")),
+                     ("which model: --model DIR tells weights from activations",), failing_line=quoted)
 
 
 # a person's words that the same job fits by itself ("MMLU alone worked perfectly", "runs fine on its own")
@@ -392,6 +483,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                 and _at_default_batch(settings or {}, context):
             return _inference_mode_first(True, figures, quoted, source)
     training = phase is None or phase[1] in ("training_step", "optimizer_state")
+    if training and _attention_left(context, settings or {}):
+        return _attention_first(figures, quoted, source)
     if training and (offload := _zero_offload(context, settings or {})) is not None:
         checkpointing = Change("gradient_checkpointing=True", "recomputes activations instead of keeping them")
         shorter = Change("shorter sequences (max_length / cutoff_len / max_seq_length)",
@@ -407,13 +500,15 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
             (phase is None or phase[1] not in ("weights_loading", "training_step", "optimizer_state")) and \
             not _TRAINING.search(context):
         return _share_down_first(share.value, figures, quoted, source)
-    if training and (large := _large_batch(settings or {})) and _TRAINING.search(context):
+    if training and (large := _large_batch(settings or {}, context)) and _TRAINING.search(context):
         return _batch_first(large, figures, quoted, source)
     if training and _fine_tune_without_checkpointing(context, settings or {}):
         return _checkpointing_first(figures, quoted, source)
     if phase is not None:
         _, kind, summary, changes = phase
         return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
+    if oom is not None and _weights_fill_a_small_gpu(oom, context, settings or {}):
+        return _quantize_first(oom, figures, quoted, source)
     allocated = oom.allocated if oom is not None else None
     if oom is None:  # no figures: the tokens per step first, then what else holds the GPU
         return Diagnosis(source, "pytorch-oom", "out_of_memory",

@@ -1,6 +1,7 @@
-"""The scale a log shows: the model's size from its name ("Llama-2-70b-hf" is 70 billion parameters), the GPUs named
-("8 A100-40Gs", "2x RTX 2080 Ti") and what one of them holds. vLLM's first change follows from them where the
-16-bit weights alone exceed one GPU (tensor parallel over the GPUs shown), where the KV room is a fraction of the
+"""The scale a log shows: the model's size from its name ("Llama-2-70b-hf" is 70 billion parameters), the context its
+name states ("glm-4-9b-chat-1m"), the GPUs named ("8 A100-40Gs", "2x RTX 2080 Ti") and what one of them holds. vLLM's
+first change follows from them where the 16-bit weights alone exceed one GPU (tensor parallel over the GPUs shown),
+where a 128k+ context is left as --max-model-len (a shorter one), where the KV room is a fraction of the
 context asked for (more GPUs, not a context too short to use), and where the share the user set leaves nothing
 outside vLLM (a lower share)."""
 
@@ -31,12 +32,21 @@ _NOMINAL_GIB = ((r"H200", 141), (r"H100|H800|A100|A800", 80), (r"A6000|L40S?|RTX
                 (r"V100", 32), (r"A10G?\b|L4\b|3090|4090|A5000", 24), (r"T4\b|A4000|4080", 16),
                 (r"2080\s*ti|1080\s*ti", 11), (r"3060", 12), (r"3070|3080|2080|1080|1070", 10))
 _TP_SIZES = (2, 4, 8, 16)
+# a context length a model's name states ("glm-4-9b-chat-1m", "Qwen2.5-7B-Instruct-1M", "Phi-3-mini-128k-instruct",
+# "Yi-6B-200K"): the name says what its config's max_position_embeddings / seq_length holds
+_CONTEXT_IN_NAME = re.compile(r"[A-Za-z][\w.\-/]*?[-_](\d{1,4})([kKmM])(?![\w])")
 
 
 def model_params_billion(text: str) -> float | None:
     """The largest model size a name in the text states, in billions of parameters."""
     sizes = [float(m.group(1)) for m in _PARAMS.finditer(text)]
     return max(sizes) if sizes else None
+
+
+def context_in_name(text: str) -> int | None:
+    """The longest context (in tokens) a model name in the text states."""
+    tokens = [int(m.group(1)) * (1024 if m.group(2) in "kK" else 1024 * 1024) for m in _CONTEXT_IN_NAME.finditer(text)]
+    return max(tokens) if tokens else None
 
 
 def quantized(text: str, settings: dict[str, Setting]) -> bool:
@@ -91,6 +101,11 @@ _LAUNCH = re.compile(r"\bvllm serve\b|vllm\.entrypoints|api_server\b|\bLLM\(|ben
                      r"--infer_backend\s+vllm", re.I)
 SHARE_AT_THE_TOP = 0.98  # a share this high leaves nothing outside vLLM: CUDA context, NCCL buffers, the sampler
 SHORTEST_USEFUL_CONTEXT = 2048
+# a native context this long (the "-128k"/"-1m" long-context variants) left as vLLM's --max-model-len is the first
+# suspect of a start-up OOM (vLLM's SchedulerConfig without chunked prefill: max_num_batched_tokens =
+# max(max_model_len, 2048), so the profile run prefills the whole context)
+LONG_NATIVE_CONTEXT = 128 * 1024
+USUAL_CONTEXT = 32768
 
 
 def vllm_by_scale(diagnosis: Diagnosis, text: str, settings: dict[str, Setting]) -> Diagnosis:
@@ -112,6 +127,15 @@ def vllm_by_scale(diagnosis: Diagnosis, text: str, settings: dict[str, Setting])
                           "weights_do_not_fit",
                           f"the {params:g}B model's 16-bit weights (about {weights:.0f} GiB) do not fit one "
                           f"{per_gpu:.0f} GiB GPU, and no --tensor-parallel-size spreads them over the {count} shown")
+    context = context_in_name(text)
+    if diagnosis.kind in _WEIGHTS_ROOM and diagnosis.kind != "weights_do_not_fit" and context and \
+            context >= LONG_NATIVE_CONTEXT and "max_model_len" not in settings:
+        return _first(diagnosis, Change(
+            f"--max-model-len {USUAL_CONTEXT:,}",
+            f"the model's name states a {context:,}-token context and no --max-model-len is set, so vLLM takes that "
+            "from its config: without chunked prefill its profile run prefills that many tokens at once, and the KV "
+            f"cache must hold one sequence of it; {USUAL_CONTEXT:,} asks {context // USUAL_CONTEXT}x less",
+            "max_model_len_down"))
     if share is not None and share >= SHARE_AT_THE_TOP and diagnosis.kind in _WEIGHTS_ROOM and \
             diagnosis.kind != "weights_do_not_fit":
         lower = min(0.95, math.floor((share - 0.03) * 100) / 100)

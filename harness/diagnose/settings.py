@@ -27,6 +27,7 @@ ALIASES = {
     "max_input_length": "max_input_tokens", "max_batch_prefill_tokens": "max_batch_prefill_tokens",
     "max_batch_total_tokens": "max_batch_total_tokens", "max_batch_size": "max_batch_size",
     "gpu_memory_utilization": "gpu_memory_utilization", "mem_fraction_static": "mem_fraction_static",
+    "vllm_gpu_memory_utilization": "gpu_memory_utilization",  # a trainer's share for its colocated vLLM (TRL, ms-swift)
     "cuda_memory_fraction": "cuda_memory_fraction",
     "kv_cache_free_gpu_memory_fraction": "kv_cache_free_gpu_memory_fraction",
     "free_gpu_memory_fraction": "kv_cache_free_gpu_memory_fraction",
