@@ -1268,3 +1268,25 @@ def test_an_oom_line_alone_with_the_tensors_filling_a_consumer_card_quantizes_fi
         "quantize_smaller"  # a data-centre card
     assert diagnose_text(_TORCH_OOM.format(total="23.65", allocated="12.00"), "x").changes[0].lever != \
         "quantize_smaller"  # the tensors hold half
+
+
+def test_a_v0_engine_config_line_is_no_multimodal_profile_run():
+    """V0's "Initializing an LLM engine with config: ... revision=None, tokenizer_revision=None" holds "vision" as a
+    substring: a text model's OOM beside it is no encoder profile run (no --limit-mm-per-prompt for Mistral 7B)."""
+    from harness.diagnose.readers import oom_phase
+
+    config = ("Initializing an LLM engine with config: model='Open-Orca/Mistral-7B-OpenOrca', tokenizer_mode=auto, "
+              "revision=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, "
+              "max_seq_len=32768, tensor_parallel_size=8")
+    assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", config], 0) != "encoder"
+    for multimodal in ("in _dummy_mm_inputs", "vision_tower(pixel_values)", "the image encoder's profile run",
+                       "get_multimodal_embeddings"):
+        assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", multimodal], 0) == "encoder", multimodal
+
+
+def test_a_container_image_field_is_no_multimodal_input():
+    from harness.diagnose.readers import oom_phase
+
+    for field in ("IMAGE:   vllm/vllm-openai:0.8.4", "image: nvcr.io/nvidia/tritonserver:24.05-trtllm-python-py3"):
+        assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", field], 0) != "encoder", field
+    assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", "image: 1 per prompt"], 0) == "encoder"

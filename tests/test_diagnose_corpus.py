@@ -111,7 +111,23 @@ def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
             assert not in_place(change, change.lever, settings), (case["id"], change.setting)
 
 
-@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
+# Held-out logs whose own-reader check failed at their blind grading, kept failing on purpose (a strict xfail each,
+# with why), as the held-out README asks: a case that fails stays failing here.
+OWN_READER_MISSES = {
+    "speculators-pr800-mtp-regression-h100-vllm-0251-colocated-launch-failure":
+        "set 8, blind: a PR's prose on a vLLM server (gpu_memory_utilization=0.3) and a PyTorch trainer sharing one "
+        "H100, the trainer failing; the collector labelled it pytorch (the failing process), diagnose reads it with "
+        "vLLM's reader (the failing line names vLLM and its share) and offers a larger share first",
+}
+
+
+def _own_reader_params(cases_: list[dict], ids: list[str]) -> list:
+    return [pytest.param(c, id=i, marks=pytest.mark.xfail(strict=True, reason=OWN_READER_MISSES[c["id"]]))
+            if c["id"] in OWN_READER_MISSES and i.startswith("holdout:") else pytest.param(c, id=i)
+            for c, i in zip(cases_, ids)]
+
+
+@pytest.mark.parametrize("case", _own_reader_params(EVERY, EVERY_ID))
 def test_each_engine_is_read_by_its_own_reader(case):
     """Told the engine, its reader answers; from the log alone, never another engine's reader."""
     expected = READER_OF.get(case["engine"].lower())

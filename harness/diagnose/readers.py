@@ -224,7 +224,9 @@ _V0_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because 
                            r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(\d+)")
 
 
-_CONTAINER_IMAGE = re.compile(r"\b(?:docker|container|vllm(?:/vllm-openai)?|openai)(?: docker)? images?\b")
+# a container image named in words ("the vLLM docker image") or as a field ("IMAGE: vllm/vllm-openai:0.8.4")
+_CONTAINER_IMAGE = re.compile(r"\b(?:docker|container|vllm(?:/vllm-openai)?|openai)(?: docker)? images?\b|"
+                              r"\bimage\s*[:=]\s*[\w.-]+/[\w./-]+(?::[\w.-]+)?")
 
 
 def read_vllm(text: str) -> VllmFacts | None:
@@ -327,6 +329,10 @@ def read_vllm(text: str) -> VllmFacts | None:
 _TORCH_POOLS = re.compile(r"allocated in private pools \(e\.g\., CUDA Graphs\)", re.I)
 
 
+_MULTIMODAL_PHASE = re.compile(r"(?<![a-z])(?:encoder|enc_dec|dummy_mm|multi[-_ ]?modal|mm_data|vision|image|"
+                               r"pixel_values)")
+
+
 def oom_phase(lines: list[str], number: int) -> str | None:
     """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
     around = _GRAPH_PROFILING.sub("", _TORCH_POOLS.sub("", "\n".join(lines[max(0, number - 40):min(len(lines),
@@ -342,9 +348,9 @@ def oom_phase(lines: list[str], number: int) -> str | None:
         return "lora"
     if _CAPTURE.search(around):
         return "cuda graph capture"
-    # a container image ("the vLLM docker image") is no multimodal input
-    if re.search(r"encoder|enc_dec|dummy_mm|multi[-_ ]?modal|mm_data|vision|image|pixel_values",
-                 _CONTAINER_IMAGE.sub("", lowered)):
+    # a container image ("the vLLM docker image") is no multimodal input; a word's start, not a substring: V0's
+    # engine config line prints "revision=None, tokenizer_revision=None", which holds "vision"
+    if _MULTIMODAL_PHASE.search(_CONTAINER_IMAGE.sub("", lowered)):
         return "encoder"
     if re.search(r"load_model|load_weights|weight_loader|model_loader|\.to\(|initialize_model", lowered):
         return "loading weights"
