@@ -88,25 +88,30 @@ MODELS = (DEMO, SECOND_MODEL)
 
 @dataclass(frozen=True)
 class LadderPlan:
-    """One model's share of the default ladder: its rungs, and the formats and candidates of them it runs."""
+    """One model's share of the default ladder: its rungs, the formats and candidates of them it runs, its sets."""
     rungs: tuple[str, ...]
     only: frozenset[str]
+    sets: tuple[str, ...]
 
 
-# The ladder `nox -s bench -- --steps fidelity` runs unless told otherwise (#42 item 7): on each model, the rungs
-# that span the decision region (KL about 0.003 to 0.5), 100 items of SQuAD and of CMRC, the two models side by
-# side on a 2-core machine (run.py). CNN/DM's long articles cost several times a QA set an item: --fidelity-sets.
+# The ladder `nox -s bench -- --steps fidelity` runs unless told otherwise (#42 item 7), 100 items a set, the two
+# models side by side on a 2-core machine (run.py), about an hour: on the demo model every RTN rung, quantgate's
+# int8, gptq, awq, w8a8 and fp8 and the digit decoys on SQuAD (its byte-level tokenizer spells Chinese in byte
+# pieces, so a CMRC item costs it 3.7x a SQuAD item); on Gemma 3, whose tokenizer has whole CJK words, int8, fp8,
+# the RTN rungs that span the decision region and a digit decoy on SQuAD and CMRC. CNN/DM's long articles cost
+# several times a QA set an item: --fidelity-sets adds sets to every model.
 LADDER_ITEMS = 100
-LADDER_SETS = ("squad_200", "cmrc_200")
-LADDER_RTN = ("rtn8-g128-sym", "rtn6-g128-sym", "rtn6-g32-asym", "rtn5-g128-sym", "rtn5-g32-sym", "rtn5-g32-asym",
+ALL_RTN = tuple(f"rtn{bits}-g{group}-{kind}" for bits in (8, 6, 5, 4, 3) for group in (128, 32)
+                for kind in ("sym", "asym"))
+REGION_RTN = ("rtn8-g128-sym", "rtn6-g128-sym", "rtn6-g32-asym", "rtn5-g128-sym", "rtn5-g32-sym", "rtn5-g32-asym",
               "rtn4-g32-asym")
 DEFAULT_LADDER = {
     DEMO: LadderPlan(("builtin", "w8a8", "fp8", "rtn", "decoys"),
-                     frozenset({"int8", "gptq", "awq", "w8a8", "fp8", *LADDER_RTN, "rtn5-g128-asym",
-                                "decoy-digits-lmhead-permute", "decoy-digits-embed-permute",
-                                "decoy-cjk-lmhead-permute"})),
+                     frozenset({"int8", "gptq", "awq", "w8a8", "fp8", *ALL_RTN, "decoy-digits-lmhead-permute",
+                                "decoy-digits-embed-permute"}), ("squad_200",)),
     SECOND_MODEL: LadderPlan(("int8", "fp8", "rtn", "decoys"),
-                             frozenset({"int8", "fp8", *LADDER_RTN, "decoy-digits-lmhead-permute"})),
+                             frozenset({"int8", "fp8", *REGION_RTN, "decoy-digits-lmhead-permute"}),
+                             ("squad_200", "cmrc_200")),
 }
 
 

@@ -60,9 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "RUNGS; default: each model's share of fidelity_bench.DEFAULT_LADDER)")
     parser.add_argument("--fidelity-models", default="demo,gemma3-270m",
                         help="the models the ladder runs on in 6 (benchmarks/fidelity_bench.py MODELS; default both)")
-    parser.add_argument("--fidelity-sets", default="squad_200,cmrc_200",
-                        help="the public sets of 6, comma-separated (default squad_200,cmrc_200; cnndm_summeval_100 "
-                             "costs several times a QA set an item)")
+    parser.add_argument("--fidelity-sets", default="",
+                        help="the public sets of 6, comma-separated, on every model (default: each model's sets in "
+                             "fidelity_bench.DEFAULT_LADDER; cnndm_summeval_100 costs several times a QA set an item)")
     parser.add_argument("--fidelity-only", default="",
                         help="run only these formats and candidates of the rungs in 6 (fidelity_bench --only)")
     parser.add_argument("--fidelity-parallel", type=int,
@@ -90,7 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
     try:  # checked before anything is measured
         args.fidelity_rungs = parse_rungs(args.fidelity_rungs) if args.fidelity_rungs.strip() else ()
-        args.fidelity_sets = parse_sets(args.fidelity_sets)
+        args.fidelity_sets = parse_sets(args.fidelity_sets) if args.fidelity_sets.strip() else ()
     except UserError as exc:
         parser.error(str(exc).replace("--rungs", "--fidelity-rungs", 1).replace("--sets", "--fidelity-sets", 1))
     args.fidelity_models = tuple(m.strip() for m in args.fidelity_models.split(",") if m.strip())
@@ -104,10 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def fidelity_plans(args: argparse.Namespace) -> dict[str, tuple[tuple[str, ...], frozenset[str]]]:
-    """{model: (rungs, only)}: --fidelity-rungs/--fidelity-only for every model where given, else each model's
-    share of the default ladder (fidelity_bench.DEFAULT_LADDER)."""
-    from benchmarks.fidelity_bench import DEFAULT_LADDER, DEFAULT_RUNGS
+def fidelity_plans(args: argparse.Namespace) -> dict[str, tuple[tuple[str, ...], frozenset[str], tuple[str, ...]]]:
+    """{model: (rungs, only, sets)}: --fidelity-rungs/--fidelity-only/--fidelity-sets for every model where given,
+    else each model's share of the default ladder (fidelity_bench.DEFAULT_LADDER)."""
+    from benchmarks.fidelity_bench import DEFAULT_LADDER, DEFAULT_RUNGS, SETS
 
     plans = {}
     for model in args.fidelity_models:
@@ -115,14 +115,15 @@ def fidelity_plans(args: argparse.Namespace) -> dict[str, tuple[tuple[str, ...],
         rungs = args.fidelity_rungs or (default.rungs if default else DEFAULT_RUNGS)
         only = frozenset(args.fidelity_only) if args.fidelity_only else (
             default.only if default and not args.fidelity_rungs else frozenset())
-        plans[model] = (rungs, only)
+        sets = args.fidelity_sets or (default.sets if default else SETS)
+        plans[model] = (rungs, only, sets)
     return plans
 
 
-def ladder_command(model: str, work: Path, rungs: tuple[str, ...], only: frozenset[str],
+def ladder_command(model: str, work: Path, rungs: tuple[str, ...], only: frozenset[str], sets: tuple[str, ...],
                    args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "benchmarks.fidelity_bench", "--run", "--model", model, "--work", str(work),
-            "--items", str(args.fidelity_items), "--sets", ",".join(args.fidelity_sets), "--rungs", ",".join(rungs),
+            "--items", str(args.fidelity_items), "--sets", ",".join(sets), "--rungs", ",".join(rungs),
             "--only", ",".join(sorted(only)), "--threads", str(args.threads), "--batch-size", str(args.batch_size),
             "--calibration-samples", str(args.calibration_samples)]
 
@@ -148,12 +149,12 @@ def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
     try:
         while pending or running:
             while pending and len(running) < args.fidelity_parallel:
-                model, (rungs, only) = pending.pop(0)
+                model, (rungs, only, sets) = pending.pop(0)
                 log = work / f"fidelity-{model}.log"
                 say(f"fidelity: ladder on {model} started ({','.join(rungs)}; {len(only) or 'all'} formats and "
-                    f"candidates; {args.fidelity_items} items of {','.join(args.fidelity_sets)}); log {log}")
+                    f"candidates; {args.fidelity_items} items of {','.join(sets)}); log {log}")
                 with open(log, "w", encoding="utf-8") as out:
-                    process = subprocess.Popen(ladder_command(model, work, rungs, only, args), cwd=ROOT,
+                    process = subprocess.Popen(ladder_command(model, work, rungs, only, sets, args), cwd=ROOT,
                                                env=child_env(), stdout=out, stderr=subprocess.STDOUT)
                 running.append((model, process, log))
             time.sleep(5)

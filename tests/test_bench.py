@@ -94,7 +94,7 @@ def test_saved_results_render_the_same_report(tmp_path):
 
 def test_default_ladder_names_only_rungs_that_exist_and_spans_both_models():
     from benchmarks.decoys import DECOYS
-    from benchmarks.fidelity_bench import DEFAULT_LADDER, FORMAT_RUNGS, MODELS, RUNGS
+    from benchmarks.fidelity_bench import ALL_RTN, DEFAULT_LADDER, FORMAT_RUNGS, MODELS, RUNGS, SETS
     from benchmarks.rtn_ladder import LADDER
 
     assert set(DEFAULT_LADDER) == set(MODELS)
@@ -104,11 +104,11 @@ def test_default_ladder_names_only_rungs_that_exist_and_spans_both_models():
         known |= {s.name for s in LADDER} if "rtn" in plan.rungs else set()
         known |= {d.name for d in DECOYS} if "decoys" in plan.rungs else set()
         assert plan.only <= known, (model, sorted(plan.only - known))
-    # at least 40 points of the fit (rung x set, decoys apart) at the default sets
-    from benchmarks.fidelity_bench import LADDER_SETS
-
-    points = sum(len([n for n in plan.only if not n.startswith("decoy-")]) for plan in DEFAULT_LADDER.values())
-    assert points * len(LADDER_SETS) >= 40
+        assert plan.sets and set(plan.sets) <= set(SETS), model
+    # at least 40 points of the fit (rung x set, decoys apart)
+    assert sum(len([n for n in plan.only if not n.startswith("decoy-")]) * len(plan.sets)
+               for plan in DEFAULT_LADDER.values()) >= 40
+    assert {s.name for s in LADDER} == set(ALL_RTN)
 
 
 def test_bench_fidelity_plans_default_per_model_and_overrides_apply_to_every_model():
@@ -116,13 +116,15 @@ def test_bench_fidelity_plans_default_per_model_and_overrides_apply_to_every_mod
     from benchmarks.fidelity_bench import DEFAULT_LADDER
 
     args = bench_run.parse_args(["--steps", "fidelity"])
-    assert args.fidelity_items == 100 and args.fidelity_sets == ("squad_200", "cmrc_200")
-    assert bench_run.fidelity_plans(args) == {m: (p.rungs, p.only) for m, p in DEFAULT_LADDER.items()}
+    assert args.fidelity_items == 100
+    assert bench_run.fidelity_plans(args) == {m: (p.rungs, p.only, p.sets) for m, p in DEFAULT_LADDER.items()}
     command = bench_run.ladder_command("gemma3-270m", Path("/w"), *bench_run.fidelity_plans(args)["gemma3-270m"],
                                        args)
     assert command[command.index("--only") + 1].split(",") == sorted(DEFAULT_LADDER["gemma3-270m"].only)
-    told = bench_run.parse_args(["--steps", "fidelity", "--fidelity-rungs", "rtn", "--fidelity-models", "demo"])
-    assert bench_run.fidelity_plans(told) == {"demo": (("rtn",), frozenset())}
+    assert command[command.index("--sets") + 1] == "squad_200,cmrc_200"
+    told = bench_run.parse_args(["--steps", "fidelity", "--fidelity-rungs", "rtn", "--fidelity-models", "demo",
+                                 "--fidelity-sets", "cmrc_200"])
+    assert bench_run.fidelity_plans(told) == {"demo": (("rtn",), frozenset(), ("cmrc_200",))}
     assert told.fidelity_parallel == 1
     with pytest.raises(SystemExit):
         bench_run.parse_args(["--fidelity-parallel", "0"])
