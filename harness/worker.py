@@ -44,7 +44,8 @@ def main(argv: list[str]) -> int:
             run_device_job(job)
     except BaseException as exc:  # noqa: BLE001 - the parent needs a reason whatever happened
         traceback.print_exc()
-        atomic_write_json(Path(job.failure_path), {"status": "failed", "error": describe_failure(exc),
+        atomic_write_json(Path(job.failure_path), {"status": "failed",
+                                                      "error": describe_failure(exc, getattr(job, "batch_size", None)),
                                                       "exception": type(exc).__name__})
         return 1
     return 0
@@ -62,7 +63,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds CUDA too
 
 
-def describe_failure(exc: BaseException) -> str:
+def describe_failure(exc: BaseException, batch_size: int | None = None) -> str:
+    """One line for the run's report; an OOM carries diagnose's answer, told the batch the worker ran (so a bare
+    OOM line of quantgate's own generation is not read as weights that need quantizing)."""
     from harness.measure.oom import oom_reason, parse_cuda_oom
     from harness.quantize.smoke import ArtifactCheckFailed
 
@@ -72,9 +75,10 @@ def describe_failure(exc: BaseException) -> str:
     if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower() or "can't allocate memory" in text:
         figures = parse_cuda_oom(text)
         if figures is not None:  # the same answer as `quantgate diagnose` gives for the message
-            from harness.diagnose.advise import diagnose_text
+            from harness.diagnose.advise import Context, diagnose_text
 
-            diagnosis = diagnose_text(text, "the worker")
+            context = Context(flags=(("batch_size", batch_size),)) if batch_size else Context()
+            diagnosis = diagnose_text(text, "the worker", context)
             first = diagnosis.changes[0] if diagnosis.changes else None
             return (f"out of memory: {oom_reason(figures)}; diagnosis: {diagnosis.summary}"
                     + (f"; first change: {first.setting} ({first.effect})" if first else ""))[:700]

@@ -138,6 +138,13 @@ def test_the_runs_own_failures_carry_the_same_diagnosis(tmp_path):
     reason = describe_failure(OutOfMemoryError(message))
     assert reason.startswith("out of memory: ") and "diagnosis: fragmentation: 6.02 GiB is reserved" in reason
     assert "first change: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in reason
+    # quantgate's own generation at its batch size: the weights it was asked to evaluate are no lever
+    bare = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.64 GiB of which 1.20 "
+            "GiB is free. Of the allocated memory 21.50 GiB is allocated by PyTorch, and 300.00 MiB is reserved by "
+            "PyTorch but unallocated.")
+    assert "first change: quantize" in describe_failure(OutOfMemoryError(bare))
+    assert "first change: quantize" not in describe_failure(OutOfMemoryError(bare), batch_size=8)
+    assert "batch" in describe_failure(OutOfMemoryError(bare), batch_size=8).split("first change:")[1]
     log = tmp_path / "server.log"
     log.write_text("earlier start, already diagnosed\n" + (FIXTURES / "vllm_kv_too_small.log").read_text())
     clause = diagnosed(log, offset=len("earlier start, already diagnosed\n"))
