@@ -74,6 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", default=",".join(STEPS), help=f"which benchmarks (default {','.join(STEPS)})")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench" / "latest.md"))
     parser.add_argument("--work", help="scratch directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--fidelity-results", metavar="JSON", nargs="+", type=Path,
+                        help="6 from saved ladders instead of running them: the result JSON each model's "
+                             "`fidelity_bench --run` wrote (WORK/fidelity.json, WORK/fidelity-gemma3-270m.json)")
     parser.add_argument("--render", metavar="JSON", help="measure nothing: rewrite --out from a saved results JSON "
                         "(the .json written next to the Markdown)")
     args = parser.parse_args(argv)
@@ -97,6 +100,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.fidelity_models or set(args.fidelity_models) - set(MODELS):
         parser.error(f"--fidelity-models {','.join(args.fidelity_models)}: choose from {', '.join(MODELS)}")
     args.fidelity_only = tuple(sorted({n.strip() for n in args.fidelity_only.split(",") if n.strip()}))
+    missing = [str(p) for p in args.fidelity_results or () if not p.is_file()]
+    if missing:
+        parser.error(f"--fidelity-results: no such file: {', '.join(missing)}")
     if args.fidelity_parallel is None:
         args.fidelity_parallel = max(1, min(len(args.fidelity_models), os.cpu_count() or 1))
     elif args.fidelity_parallel < 1:
@@ -237,7 +243,11 @@ def main(argv: list[str]) -> int:
             from benchmarks.serve_bench import run_serve_bench
 
             serve_run = run_serve_bench(demo, EVALSET, args.items, args.batch_size, args.threads, work / "serve")
-        if "fidelity" in args.steps:
+        if "fidelity" in args.steps and args.fidelity_results:
+            from benchmarks.fidelity_bench import merge_results
+
+            fidelity_run = merge_results([json.loads(p.read_text(encoding="utf-8")) for p in args.fidelity_results])
+        elif "fidelity" in args.steps:
             fidelity_run = run_fidelity_models(work, args)
     finally:
         if not args.work:
@@ -251,6 +261,9 @@ def main(argv: list[str]) -> int:
     from benchmarks.results import carry_over, save
 
     run = carry_over(run, args.steps, out.with_suffix(".json"))
+    if fidelity_run is not None and args.fidelity_results:
+        run["carried"] = {**run.get("carried", {}), "fidelity": "from the ladders' saved results "
+                          + ", ".join(p.name for p in args.fidelity_results) + ", each with its own command and time"}
     save(out.with_suffix(".json"), run)
     return write(out, run)
 

@@ -154,3 +154,13 @@ def test_a_partial_bench_keeps_the_sections_it_did_not_measure(tmp_path):
     save(saved, {**previous, "machine": {"name": "AMD EPYC"}})
     assert carry_over(now, ["fidelity"], saved)["carried"]["serve"] == "2026-12-03 10:15 UTC, AMD EPYC"
     assert carry_over(now, ["fidelity"], tmp_path / "missing.json") is now
+
+
+def test_bench_takes_saved_ladders_and_refuses_a_missing_one(tmp_path):
+    from benchmarks import run as bench_run
+
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--steps", "fidelity", "--fidelity-results", str(tmp_path / "none.json")])
+    saved = tmp_path / "fidelity.json"
+    saved.write_text("{}")
+    assert bench_run.parse_args(["--steps", "fidelity", "--fidelity-results", str(saved)]).fidelity_results == [saved]
