@@ -86,7 +86,7 @@ VERSIONS = ("torch", "transformers", "lm_eval", "gptqmodel", "datasets", "tokeni
 
 
 def build_report(args, eval_run, profile, cache_run, quantize_runs, load_before, load_after, total_s: float,
-                 measured_at: str, machine: dict | None = None) -> tuple[str, list[Check]]:
+                 measured_at: str, machine: dict | None = None, kept: dict | None = None) -> tuple[str, list[Check]]:
     """The Markdown and the checks, from run.py's arguments and the results of the steps that ran."""
     checks = make_checks(eval_run, cache_run, quantize_runs)
     blocks: list[tuple[str, list[str]]] = [("", [
@@ -98,7 +98,7 @@ def build_report(args, eval_run, profile, cache_run, quantize_runs, load_before,
     misses = miss_notes(checks, eval_run, profile, quantize_runs)
     if misses:
         blocks.append(("Where targets are missed, and why", misses))
-    blocks.append(("Machine and settings", machine_lines(args, load_before, load_after, machine)))
+    blocks.append(("Machine and settings", machine_lines(args, load_before, load_after, machine, kept)))
     if eval_run:
         blocks.append(("1-2. Evaluation: quantgate vs lm-evaluation-harness vs a bare generate loop", eval_lines(eval_run)))
     if profile:
@@ -195,20 +195,30 @@ def machine_facts(threads: int) -> dict:
                         + ", ".join(f"{k} {v}" for k, v in package_versions(*VERSIONS).items())}
 
 
-def machine_lines(args, load_before, load_after, machine: dict | None) -> list[str]:
+def machine_lines(args, load_before, load_after, machine: dict | None, kept: dict | None = None) -> list[str]:
+    """The machine and settings; `kept` ({"machine", "args", "steps"}): those of the earlier run whose sections this
+    report keeps, whose settings lines (benchmarks 1-4) are its own."""
     busy = max(load_before[0], load_after[0]) > 1.5
     unrecorded = "not recorded (saved before the bench recorded its machine)"
-    return [
-        (f"- machine: {machine['name']}, {machine['cores']} cores, {machine['memory_gib']} GiB RAM; "
-         f"{machine['platform']}" if machine else f"- machine: {unrecorded}"),
+
+    def described(facts: dict | None, label: str) -> list[str]:
+        return [(f"- machine{label}: {facts['name']}, {facts['cores']} cores, {facts['memory_gib']} GiB RAM; "
+                 f"{facts['platform']}" if facts else f"- machine{label}: {unrecorded}"),
+                f"- versions{label}: {facts['versions'] if facts else unrecorded}"]
+
+    settings = kept["args"] if kept else args
+    lines = described(machine, " of this run" if kept else "")
+    if kept:
+        lines += described(kept.get("machine"), f" of the kept sections ({', '.join(kept['steps'])})")
+    return lines + [
         f"- load average (1 min) at start {load_before[0]:.2f}, at end {load_after[0]:.2f}"
         + (" — **the machine was busy with other work: wall times are inflated, CPU times much less**" if busy else ""),
-        f"- threads: {args.threads} torch thread(s) in every process; batch size {args.batch_size} on every side",
-        f"- benchmarks 1-2: {args.items} items of benchmarks/shared_evalsets/squad_200.toml, each side run "
-        f"{args.repeats} time(s) (best time of each kind counts), lm-eval at batch size 1 once",
-        f"- benchmarks 3-4: `--max-items {args.cache_items} --calibration-samples {args.calibration_samples}` "
-        f"(3 also `--latency-requests {args.latency_requests}`)",
-        f"- versions: {machine['versions'] if machine else unrecorded}",
+        f"- threads: {settings.threads} torch thread(s) in every process; batch size {settings.batch_size} on every "
+        "side",
+        f"- benchmarks 1-2: {settings.items} items of benchmarks/shared_evalsets/squad_200.toml, each side run "
+        f"{settings.repeats} time(s) (best time of each kind counts), lm-eval at batch size 1 once",
+        f"- benchmarks 3-4: `--max-items {settings.cache_items} --calibration-samples {settings.calibration_samples}` "
+        f"(3 also `--latency-requests {settings.latency_requests}`)",
     ]
 
 

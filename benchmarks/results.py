@@ -16,6 +16,7 @@ from benchmarks.quantize_bench import QuantizeBench
 def save(path: Path, run: dict) -> None:
     """`run`: args (Namespace), eval_run, profile, cache_run, quantize_runs, load_before, load_after, total_s,
     measured_at."""
+    run = {**run, "kept": {**run["kept"], "args": vars(run["kept"]["args"])}} if run.get("kept") else run
     data = {key: (vars(value) if isinstance(value, Namespace) else
                   [asdict(v) for v in value] if key == "quantize_runs" else
                   asdict(value) if hasattr(value, "__dataclass_fields__") else value)
@@ -26,6 +27,8 @@ def save(path: Path, run: dict) -> None:
 def load(path: Path) -> dict:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["args"] = Namespace(**data["args"])
+    if data.get("kept"):
+        data["kept"] = {**data["kept"], "args": Namespace(**data["kept"]["args"])}
     if data.get("eval_run"):
         e = data["eval_run"]
         for key in ("quantgate", "lm_eval", "bare", "lm_eval_default"):
@@ -60,7 +63,12 @@ def carry_over(run: dict, steps: list[str], previous_path: Path) -> dict:
                 run = {**run, part: previous[part]}
                 machine = (previous.get("machine") or {}).get("name", "a machine not recorded")
                 carried[step] = earlier.get(step) or f"{previous.get('measured_at') or 'an earlier run'}, {machine}"
-    return {**run, "carried": carried}
+    if not carried:
+        return {**run, "carried": {}, "kept": None}
+    # the kept sections' machine and settings: the earlier run's, or those it kept itself (one machine is named for
+    # them all: a report whose kept sections came from two earlier runs names the older one's)
+    kept = previous.get("kept") or {"machine": previous.get("machine"), "args": previous["args"]}
+    return {**run, "carried": carried, "kept": {**kept, "steps": sorted(carried)}}
 
 
 def carried_line(carried: dict) -> str:

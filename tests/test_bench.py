@@ -154,6 +154,20 @@ def test_a_partial_bench_keeps_the_sections_it_did_not_measure(tmp_path):
     save(saved, {**previous, "machine": {"name": "AMD EPYC"}})
     assert carry_over(now, ["fidelity"], saved)["carried"]["serve"] == "2026-12-03 10:15 UTC, AMD EPYC"
     assert carry_over(now, ["fidelity"], tmp_path / "missing.json") is now
+    # the kept sections keep their own machine and settings in the report
+    from benchmarks.report import machine_lines
+
+    kept = carry_over(now, ["fidelity"], saved)["kept"]
+    assert kept["machine"] == {"name": "AMD EPYC"} and kept["steps"] == ["profile", "serve"]
+    args = Namespace(threads=1, batch_size=8, items=24, repeats=1, cache_items=2, calibration_samples=4,
+                     latency_requests=2)
+    earlier = Namespace(threads=1, batch_size=8, items=200, repeats=2, cache_items=16, calibration_samples=16,
+                        latency_requests=8)
+    facts = {"name": "Intel Xeon", "cores": 2, "memory_gib": 24, "platform": "Linux", "versions": "torch 2.13.0"}
+    text = "\n".join(machine_lines(args, (0.5,), (0.5,), facts, {**kept, "args": earlier,
+                                                                 "machine": {**facts, "name": "AMD EPYC"}}))
+    assert "machine of this run: Intel Xeon" in text and "machine of the kept sections (profile, serve): AMD" in text
+    assert "200 items" in text and "24 items" not in text
 
 
 def test_bench_takes_saved_ladders_and_refuses_a_missing_one(tmp_path):
