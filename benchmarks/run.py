@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,17 @@ def last_line(path: Path) -> str:
     return next((line.strip()[:160] for line in reversed(lines) if line.strip()), "(starting)")
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _signal_session(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
     """Benchmark 6 on each of --fidelity-models, each model's ladder a `fidelity_bench --run` process of its own,
     up to --fidelity-parallel at once (default: one a core, the models being independent), their rows in one
@@ -152,6 +164,7 @@ def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
     running: list[tuple[str, subprocess.Popen, Path]] = []
     results, failed = [], []
     last_report = time.time()
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the finally below runs on SIGTERM too
     try:
         while pending or running:
             while pending and len(running) < args.fidelity_parallel:
@@ -160,8 +173,10 @@ def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
                 say(f"fidelity: ladder on {model} started ({','.join(rungs)}; {len(only) or 'all'} formats and "
                     f"candidates; {args.fidelity_items} items of {','.join(sets)}); log {log}")
                 with open(log, "w", encoding="utf-8") as out:
+                    # a session of its own: stopping it reaches the ladder's `quantgate run` and its workers too
                     process = subprocess.Popen(ladder_command(model, work, rungs, only, sets, args), cwd=ROOT,
-                                               env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+                                               env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
                 running.append((model, process, log))
             time.sleep(5)
             for entry in list(running):
@@ -182,13 +197,14 @@ def run_fidelity_models(work: Path, args: argparse.Namespace) -> dict | None:
                     run_log = model_paths(work, model)[0] / "run.log"
                     say(f"fidelity: {model}: {last_line(run_log)}")
     finally:
+        signal.signal(signal.SIGTERM, previous_handler)
         for _, process, _ in running:  # interrupted: no ladder outlives the bench
-            process.terminate()
+            _signal_session(process, signal.SIGTERM)
         for _, process, _ in running:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _signal_session(process, signal.SIGKILL)
     if failed:
         say(f"fidelity: {len(failed)} ladder(s) failed ({', '.join(failed)}); the table holds the others")
     return merge_results(results) if results else None
