@@ -54,6 +54,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, child_env, demo_cache, run_child, say
 from benchmarks.fidelity_fit import fit, time_shares
+from benchmarks.rtn_ladder import LADDER as RTN_LADDER
 
 SETS = ("squad_200", "cmrc_200", "cnndm_summeval_100")
 REGION_MAX_KL = 0.2  # the fit's decision region, in nats/token: fixed, so the fit does not move with the default
@@ -100,8 +101,7 @@ class LadderPlan:
 # the RTN rungs that span the decision region and a digit decoy on SQuAD and CMRC. CNN/DM's long articles cost
 # several times a QA set an item: --fidelity-sets adds sets to every model.
 LADDER_ITEMS = 100
-ALL_RTN = tuple(f"rtn{bits}-g{group}-{kind}" for bits in (8, 6, 5, 4, 3) for group in (128, 32)
-                for kind in ("sym", "asym"))
+ALL_RTN = tuple(scheme.name for scheme in RTN_LADDER)
 REGION_RTN = ("rtn8-g128-sym", "rtn6-g128-sym", "rtn6-g32-asym", "rtn5-g128-sym", "rtn5-g32-sym", "rtn5-g32-asym",
               "rtn4-g32-asym")
 DEFAULT_LADDER = {

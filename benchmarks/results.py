@@ -54,6 +54,8 @@ def carry_over(run: dict, steps: list[str], previous_path: Path) -> dict:
         return run
     previous = load(previous_path)
     earlier = previous.get("carried") or {}
+    machine = (previous.get("machine") or {}).get("name", "a machine not recorded")
+    measured = f"{previous.get('measured_at') or 'an earlier run'}, {machine}"
     carried = {}
     for step, parts in STEP_PARTS.items():
         if step in steps:
@@ -61,8 +63,7 @@ def carry_over(run: dict, steps: list[str], previous_path: Path) -> dict:
         for part in parts:
             if previous.get(part) and not run.get(part):
                 run = {**run, part: previous[part]}
-                machine = (previous.get("machine") or {}).get("name", "a machine not recorded")
-                carried[step] = earlier.get(step) or f"{previous.get('measured_at') or 'an earlier run'}, {machine}"
+                carried[step] = earlier.get(step) or measured
     if not carried:
         return {**run, "carried": {}, "kept": None}
     # the kept sections' machine and settings: the earlier run's, or those it kept itself (one machine is named for

@@ -286,9 +286,8 @@ def main(argv: list[str]) -> int:
 
 def write(out: Path, run: dict) -> int:
     from benchmarks.fidelity_bench import render_fidelity_bench
-    from benchmarks.serve_bench import render_serve_bench
-
     from benchmarks.results import carried_line
+    from benchmarks.serve_bench import render_serve_bench
 
     run = dict(run)
     carried = carried_line(run.pop("carried", None) or {})
