@@ -111,23 +111,7 @@ def test_no_suggestion_repeats_a_setting_in_place(case, with_flags):
             assert not in_place(change, change.lever, settings), (case["id"], change.setting)
 
 
-# Held-out logs whose own-reader check failed at their blind grading, kept failing on purpose (a strict xfail each,
-# with why), as the held-out README asks: a case that fails stays failing here.
-OWN_READER_MISSES = {
-    "speculators-pr800-mtp-regression-h100-vllm-0251-colocated-launch-failure":
-        "set 8, blind: a PR's prose on a vLLM server (gpu_memory_utilization=0.3) and a PyTorch trainer sharing one "
-        "H100, the trainer failing; the collector labelled it pytorch (the failing process), diagnose reads it with "
-        "vLLM's reader (the failing line names vLLM and its share) and offers a larger share first",
-}
-
-
-def _own_reader_params(cases_: list[dict], ids: list[str]) -> list:
-    return [pytest.param(c, id=i, marks=pytest.mark.xfail(strict=True, reason=OWN_READER_MISSES[c["id"]]))
-            if c["id"] in OWN_READER_MISSES and i.startswith("holdout:") else pytest.param(c, id=i)
-            for c, i in zip(cases_, ids)]
-
-
-@pytest.mark.parametrize("case", _own_reader_params(EVERY, EVERY_ID))
+@pytest.mark.parametrize("case", EVERY, ids=EVERY_ID)
 def test_each_engine_is_read_by_its_own_reader(case):
     """Told the engine, its reader answers; from the log alone, never another engine's reader."""
     expected = READER_OF.get(case["engine"].lower())
@@ -214,8 +198,8 @@ def test_first_change_is_a_confirmed_lever_on_held_out_logs():
     """Issue #40's done-when: the share holds on logs the readers were never shaped on as well."""
     held_out = [case for case in HELD_OUT if case["failed"]]
     if not held_out:
-        pytest.skip("no held-out failure logs: the seventh set was graded blind (4 of 13) and moved into the corpus; "
-                    "the eighth is being collected (tests/fixtures/diagnose_holdout/README.md)")
+        pytest.skip("no held-out failure logs: the eighth set was graded blind (2 of 9; 3 of 9 after one fix) "
+                    "and moved into the corpus; the ninth is being collected (tests/fixtures/diagnose_holdout/README.md)")
     rows, table = graded_table(held_out)
     print("\n" + table)
     share = sum(g.right for g in rows) / len(rows)
