@@ -323,17 +323,23 @@ def fit_by_model(rows: list[dict]) -> dict[str, dict]:
 
 
 def merge_results(results: list[dict]) -> dict:
-    """One result holding the rows of several models' results (each row keeps its model; a result saved without
-    one is the demo model's), with the fit over every point and per model; a single result is returned as it is."""
+    """One result holding the rows of several ladders' results (each row keeps its model; a result saved without
+    one is the demo model's), with the fit over every point and per model; a single result is returned as it is.
+    A model may come in several results (a later ladder adding rungs or sets, each paired against its own run's
+    baseline) as long as no (model, format, evalset) row comes twice."""
     from harness.errors import UserError
 
     if len(results) == 1:
         return results[0]
-    rows, decoys, parts = [], {}, []
+    rows, decoys, parts, seen = [], {}, [], set()
     for result in results:
         label = result.get("model") or DEMO
-        if label in (p["model"] for p in parts):
-            raise UserError(f"two results of model {label}: give one result per model")
+        for r in result["rows"]:
+            key = (label, r["format"], r["evalset"])
+            if key in seen:
+                raise UserError(f"two results of model {label} both hold {r['format']} on {r['evalset']}: give "
+                                "each (format, evalset) row once")
+            seen.add(key)
         rows += [{**r, "model": r.get("model") or label} for r in result["rows"]]
         decoys.update({f"{label}/{name}": d for name, d in (result.get("decoys") or {}).items()})
         parts.append({"model": label, **{k: result.get(k) for k in ("command", "items", "device", "compute_dtype",

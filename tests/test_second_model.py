@@ -106,8 +106,18 @@ def test_two_models_rows_go_in_one_table_with_the_fit_over_all_and_per_model():
     assert f"- {DEMO} alone, 2 points" in text and f"- {SECOND_MODEL} alone, 2 points" in text
     single = "\n".join(render_fidelity_bench(merge_results([demo])))
     assert "| model |" not in single and "| rtn4 | squad_200 |" in single and "alone" not in single
-    with pytest.raises(UserError, match="two results of model demo"):
-        merge_results([demo, _result(DEMO, [])])
+    with pytest.raises(UserError, match="two results of model demo both hold rtn4 on squad_200"):
+        merge_results([demo, _result(DEMO, [_row(DEMO, "rtn4", 0.3, -1.0)])])
+
+
+def test_a_later_ladder_of_the_same_model_adds_its_rungs_to_the_table_and_the_fit():
+    first = _result(SECOND_MODEL, [_row(SECOND_MODEL, "rtn8", 0.02, -0.2)])
+    later = _result(SECOND_MODEL, [_row(SECOND_MODEL, "rtn4", 0.4, -2.0), _row(SECOND_MODEL, "rtn3", 1.5, -9.0)])
+    merged = merge_results([first, later])
+    assert [p["model"] for p in merged["parts"]] == [SECOND_MODEL, SECOND_MODEL]
+    assert merged["fit"]["points"] == 3 and fit_by_model(merged["rows"])[SECOND_MODEL]["points"] == 3
+    text = "\n".join(render_fidelity_bench(merged))
+    assert "| model |" not in text and "| rtn3 | squad_200 |" in text and text.count("quantgate run --model") == 2
 
 
 # Gemma 3 on a tiny scale (the builders' checks on the real model: docs in benchmarks/second_model.py): a
