@@ -1297,3 +1297,113 @@ def test_a_container_image_field_is_no_multimodal_input():
     for field in ("IMAGE:   vllm/vllm-openai:0.8.4", "image: nvcr.io/nvidia/tritonserver:24.05-trtllm-python-py3"):
         assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", field], 0) != "encoder", field
     assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", "image: 1 per prompt"], 0) == "encoder"
+
+
+def test_a_trainer_said_to_share_vllms_gpu_lowers_the_share_never_raises_it():
+    """A trainer beside a vLLM server on one GPU, said in words (no RL trainer named): the share goes down, in a small
+    step where it is already small; a larger share ("if nothing else uses it") is never offered."""
+    vllm = Context(engine="vllm", flags_text="--gpu-memory-utilization 0.3")
+    said = ("The nightly test runs a vLLM server and training concurrently on the same GPU; training now dies with "
+            "cudaErrorLaunchFailure at torch.cuda.synchronize().\n")
+    small = diagnose_text(said, "x", vllm)
+    assert (small.changes[0].lever, small.changes[0].setting.split(" (")[0]) == \
+        ("gpu_memory_utilization_down", "--gpu-memory-utilization 0.25")
+    assert not any(c.lever == "gpu_memory_utilization_up" for c in small.changes)
+    large = diagnose_text(said, "x", Context(engine="vllm", flags_text="--gpu-memory-utilization 0.7"))
+    assert large.changes[0].setting.startswith("--gpu-memory-utilization 0.50")
+    # a server alone on its GPU, or training on another GPU: not this rule
+    alone = diagnose_text("The vLLM server dies with cudaErrorLaunchFailure.\n", "x", vllm)
+    assert not alone.changes or alone.changes[0].lever != "gpu_memory_utilization_down"
+
+
+_OLD_OOM = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 348.00 MiB (GPU 0; 40.00 GiB total "
+            "capacity; {allocated} GiB already allocated; 200.00 MiB free; {reserved} GiB reserved in total by "
+            "PyTorch)\n")
+
+
+def test_a_vllm_oom_with_memory_outside_its_process_lowers_the_share_to_what_the_other_leaves():
+    """PyTorch's older message: total - free - reserved is held outside vLLM's process; where it is more than the
+    share leaves outside (0.1 x 40 GiB at the default 0.9), vLLM's budget cannot be met: a share that fits comes first,
+    then freeing the other process."""
+    vllm = Context(engine="vllm")
+    shared = diagnose_text("vLLM ran out of memory\n" + _OLD_OOM.format(allocated="31.30", reserved="31.30"), "x", vllm)
+    assert shared.kind == "memory_held_elsewhere"
+    # 40 - 0.2 - 31.3 = 8.5 GiB outside; (40 - 8.5) / 40 - 0.05 = 0.7375 -> 0.73
+    assert [c.lever for c in shared.changes[:2]] == ["gpu_memory_utilization_down", "free_other_process"]
+    assert shared.changes[0].setting == "--gpu-memory-utilization 0.73"
+    # 40 - 0.2 - 37.3 = 2.5 GiB outside: within what the 0.9 share leaves (4 GiB) plus the CUDA context
+    own = diagnose_text("vLLM ran out of memory\n" + _OLD_OOM.format(allocated="37.30", reserved="37.30"), "x", vllm)
+    assert own.kind != "memory_held_elsewhere"
+    # the user's own small share leaves room enough outside for the other process: not this rule
+    given = diagnose_text("vLLM ran out of memory\n" + _OLD_OOM.format(allocated="21.30", reserved="21.30"), "x",
+                          Context(engine="vllm", flags_text="--gpu-memory-utilization 0.5"))
+    assert given.kind != "memory_held_elsewhere"
+
+
+def test_a_quantized_model_dispatched_to_the_cpu_is_spread_over_more_gpus():
+    """transformers' quantizers refuse a device_map that puts quantized modules on the CPU or disk: the weights are
+    already quantized, so more GPU memory (more GPUs) comes first, a smaller model next."""
+    message = ("ValueError: Some modules are dispatched on the CPU or the disk. Make sure you have enough GPU RAM to "
+               "fit the quantized model. If you want to dispatch the model on the CPU or the disk while keeping these "
+               "modules in 32-bit, you need to set `llm_int8_enable_fp32_cpu_offload=True` and pass a custom "
+               "`device_map` to `from_pretrained`.\n")
+    d = diagnose_text("model = AutoModelForCausalLM.from_pretrained(path, device_map='auto')\n" + message, "x")
+    assert (d.kind, [c.lever for c in d.changes]) == \
+        ("weights_do_not_fit", ["tensor_parallel_up", "quantize_smaller", "cpu_offload"])
+    assert d.failing_line.startswith("ValueError: Some modules are dispatched")
+
+
+def test_a_16_bit_model_filling_most_of_a_consumer_card_quantizes_before_vllm_settings():
+    """vLLM with one consumer card whose 16-bit weights (from the model's name) take >= 60% of it: what is left for
+    the KV cache, CUDA graphs and activations is small, so smaller weights come first."""
+    vllm = Context(engine="vllm")
+    oom = "CUDA out of memory during CUDA graph capture\n"
+
+    def first(launch: str):
+        return diagnose_text(launch + oom, "x", vllm).changes[0]
+
+    assert first("vllm serve Qwen/Qwen3-8B on one RTX A5000 24GB\n").lever == "quantize_smaller"
+    assert first("vllm serve Qwen/Qwen3-8B-AWQ on one RTX A5000 24GB\n").lever != "quantize_smaller"  # quantized
+    assert first("vllm serve Qwen/Qwen3-8B on one A100 80GB\n").lever != "quantize_smaller"  # a data-centre card
+    assert first("vllm serve Qwen/Qwen2.5-3B on one RTX 4090 24GB\n").lever != "quantize_smaller"  # 6 of 24 GiB
+
+
+def test_the_transformers_backend_under_tensor_parallel_holding_whole_layers_asks_for_an_upgrade():
+    """--model-impl transformers at TP 4: a GPU holding far more than its quarter of the 16-bit weights keeps layers
+    the model's TP plan does not name (vLLM's replace_linear_class: ReplicatedLinear): an upgrade to a native
+    implementation first; the same OOM with the native implementation, or within the share, is not this rule."""
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 270.00 MiB. GPU 0 has a total capacity of "
+           "23.64 GiB of which 183.69 MiB is free. Process 1 has 23.46 GiB memory in use. Of the allocated memory "
+           "{allocated} GiB is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch but unallocated.\n")
+    launch = "vllm serve /models/Org-32B --tensor-parallel-size 4 --gpu-memory-utilization 0.75 {impl}\n"
+    vllm = Context(engine="vllm")
+    d = diagnose_text(launch.format(impl="--model-impl transformers") + oom.format(allocated="22.91"), "x", vllm)
+    assert (d.kind, d.changes[0].lever) == ("weights_do_not_fit", "upgrade")
+    native = diagnose_text(launch.format(impl="") + oom.format(allocated="22.91"), "x", vllm)
+    assert native.changes[0].lever != "upgrade"
+    within = diagnose_text(launch.format(impl="--model-impl transformers") + oom.format(allocated="16.00"), "x", vllm)
+    assert within.changes[0].lever != "upgrade"  # 16 GiB against a 15 GiB share: under 1.2 x 15 + 2
+
+
+def test_a_context_is_read_only_from_a_model_name():
+    from harness.diagnose.scale import context_in_name
+
+    for name, tokens in (("THUDM/glm-4-9b-chat-1m", 1 << 20), ("Qwen/Qwen2.5-7B-Instruct-1M", 1 << 20),
+                         ("microsoft/Phi-3-mini-128k-instruct", 128 * 1024), ("Yi-6B-200K", 200 * 1024),
+                         ("--model /models/glm-4-9b-chat-1m,", 1 << 20)):
+        assert context_in_name(name) == tokens, name
+    for words in ("--timeout-5m", "ray job timeout-5m", "cache-2m", "run-128k finished", "sleep-5m then qwen2-7b"):
+        assert context_in_name(words) is None, words
+
+
+def test_a_server_that_answered_before_it_failed_is_a_runtime_oom_whatever_start_up_phase_is_named():
+    """"boots, captures graphs, answers /health 200, dies on the first prompt": every start-up phase completed, so the
+    graphs named on the way are no capture OOM; the same words without the server answering still are."""
+    vllm = Context(engine="vllm")
+    served = diagnose_text("The server boots, captures graphs, answers `/health` 200, then dies on the first prompt "
+                           "with torch.OutOfMemoryError.\n", "x", vllm)
+    assert served.kind == "oom_under_load" and served.changes[0].lever != "enforce_eager"
+    first_request = diagnose_text("vLLM OOMs on the first request after capturing CUDA graphs\n", "x", vllm)
+    assert first_request.kind == "oom_under_load"
+    capture = diagnose_text("vLLM runs out of memory while capturing CUDA graphs at start-up\n", "x", vllm)
+    assert capture.kind == "cuda_graph_capture"

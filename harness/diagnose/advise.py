@@ -20,7 +20,7 @@ from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trt
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
                                       memory_failures)
 from harness.diagnose.levers import with_levers
-from harness.diagnose.pytorch import diagnose_torch
+from harness.diagnose.pytorch import diagnose_torch, quantized_model_dispatched
 from harness.diagnose.scale import model_params_billion, quantized, vllm_by_scale, weights_16bit_gib
 from harness.diagnose.records import Change, Diagnosis, Figure
 from harness.diagnose.settings import Setting, is_on, merged, number, settings_given, settings_in, several_gpus
@@ -170,6 +170,8 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
     if engine == "vllm":
         facts = read_vllm(text) or VllmFacts(text=text)
         return _vllm(_with_settings(facts, settings, context), source, context)
+    if engine is None and (dispatched := quantized_model_dispatched(text, source)) is not None:
+        return dispatched
     if (oom := read_torch_oom(text)) is not None:
         return diagnose_torch(text, oom[0], oom[1], source, _named_weights(text, context, settings),
                               bool(context.model_source), settings, context.flags_text)
@@ -451,7 +453,8 @@ def _vllm_reading(facts: VllmFacts, source: str, context: Context) -> Diagnosis:
     if facts.oom is not None or facts.oom_text is not None:
         if facts.oom is not None and facts.serving_line and facts.oom_line > facts.serving_line:
             return _oom_under_load(facts, source, figures, utilization, total_gib)
-        if facts.oom is None and facts.runtime_said is not None and facts.oom_during is None:
+        if facts.oom is None and facts.runtime_said is not None and (facts.oom_during is None
+                                                                     or facts.answered_first):
             return _oom_under_load(facts, source, figures, utilization, total_gib)
         return _vllm_oom(facts, source, figures, generation)
     if facts.load is not None and _kv_exhausted(facts.load):
@@ -697,6 +700,19 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
         if (verdict := allocator_verdict(oom)) is not None:
             return Diagnosis(source, "vllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+        if (shared := _share_over_what_others_leave(oom, number(settings, "gpu_memory_utilization"))) is not None:
+            outside, total, current, fits = shared
+            figures.append(Figure("outside this process's PyTorch memory", f"{outside:.2f} GiB",
+                                  f"log line {facts.oom_line}"))
+            return Diagnosis(source, "vllm", "memory_held_elsewhere",
+                             f"{outside:.2f} GiB of the {total:.2f} GiB GPU lies outside vLLM's own (PyTorch) memory "
+                             f"and the CUDA context: another process (or a shared GPU slice) holds it, yet vLLM's "
+                             f"{current} share counts {current * total:.2f} GiB of the GPU as its own", tuple(figures), (
+                                 Change(f"--gpu-memory-utilization {fits:.2f}",
+                                        f"a share that leaves the other {outside:.2f} GiB outside vLLM's budget, if "
+                                        "the other process must stay", "gpu_memory_utilization_down"),
+                                 free_other_process(outside)),
+                             (f"which processes hold the GPU: {LIST_PROCESSES}",))
     tried = oom.tried if oom is not None else "?"
     seqs = number(settings, "max_num_seqs")
     tried_gib, total_gib, allocated_gib = (size_gib(oom.tried), size_gib(oom.total), size_gib(oom.allocated)) \
@@ -884,6 +900,27 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
     return Diagnosis(source, "vllm", "activation_peak",
                      f"a forward ran out of memory (tried {tried}): the profile run at --max-num-batched-tokens",
                      tuple(figures), tuple(changes))
+
+
+CUDA_CONTEXT_GIB = 1.0  # the CUDA context, cuBLAS/NCCL workspaces: non-PyTorch memory of vLLM's own process
+LEAST_SHARE_LEFT = 0.3  # below this the other process leaves vLLM too little: freeing it is the only lever
+
+
+def _share_over_what_others_leave(oom, share: float | None) -> tuple[float, float, float, float] | None:
+    """PyTorch's older OOM message (".. GiB total capacity; .. already allocated; .. free; .. reserved in total by
+    PyTorch") gives no per-process figure, but total - free - reserved is what neither this process's tensors nor its
+    allocator hold: beyond the CUDA context it is another process's (an embedding model beside the server, a shared
+    vGPU slice). vLLM sizes its budget as share x total whatever else is there, so where that memory is more than the
+    share leaves outside, the share cannot be met: (outside, total, share, a share that fits) or None."""
+    total, free, reserved = size_gib(oom.total), size_gib(oom.free), size_gib(oom.reserved)
+    if not oom.reserved_is_total or None in (total, free, reserved) or oom.in_use:
+        return None
+    current = share or DEFAULT_UTILIZATION
+    outside = total - free - reserved
+    if outside - CUDA_CONTEXT_GIB <= (1 - current) * total:
+        return None
+    fits = math.floor(((total - outside) / total - 0.05) * 100) / 100
+    return (outside, total, current, fits) if LEAST_SHARE_LEFT <= fits < current else None
 
 
 def _said_in_words_only(facts: VllmFacts) -> bool:

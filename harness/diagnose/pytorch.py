@@ -530,3 +530,34 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                          Change("a larger GPU, or split the model over more GPUs", "splits the weights")),
                      () if has_model else ("which model: --model DIR tells weights from activations; the whole "
                                            "traceback tells which phase ran out",), failing_line=quoted)
+
+
+# transformers' quantizers refuse to load when accelerate's device_map put modules of a quantized model on the CPU or
+# disk (quantizers/quantizer_bnb_4bit.py, quantizer_bnb_8bit.py validate_environment: "Some modules are dispatched on
+# the CPU or the disk. Make sure you have enough GPU RAM to fit the quantized model. ... `llm_int8_enable_fp32_cpu_
+# offload=True`", older releases `load_in_8bit_fp32_cpu_offload=True`)
+_QUANTIZED_DISPATCHED = re.compile(r"Some modules are dispatched on the CPU or the disk\.?\s*Make sure you have enough "
+                                   r"GPU RAM to fit the quantized model", re.I)
+
+
+def quantized_model_dispatched(text: str, source: str) -> Diagnosis | None:
+    """The weights are already quantized and still exceed the GPU memory device_map was given: quantizing is spent
+    and the CPU placement is what failed, so more GPU memory is the lever: the model spread over more GPUs (every
+    card visible to device_map="auto", or the platform's GPU count), else a smaller model."""
+    found = _QUANTIZED_DISPATCHED.search(text)
+    if found is None:
+        return None
+    line = text.count("\n", 0, found.start()) + 1
+    quoted = text.splitlines()[line - 1].strip()[:300]
+    return Diagnosis(source, "pytorch-oom", "weights_do_not_fit",
+                     "the quantized model's weights do not fit the GPU memory device_map was given: accelerate placed "
+                     "some modules on the CPU or disk, which a quantized model refuses", (), (
+                         Change("spread the model over more GPUs: device_map=\"auto\" with every card visible "
+                                "(CUDA_VISIBLE_DEVICES, max_memory per GPU; a serving platform's GPU count, e.g. "
+                                "Xinference --n-gpu 4)", "each GPU holds its share of the quantized layers",
+                                "tensor_parallel_up"),
+                         Change("a smaller model (fewer parameters, or a lower-bit checkpoint)", "smaller weights",
+                                "quantize_smaller"),
+                         Change("llm_int8_enable_fp32_cpu_offload=True with a custom device_map",
+                                "keeps the CPU-placed modules in 32-bit (slow)", "cpu_offload")),
+                     ("how many GPUs the machine has and what each holds (nvidia-smi)",), failing_line=quoted)

@@ -55,6 +55,7 @@ class VllmFacts:
     load: LoadFacts | None = None  # the periodic stats lines and preemption warnings, once serving
     serving_line: int | None = None  # the first line that shows the server serving
     runtime_said: Quoted | None = None  # words that place the failure after start-up, while serving (a prose report)
+    answered_first: bool = False  # those words say the server answered (health, a first request) before it failed
     lm_eval: bool = False  # lm-eval drives this vLLM (lm_eval --model vllm): its requests, not a server's clients
     kv_check: Quoted | None = None  # a traceback through the KV-cache memory check, its message cut off
     utilization_hint: Quoted | None = None  # the --gpu-memory-utilization vLLM itself recommends (graph profiling)
@@ -216,6 +217,12 @@ _SERVING = re.compile(r"Application startup complete|Avg prompt throughput|Uvico
 _RUNTIME_SAID = re.compile(r"EngineDeadError|\bserv(?:es|ed|ing) (?:fine |normally |well )?for (?:\w+ )?(?:minutes|hours|"
                            r"days|weeks)|\bruntime (?:CUDA |GPU )?(?:OOM|out of memory|`?torch\.(?:cuda\.)?OutOfMemory"
                            r"Error)|\b(?:after|while) serving\b", re.I)
+# a server that answered before it failed, said in words: its health check passed, or it died on its first request.
+# Every start-up phase (profile, KV cache, CUDA-graph capture) had completed, so a phase those words name ("boots,
+# captures graphs, answers /health 200, dies on the first prompt") is no place for the failure
+_ANSWERED_THEN_FAILED = re.compile(r"/health`?\s+(?:returns?\s+|answers?\s+)?200\b|\b(?:dies|died|crash(?:es|ed)?|"
+                                   r"fails?|failed|OOMs?|OOMed)\s+on\s+the\s+first\s+(?:\S+\s+)?"
+                                   r"(?:prompt|request|query|generation)\b", re.I)
 # the periodic stats line: V1 "Running: R reqs, Waiting: W reqs[, Preemptions: P], GPU KV cache usage: U%", V0
 # "Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%, CPU KV cache usage: C%"
 _STATS = re.compile(r"Running: (\d+) reqs.*?(?:Waiting|Pending): (\d+) reqs(?:.*?Preemptions: (\d+))?.*?\b(?:GPU|CPU|XPU|"
@@ -303,8 +310,9 @@ def read_vllm(text: str) -> VllmFacts | None:
                 break
     facts.lm_eval = bool(_LM_EVAL_VLLM.search(text))
     for number, line in enumerate(lines, 1):
-        if (said := _RUNTIME_SAID.search(line)):
+        if (said := _RUNTIME_SAID.search(line) or _ANSWERED_THEN_FAILED.search(line)):
             facts.runtime_said = Quoted(said.group(0), number)
+            facts.answered_first = _ANSWERED_THEN_FAILED.search(line) is not None
             break
     for number, line in enumerate(lines, 1):
         if facts.kv_check is None and _KV_CHECK_FRAME.search(line):

@@ -34,7 +34,14 @@ _NOMINAL_GIB = ((r"H200", 141), (r"H100|H800|A100|A800", 80), (r"A6000|L40S?|RTX
 _TP_SIZES = (2, 4, 8, 16)
 # a context length a model's name states ("glm-4-9b-chat-1m", "Qwen2.5-7B-Instruct-1M", "Phi-3-mini-128k-instruct",
 # "Yi-6B-200K"): the name says what its config's max_position_embeddings / seq_length holds
-_CONTEXT_IN_NAME = re.compile(r"[A-Za-z][\w.\-/]*?[-_](\d{1,4})([kKmM])(?![\w])")
+_CONTEXT_IN_NAME = re.compile(r"[-_](\d{1,4})([kKmM])(?=$|[-_.])")
+# a word is a model's name only where it also says what model: its size ("-9b-", "-7B", "a3b"), an organisation's
+# "org/Name", or a model family; "timeout-5m", "run-128k" or "cache-2m" are not
+_NAME_WORD = re.compile(r"[^\s\"'`=,;:()\[\]{}<>|]+")
+_SIZE_IN_NAME = re.compile(r"[-_](?:a|e)?\d{1,3}(?:\.\d{1,2})?[bB](?=$|[-_.])")
+_ORG_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z][\w.-]*$")
+_FAMILY = re.compile(r"llama|qwen|qwq|glm|mistral|mixtral|phi|gemma|deepseek|internlm|baichuan|falcon|\byi[-_]|jamba|"
+                     r"minimax|granite|olmo|nemotron|hermes|vicuna|kimi|moonshot|ernie|hunyuan", re.I)
 
 
 def model_params_billion(text: str) -> float | None:
@@ -44,8 +51,15 @@ def model_params_billion(text: str) -> float | None:
 
 
 def context_in_name(text: str) -> int | None:
-    """The longest context (in tokens) a model name in the text states."""
-    tokens = [int(m.group(1)) * (1024 if m.group(2) in "kK" else 1024 * 1024) for m in _CONTEXT_IN_NAME.finditer(text)]
+    """The longest context (in tokens) a model name in the text states: a "-128k"/"-1m" part of a word that is a
+    model's name (it states a size, an org/name or a model family), never of any hyphenated word."""
+    tokens = []
+    for word in _NAME_WORD.findall(text):
+        name = word.rstrip(".")
+        if not (_SIZE_IN_NAME.search(name) or _ORG_NAME.match(name) or _FAMILY.search(name)):
+            continue
+        tokens += [int(m.group(1)) * (1024 if m.group(2) in "kK" else 1024 * 1024)
+                   for m in _CONTEXT_IN_NAME.finditer(name)]
     return max(tokens) if tokens else None
 
 
@@ -99,6 +113,11 @@ _WEIGHTS_ROOM = ("activation_peak", "out_of_memory", "weights_do_not_fit", "weig
 # the command that started vLLM, shown: only then does a missing --tensor-parallel-size say it was not set
 _LAUNCH = re.compile(r"\bvllm serve\b|vllm\.entrypoints|api_server\b|\bLLM\(|benchmark_(?:latency|throughput)|"
                      r"--infer_backend\s+vllm", re.I)
+# a consumer card (24 GB and under) whose 16-bit weights take this much of it: the rest is too small for any of what
+# vLLM allocates beside them, so smaller weights come before tuning that rest
+CONSUMER_GPU_GIB = 24.5
+MOST_OF_A_CARD = 0.6
+_BESIDE_WEIGHTS = ("activation_peak", "out_of_memory", "cuda_graph_capture", "oom_under_load", "not_recognised")
 SHARE_AT_THE_TOP = 0.98  # a share this high leaves nothing outside vLLM: CUDA context, NCCL buffers, the sampler
 SHORTEST_USEFUL_CONTEXT = 2048
 # a native context this long (the "-128k"/"-1m" long-context variants) left as vLLM's --max-model-len is the first
@@ -127,6 +146,21 @@ def vllm_by_scale(diagnosis: Diagnosis, text: str, settings: dict[str, Setting])
                           "weights_do_not_fit",
                           f"the {params:g}B model's 16-bit weights (about {weights:.0f} GiB) do not fit one "
                           f"{per_gpu:.0f} GiB GPU, and no --tensor-parallel-size spreads them over the {count} shown")
+    if tp > 1 and diagnosis.kind in _WEIGHTS_ROOM and (unsharded := _unsharded_by_transformers_backend(
+            text, tp, params)) is not None:
+        return _first(diagnosis, unsharded, "weights_do_not_fit",
+                      "the Transformers backend (--model-impl transformers) holds more of the weights on one GPU than "
+                      f"tensor parallel {tp} leaves it: layers the model's tensor-parallel plan does not name are "
+                      "replicated on every GPU")
+    if diagnosis.kind in _BESIDE_WEIGHTS and tp == 1 and params and per_gpu and per_gpu <= CONSUMER_GPU_GIB and \
+            not quantized(text, settings) and weights_16bit_gib(params) >= MOST_OF_A_CARD * per_gpu and \
+            (count or 1) == 1:
+        weights = weights_16bit_gib(params)
+        return _first(diagnosis, Change(
+            "a 4/8-bit checkpoint of the model (awq, gptq, fp8) or a smaller model",
+            f"a {params:g}B model's 16-bit weights are about {weights:.0f} GiB of the {per_gpu:.0f} GiB card: what is "
+            "left for the KV cache, CUDA graphs and a step's activations is a few GiB, which any of them outgrows; "
+            "8-bit weights give back half of them", "quantize_smaller"))
     context = context_in_name(text)
     if diagnosis.kind in _WEIGHTS_ROOM and diagnosis.kind != "weights_do_not_fit" and context and \
             context >= LONG_NATIVE_CONTEXT and "max_model_len" not in settings:
@@ -147,6 +181,37 @@ def vllm_by_scale(diagnosis: Diagnosis, text: str, settings: dict[str, Setting])
     if diagnosis.kind == "kv_cache_too_small":
         return _kv_room_by_scale(diagnosis, tp, params, count)
     return diagnosis
+
+
+# vLLM's Transformers backend (vllm/model_executor/models/transformers.py, replace_linear_class) turns each nn.Linear
+# into a vLLM parallel linear by the style the model's base_model_tp_plan gives it, and into ReplicatedLinear (the
+# whole weight on every GPU) where the plan names none: under tensor parallel, a model whose transformers class has no
+# or a partial plan keeps whole layers on each GPU. The fix is a vLLM release with a native implementation of the
+# architecture (or a plan), i.e. an upgrade, not a smaller share
+_TRANSFORMERS_BACKEND = re.compile(r"--model[-_]impl(?:\s+|=)['\"]?transformers|model_impl\s*[=:]\s*['\"]?transformers|"
+                                   r"Using Transformers backend|\bTransformersForCausalLM\b|\bTransformersModel\b", re.I)
+UNSHARDED = 1.2  # a GPU holding this many times its tensor-parallel share of the 16-bit weights (and 2 GiB more)
+
+
+def _unsharded_by_transformers_backend(text: str, tp: int, params: float | None) -> Change | None:
+    if not _TRANSFORMERS_BACKEND.search(text):
+        return None
+    from harness.diagnose.readers import read_torch_oom  # the reader imports nothing from here; a lazy import anyway
+    found = read_torch_oom(text)
+    allocated = found[0].bytes_of("allocated") if found else None
+    if params and allocated is not None:
+        share = weights_16bit_gib(params) / tp
+        if allocated / GIB < UNSHARDED * share + 2.0:
+            return None
+        held = f"{allocated / GIB:.1f} GiB allocated on one GPU against a {share:.1f} GiB share of the weights"
+    elif found is None:
+        return None
+    else:
+        held = "the GPU filled at start-up"
+    return Change("upgrade vLLM to a release that implements this architecture natively, then start it without "
+                  "--model-impl transformers (or with a transformers release whose model class has a tensor-parallel "
+                  "plan)", f"{held}: the Transformers backend replicates the layers its TP plan does not cover, so "
+                  f"tensor parallel {tp} does not split them", "upgrade")
 
 
 def _kv_figures(diagnosis: Diagnosis) -> tuple[int, int] | None:
