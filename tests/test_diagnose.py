@@ -1407,3 +1407,38 @@ def test_a_server_that_answered_before_it_failed_is_a_runtime_oom_whatever_start
     assert first_request.kind == "oom_under_load"
     capture = diagnose_text("vLLM runs out of memory while capturing CUDA graphs at start-up\n", "x", vllm)
     assert capture.kind == "cuda_graph_capture"
+
+
+def test_a_change_the_log_says_was_tried_without_success_goes_last():
+    """"lowering gpu_memory_utilization to 0.5 still OOM'ed" (a comment wrapped over diff lines too), "修改了
+    max_model_len等都没用": that change is not offered first; a setting only mentioned is not "tried"."""
+    from harness.diagnose.levers import tried_levers
+
+    assert tried_levers("+  # wake-up failed; lowering gpu_memory_utilization to 0.5\n+  # still OOM'ed.") == \
+        {"gpu_memory_utilization_down"}
+    assert tried_levers("修改了max_model_len,max_tokens等都没用") == {"max_model_len_down"}
+    assert tried_levers("tried increasing and decreasing gpu_memory_utilization, still no luck") == \
+        {"gpu_memory_utilization_down", "gpu_memory_utilization_up"}
+    assert tried_levers("The server still runs with --max-num-seqs 256.") == set()
+    vllm = Context(engine="vllm")
+    said = "vLLM ran out of memory, said in words only\n"
+    assert diagnose_text(said, "x", vllm).changes[0].lever == "gpu_memory_utilization_down"
+    tried = diagnose_text(said + "Lowering gpu_memory_utilization did not help.\n", "x", vllm)
+    assert tried.changes[0].lever != "gpu_memory_utilization_down"
+    assert any(c.lever == "gpu_memory_utilization_down" for c in tried.changes)  # kept, last
+
+
+def test_another_process_on_vllms_gpu_is_freed_first_then_a_share_that_leaves_it_outside():
+    oom = ("vllm serve org/model-7b\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a "
+           "total capacity of 79.25 GiB of which 500.00 MiB is free. Including non-PyTorch memory, this process has "
+           "{mine} GiB memory in use. Of the allocated memory {tensors} GiB is allocated by PyTorch, and 100.00 MiB is "
+           "reserved by PyTorch but unallocated.\n")
+    d = diagnose_text(oom.format(mine="60.00", tensors="58.00"), "x", Context(engine="vllm"))
+    assert d.kind == "memory_held_elsewhere"
+    # 79.25 - 0.49 - 60 = 18.76 GiB elsewhere: (79.25 - 18.76) / 79.25 - 0.05 -> 0.71
+    assert [(c.lever, c.setting) for c in d.changes[:2]] == \
+        [("free_other_process", d.changes[0].setting),
+         ("gpu_memory_utilization_down", "--gpu-memory-utilization 0.71")]
+    # another process holding most of the GPU: no share is offered that leaves vLLM next to nothing
+    most = diagnose_text(oom.format(mine="20.00", tensors="18.00"), "x", Context(engine="vllm"))
+    assert [c.lever for c in most.changes] == ["free_other_process"]

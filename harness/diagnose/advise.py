@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
                                       read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.colocated import colocated_trainer
-from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process
+from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process, held_elsewhere_gib
 from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm, quoted_figures
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
                                       memory_failures)
-from harness.diagnose.levers import with_levers
+from harness.diagnose.levers import untried_first, with_levers
 from harness.diagnose.pytorch import diagnose_torch, quantized_model_dispatched
 from harness.diagnose.scale import model_params_billion, quantized, vllm_by_scale, weights_16bit_gib
 from harness.diagnose.records import Change, Diagnosis, Figure
@@ -120,7 +120,7 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
                                                          settings), diagnosis.kind, text, settings)
     shown = f"{text}\n{context.flags_text}"
     diagnosis = colocated_trainer(vllm_by_scale(replace(diagnosis, changes=changes), shown, settings), shown, settings)
-    changes = with_levers(diagnosis.changes, settings)
+    changes = untried_first(with_levers(diagnosis.changes, settings), text)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
                    failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))
 
@@ -699,7 +699,9 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
     if oom is not None:
         figures.append(Figure("tried to allocate", oom.tried or "?", f"log line {facts.oom_line}"))
         if (verdict := allocator_verdict(oom)) is not None:
-            return Diagnosis(source, "vllm", verdict.kind, verdict.summary, tuple(figures), verdict.changes)
+            return Diagnosis(source, "vllm", verdict.kind, verdict.summary, tuple(figures),
+                             verdict.changes + _share_beside(oom, number(settings, "gpu_memory_utilization"))
+                             if verdict.kind == "memory_held_elsewhere" else verdict.changes)
         if (shared := _share_over_what_others_leave(oom, number(settings, "gpu_memory_utilization"))) is not None:
             outside, total, current, fits = shared
             figures.append(Figure("outside this process's PyTorch memory", f"{outside:.2f} GiB",
@@ -921,6 +923,20 @@ def _share_over_what_others_leave(oom, share: float | None) -> tuple[float, floa
         return None
     fits = math.floor(((total - outside) / total - 0.05) * 100) / 100
     return (outside, total, current, fits) if LEAST_SHARE_LEFT <= fits < current else None
+
+
+def _share_beside(oom, share: float | None) -> tuple[Change, ...]:
+    """Beside freeing another process's memory (first): the vLLM share that leaves it outside, where the other process
+    must stay and that share still leaves vLLM a useful part of the GPU."""
+    held, total = held_elsewhere_gib(oom), size_gib(oom.total)
+    current = share or DEFAULT_UTILIZATION
+    if held is None or not total:
+        return ()
+    fits = math.floor(((total - held) / total - 0.05) * 100) / 100
+    if not LEAST_SHARE_LEFT <= fits < current:
+        return ()
+    return (Change(f"--gpu-memory-utilization {fits:.2f}", f"if the other process must stay: a share that leaves its "
+                   f"{held:.2f} GiB outside vLLM's budget", "gpu_memory_utilization_down"),)
 
 
 def _said_in_words_only(facts: VllmFacts) -> bool:

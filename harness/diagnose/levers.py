@@ -1,6 +1,7 @@
 """Each suggested change names one lever (a normalized id, as the failure corpus records the fix its thread
 confirmed: "max_model_len_down", "free_other_process", ...), and a change is dropped when its setting is already in
-place or when it would lower what the user set higher (TP, an fp8 KV cache, eager mode, a lower utilization)."""
+place or when it would lower what the user set higher (TP, an fp8 KV cache, eager mode, a lower utilization), and a
+change the log says was tried without success goes last."""
 
 from __future__ import annotations
 
@@ -151,3 +152,55 @@ def _key_of(setting: str) -> str | None:
 def _first_number(text: str) -> float | None:
     match = re.search(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?![\w])", text)
     return float(match.group(1).replace(",", "")) if match else None
+
+
+# Changes the log says were already tried without success ("lowering gpu_memory_utilization to 0.5 still OOM'ed",
+# "修改了max_model_len等都没用": changing max_model_len did not help) go after the others: an engineer does not answer
+# a report with the change it says it made. They stay in the list (the report may have tried too little of it).
+
+# one statement: a sentence, or a line (a code comment wraps over several '#' lines: joined first)
+_STATEMENT = re.compile(r"(?<=[.!?。；;])\s+|\n")
+_DID_NOT_HELP = re.compile(r"\bstill (?:OOM|out of memory|fail|crash|error|get|got|hit|run(?:s)? out|no\b|the same)|"
+                           r"no luck|did(?:n't| not) (?:help|work|fix|solve)|does(?:n't| not) help|not working|"
+                           r"without success|to no avail|same error|都没用|没用|无效|不行|仍然|依然", re.I)
+_LOWER = re.compile(r"lower|reduc|decreas|\bdown\b|smaller|降低|减小|调小|改小", re.I)
+_RAISE = re.compile(r"rais|increas|\bup\b|higher|larger|提高|增大|调大|改大", re.I)
+# (the setting's words, the lever lowering it, the lever raising it)
+_SETTINGS = (
+    (r"gpu[_ -]?memory[_ -]?utili[sz]ation|gpu_memory_utilization", "gpu_memory_utilization_down",
+     "gpu_memory_utilization_up"),
+    (r"max[_ -]?model[_ -]?len|max[_ -]?seq[_ -]?len(?!_to_capture)|context length", "max_model_len_down", None),
+    (r"max[_ -]?num[_ -]?seqs", "max_num_seqs_down", None),
+    (r"max[_ -]?num[_ -]?batched[_ -]?tokens", "max_num_batched_tokens_down", None),
+    (r"batch[_ -]?size", "batch_size_down", None),
+    (r"mem[_ -]?fraction[_ -]?static", "mem_fraction_static_down", "mem_fraction_static_up"),
+    (r"enforce[_ -]?eager|eager mode", "enforce_eager", "enforce_eager"),
+)
+
+
+_COMMENT_WRAP = re.compile(r"\n[+ -]?\s*#\s*")  # a comment's next line (in a diff too): the same statement
+
+
+def tried_levers(text: str) -> set[str]:
+    """The levers the log says were tried and did not help."""
+    tried: set[str] = set()
+    for statement in _STATEMENT.split(_COMMENT_WRAP.sub(" ", text)):
+        if not _DID_NOT_HELP.search(statement):
+            continue
+        for words, down, up in _SETTINGS:
+            if not re.search(words, statement, re.I):
+                continue
+            lowered, raised = bool(_LOWER.search(statement)), bool(_RAISE.search(statement))
+            if lowered or not raised:
+                tried.add(down)
+            if up and (raised or not lowered):
+                tried.add(up)
+    return tried
+
+
+def untried_first(changes: tuple[Change, ...], text: str) -> tuple[Change, ...]:
+    tried = tried_levers(text)
+    if not tried:
+        return changes
+    fresh = tuple(c for c in changes if c.lever not in tried)
+    return fresh + tuple(c for c in changes if c.lever in tried) if fresh else changes
