@@ -20,6 +20,8 @@ from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trt
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
                                       memory_failures)
 from harness.diagnose.levers import untried_first, with_levers
+from harness.diagnose.llamacpp import diagnose_llama_cpp
+from harness.diagnose.measured import measured_first
 from harness.diagnose.pytorch import diagnose_torch, quantized_model_dispatched
 from harness.diagnose.scale import model_params_billion, quantized, vllm_by_scale, weights_16bit_gib
 from harness.diagnose.records import Change, Diagnosis, Figure
@@ -48,7 +50,7 @@ class Context:
     flags_text: str = ""  # --flags as given: any engine's flags, KEY=VALUE environment variables
 
 
-READERS = ("vllm", "sglang", "tgi", "trtllm", "pytorch-oom", "nvidia-smi")
+READERS = ("vllm", "sglang", "tgi", "trtllm", "llama.cpp", "pytorch-oom", "nvidia-smi")
 V1_DEFAULT_FROM = (0, 8)  # vLLM 0.8.0 made the V1 engine the default; V0 could still be chosen (VLLM_USE_V1=0)
 V0_REMOVED_IN = (0, 11)  # from 0.11.0 there is only V1
 
@@ -120,7 +122,8 @@ def diagnose_text(text: str, source: str, context: Context = Context()) -> Diagn
                                                          settings), diagnosis.kind, text, settings)
     shown = f"{text}\n{context.flags_text}"
     diagnosis = colocated_trainer(vllm_by_scale(replace(diagnosis, changes=changes), shown, settings), shown, settings)
-    changes = untried_first(with_levers(diagnosis.changes, settings), text)
+    changes = measured_first(untried_first(with_levers(diagnosis.changes, settings), text), text)
+    changes = with_levers(changes, settings)
     return replace(diagnosis, changes=changes, missing=diagnosis.missing + tuple(notes),
                    failing_line=diagnosis.failing_line or _answered_line(text, diagnosis, failure))
 
@@ -172,6 +175,8 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         return _vllm(_with_settings(facts, settings, context), source, context)
     if engine is None and (dispatched := quantized_model_dispatched(text, source)) is not None:
         return dispatched
+    if engine is None and (ggml := diagnose_llama_cpp(text, source, context.flags_text)) is not None:
+        return ggml
     if (oom := read_torch_oom(text)) is not None:
         return diagnose_torch(text, oom[0], oom[1], source, _named_weights(text, context, settings),
                               bool(context.model_source), settings, context.flags_text)
@@ -721,6 +726,10 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         if oom is not None else (None, None, None)
     if facts.oom_during is None and tried_gib and total_gib and tried_gib > total_gib:
         facts.oom_during = "encoder"  # one allocation above the whole GPU: a profile input sized from the maximums
+    if facts.oom_during is None and _before_mm_limits(facts) and _VISION_MODEL.search(facts.text or ""):
+        # a vision-language model on a release without --limit-mm-per-prompt: its start-up profile gives each of
+        # --max-num-seqs dummy sequences an image of the largest size, and nothing else placed the failure
+        facts.oom_during = "encoder"
     if facts.oom_during is None and facts.enc_dec:
         # an encoder-decoder or audio model (Whisper, Llama 3.2 Vision) and nothing else placing the failure: its
         # start-up profile runs one encoder input per sequence, up to --max-num-seqs, beside the decoder's tokens
@@ -818,7 +827,14 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         # layers' block tables multiply with --max-num-seqs, and their image-dependent cross-attention does not suit
         # the CUDA graphs V0 captures for decoder-only models
         eager = Change("--enforce-eager", "no CUDA graphs beside the encoder's buffers")
-        changes = (fewer_seqs, eager, fewer_items, shorter) if facts.enc_dec else (fewer_items, shorter, fewer_seqs)
+        if facts.enc_dec:
+            changes = (fewer_seqs, eager, fewer_items, shorter)
+        elif _before_mm_limits(facts):  # no --limit-mm-per-prompt yet: the profile's images come one per sequence
+            changes = (Change(f"--max-num-seqs {int(seqs // 8) if seqs and seqs >= 16 else 32}",
+                              "fewer dummy sequences in the profile run: before 0.5.5 (no --limit-mm-per-prompt) "
+                              "each one carries an image of the largest size (256 by default)"), shorter)
+        else:
+            changes = (fewer_items, shorter, fewer_seqs)
         items = settings.get("limit_mm_per_prompt")
         if not facts.enc_dec and items is not None and tried_gib and total_gib \
                 and tried_gib >= WHOLE_GPUS_ASKED * total_gib:
@@ -970,6 +986,17 @@ def _capture_shown(text: str, seqs: float | None) -> tuple[int, int]:
 
 CUDA_GRAPHS_FROM = (0, 2, 6)  # vLLM PR #1926 (CUDA graphs, --enforce-eager), in the release of 12-2023
 CHUNKED_PREFILL_FROM = (0, 4, 1)  # --enable-chunked-prefill
+# --limit-mm-per-prompt came with vLLM 0.5.5 (vllm-project/vllm#7126, profiling with several items per prompt); before
+# it the multimodal profile run gives each of --max-num-seqs dummy sequences one item of the largest size
+MM_LIMIT_FROM = (0, 5, 5)
+# a vision-language model by its name (the image tower's profile input comes with it)
+_VISION_MODEL = re.compile(r"(?<![a-z])(?:minicpm[-_]?v(?![a-z])|llava|qwen2?(?:\.5)?[-_]?vl(?![a-z])|internvl|"
+                           r"phi[-_]?3(?:\.5)?[-_]?vision|pixtral|idefics|paligemma|fuyu|blip[-_]?2)", re.I)
+
+
+def _before_mm_limits(facts: VllmFacts) -> bool:
+    release = _release(facts)
+    return release is not None and release < MM_LIMIT_FROM
 
 
 def _release(facts: VllmFacts) -> tuple[int, ...] | None:

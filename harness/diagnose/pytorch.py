@@ -9,6 +9,7 @@ import re
 from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_in_words, free_other_process,
                                        gib, oom_figures)
 from harness.diagnose.records import Change, Diagnosis
+from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
 from harness.measure.oom import OomFigures
 
 GIB = 2**30
@@ -417,6 +418,53 @@ def _trainer_eval(settings: dict, context: str, figures: list, quoted: str, sour
                      (smaller, accumulate) if train is not None else (accumulate, smaller), failing_line=quoted)
 
 
+# an LLM-like checkpoint the person loads (transformers' loading, a named model family or a size in billions):
+# where its weights are what fills the card, quantizing them is the lever; a training script's own small network is not
+_LLM_WEIGHTS = re.compile(r"from_pretrained|modeling_utils|safetensors|\btransformers\b|AutoModel|\bLLM\b|"
+                          r"\b(?:llama|chatglm|glm|qwen|baichuan|mistral|mixtral|gemma|phi|falcon|bloom|gpt|vicuna|"
+                          r"internlm|deepseek|mt0|t5|opt|yi)[-_\d]|\b\d+(?:\.\d+)?\s?[bB]\b", re.I)
+
+
+_MOVED_TO_GPU = re.compile(r"\.cuda\(|\.to\(\s*['\"]?cuda|\.to\(\s*device\b")
+
+
+def _small_network_held(context: str, figures: list, quoted: str, source: str) -> Diagnosis | None:
+    """Moving a training script's own network onto the GPU ran out (model.cuda(), .to('cuda')) with no LLM-like
+    checkpoint in sight: a vision or small network's weights are a few hundred MB, so what fills the GPU before the
+    first step is another process; freeing it comes first, then the batch the first step will need."""
+    if not _TRAINING.search(context) or _LLM_WEIGHTS.search(context):
+        return None
+    return Diagnosis(source, "pytorch-oom", "memory_held_elsewhere",
+                     "a training script's network ran out while moving onto the GPU, before any step: its weights are "
+                     "small, so the GPU is most likely held by another process", tuple(figures), (
+                         free_other_process(),
+                         step_change(context),
+                         Change("a larger GPU", "more room")),
+                     (f"which processes hold the GPU: {LIST_PROCESSES} (or fuser -v /dev/nvidia*)",),
+                     failing_line=quoted)
+
+
+# an evaluation run (a script's evaluate / --eval-*, MMLU-style multiple-choice scoring, predict / test loops)
+_EVALUATION = re.compile(r"\bevaluat\w*|--eval[-_]\w+|\beval(?:_loop|uation)?\b|\bmmlu\b|\bhellaswag\b|"
+                         r"\bpredict(?:ion)?s?\b|\btest(?:ing)?[_ ](?:loop|set|step)", re.I)
+SMALL_REQUEST = 0.01  # of the GPU: a request this small is the last straw, not one batch's activations
+FILLED = 0.85  # of the GPU held by this process's tensors
+
+
+def _evaluation_keeps_autograd(context: str, oom: OomFigures | None, figures: list, quoted: str,
+                               source: str) -> Diagnosis | None:
+    """An evaluation (no training, no backward pass, no library harness that turns gradients off) whose tensors fill
+    the GPU while the request that failed is tiny: one forward's activations are freed after each batch, so what
+    fills it is kept from batch to batch, and without torch.no_grad() that is each forward's autograd graph."""
+    if oom is None or not _EVALUATION.search(context) or _TRAINING.search(context) or _GRAD_OFF.search(context) or \
+            _LIBRARY_GENERATE.search(context) or re.search(r"\.backward\(|autograd/graph\.py|run_backward", context):
+        return None
+    tried, total, allocated = oom.bytes_of("tried"), oom.bytes_of("total"), oom.bytes_of("allocated")
+    if not (tried and total and allocated) or tried > SMALL_REQUEST * total or allocated < FILLED * total:
+        return None
+    return _inference_mode_first(False, figures, quoted, source)
+
+
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
                    has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
     figures = oom_figures(oom, line) if oom is not None else []
@@ -454,6 +502,13 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                                     "activations sized at build time")),
                          (f"which processes hold the GPU: {LIST_PROCESSES}",), failing_line=quoted)
     around = "\n".join(lines[max(0, line - 60):line + 10])
+    context = f"{text}\n{flags_text}"
+    if (uncompiled := flex_uncompiled(context, figures, quoted, source)) is not None:
+        return uncompiled
+    if (attention := attention_first(context, around, figures, quoted, source)) is not None:
+        return attention
+    if (kept := _evaluation_keeps_autograd(context, oom, figures, quoted, source)) is not None:
+        return kept
     total = gib(oom.total) if oom is not None else None
     # --model's weights that nearly fill the GPU; a size only the log's model name gives, weights above the whole GPU
     if weights_16bit_bytes and total and weights_16bit_bytes / GIB > (0.8 if has_model else 1.0) * total:
@@ -464,7 +519,10 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          failing_line=quoted)
     phase = next((p for p in _PHASES if re.search(p[0], around)), None)
-    context = f"{text}\n{flags_text}"
+    if phase is not None and phase[1] == "weights_loading" and _MOVED_TO_GPU.search(around) and \
+            not re.search(_PHASES[0][0], around) and (held := _small_network_held(context, figures, quoted,
+                                                                                  source)) is not None:
+        return held
     if oom is None and _LMDEPLOY.search(context) and not _in_eager_mode(context, settings or {}) and \
             (phase is None or phase[1] not in ("weights_loading", "training_step", "optimizer_state")):
         return _lmdeploy_graphs(settings or {}, figures, quoted, source)
@@ -507,6 +565,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
     if phase is not None:
         _, kind, summary, changes = phase
         return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)
+    if (generating := image_generation_step(context, figures, quoted, source)) is not None:
+        return generating
     if oom is not None and _weights_fill_a_small_gpu(oom, context, settings or {}):
         return _quantize_first(oom, figures, quoted, source)
     allocated = oom.allocated if oom is not None else None
@@ -514,7 +574,7 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
         return Diagnosis(source, "pytorch-oom", "out_of_memory",
                          "the GPU ran out of memory; the message has no figures to tell this process's memory from "
                          "another's", (), (
-                             Change("lower the tokens per step (batch x sequence length)", "activations grow with both"),
+                             step_change(context),
                              free_other_process(),
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          ("PyTorch's full message (with 'Tried to allocate' and the GPU's figures) or nvidia-smi's "
@@ -523,8 +583,7 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                      f"this process's own tensors filled the GPU ({allocated or '?'} allocated of "
                      f"{(oom.total if oom else None) or '?'}); the request is the last straw, not necessarily the "
                      "culprit; the traceback does not show which phase", tuple(figures), (
-                         Change("lower the tokens per step (batch x sequence length)", "activations grow with both: "
-                                "the lever when the weights fit"),
+                         step_change(context),
                          Change("shorter sequences (max_length / the maximum sequence length)",
                                 "activations and any KV cache grow with the length"),
                          Change("a larger GPU, or split the model over more GPUs", "splits the weights")),

@@ -178,8 +178,9 @@ _ENC_DEC = re.compile(r"enc_dec_model_runner|EncoderDecoder|cross_attention|mlla
                       re.I)  # Whisper the model, not a path like envs/whisperx
 # lm-eval's vLLM backend (lm_eval/models/vllm_causallms.py, registered as "vllm"), run from its command line
 _LM_EVAL_VLLM = re.compile(r"lm[_-]eval\b[^\n]*--model[ =]vllm\b|vllm_causallms")
-# the release as a user states it beside the log ("in vllm 0.2.7", "vllm==0.6.3", "vLLM version 0.5.4")
-_VERSION_SAID = re.compile(r"\bvllm(?:==| version | v| )v?(\d+\.\d+\.\d+)\b", re.I)
+# the release as a user states it beside the log ("in vllm 0.2.7", "vllm==0.6.3", "vLLM version 0.5.4", "在0.5.4版本中":
+# "in version 0.5.4", in a text read as vLLM's)
+_VERSION_SAID = re.compile(r"\bvllm(?:==| version | v| )v?(\d+\.\d+\.\d+)\b|(?<![\d.])(\d+\.\d+\.\d+)\s*版本", re.I)
 _CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
 # "CUDA graph (memory) profiling": the start-up profile estimating the graphs' memory (vLLM from 0.21), not a capture
 _GRAPH_PROFILING = re.compile(r"(?:cuda[ _]?graph|cudagraph)s?(?: memory)? profil\w*", re.I)
@@ -324,7 +325,7 @@ def read_vllm(text: str) -> VllmFacts | None:
         if value:
             facts.utilization_hint = Quoted(float(value), text.count("\n", 0, text.find("equivalent to")) + 1)
     if facts.version is None and (match := _VERSION_SAID.search(text)):
-        facts.version = Quoted(match.group(1), text.count("\n", 0, match.start()) + 1)
+        facts.version = Quoted(match.group(1) or match.group(2), text.count("\n", 0, match.start()) + 1)
     if facts.kv_tokens is None and facts.kv_blocks is not None:
         block = facts.flags.get("block_size")
         facts.kv_tokens = Quoted(facts.kv_blocks.value * int(block.value if block else V0_BLOCK_TOKENS),
