@@ -143,3 +143,15 @@ def test_a_table_of_the_persons_own_runs_gives_the_largest_value_that_held():
     d = diagnose_text("vllm serve org/model-27b --max-num-seqs 16\n" + table
                       + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n", "x")
     assert d.changes[0].setting == "--max-num-seqs 12"
+
+
+def test_llm_uis_vision_language_models_and_gguf_in_pytorch_are_not_read_as_image_generators_or_llama_cpp():
+    oom = _OLD_LINE.format(tried="20.00 MiB", total="24.00", allocated="21.50", reserved="21.60")
+    ooba = diagnose_text("text-generation-webui server.py --loader transformers\n" + oom, "x")
+    assert "attention_kernel" not in _levers(ooba)[:1] and "image_resolution_down" not in _levers(ooba)
+    vlm = diagnose_text("Qwen2-VL-7B fine-tune, an image of 1024x1024, batch_size=1\n" + oom, "x")
+    assert vlm.changes[0].lever == "image_resolution_down" and "max_pixels" in vlm.changes[0].setting
+    gguf = diagnose_text("transformers loading a gguf file (gguf_file=...)\n" + oom, "x")
+    assert gguf.reader == "pytorch-oom"
+    assert measured_down("| batch_size | result |\n|---|---|\n| 8 | ok, no error |\n| 16 | OOM |\n").setting == \
+        "lower the batch size to 8"

@@ -14,12 +14,18 @@ import re
 
 from harness.diagnose.records import Change, Diagnosis, Figure
 
+# llama.cpp's own lines (ggml, its loader and context), and the servers that run it: ollama, llama-server
 _MARKERS = re.compile(r"\bggml_|\bllama_model_load\b|\bllm_load_\w+|\bllama_(?:init_from_model|new_context\w*|"
                       r"load_model_from_file)\b|\bllama-server\b|\bllama runner\b|\bollama\b|\bOLLAMA_\w+|"
-                      r"alloc_tensor_range|\bgguf\b", re.I)
-_ALLOC_FAILED = re.compile(r"cudaMalloc failed: out of memory|unable to allocate (?:CUDA|ROCm)\d* buffer|"
-                           r"failed to allocate (?:CUDA|ROCm)\d* buffer|failed to allocate buffer for kv cache|"
-                           r"out of memory", re.I)
+                      r"alloc_tensor_range", re.I)
+# ggml's own allocation failures; a plain "out of memory" only beside ggml's or llama.cpp's loader lines (a GGUF
+# model served by vLLM or transformers fails in PyTorch's words and is theirs to read)
+_GGML_FAILED = re.compile(r"cudaMalloc failed: out of memory|unable to allocate (?:CUDA|ROCm)\d* buffer|"
+                          r"failed to allocate (?:CUDA|ROCm)\d* buffer|failed to allocate buffer for kv cache", re.I)
+_ALLOC_FAILED = re.compile(_GGML_FAILED.pattern + r"|out of memory", re.I)
+_LOADER = re.compile(r"\bggml_|\bllama_model_load\b|\bllm_load_\w+|\bllama_(?:init_from_model|new_context\w*)\b|"
+                     r"\bllama runner\b|\bollama\b", re.I)
+_PYTORCH = re.compile(r"Tried to allocate|torch\.(?:cuda\.)?OutOfMemoryError|total capacity", re.I)
 _KV_BUFFER = re.compile(r"failed to allocate buffer for kv cache|failed to initialize the context|"
                         r"llama_kv_cache\w*.*(?:failed|out of memory)", re.I)
 _ALLOCATING = re.compile(r"allocating (\d+(?:\.\d+)?) MiB on device (\d+)")
@@ -42,7 +48,8 @@ def diagnose_llama_cpp(text: str, source: str, flags_text: str = "") -> Diagnosi
     rest run from CPU memory), a smaller quantization or context the next ones; a KV-cache buffer puts the context
     first."""
     context = f"{text}\n{flags_text}"
-    if not _MARKERS.search(text) or not _ALLOC_FAILED.search(text):
+    if not _MARKERS.search(text) or not (_GGML_FAILED.search(text) or (
+            _ALLOC_FAILED.search(text) and _LOADER.search(text) and not _PYTORCH.search(text))):
         return None
     failing = _line_of(text, re.compile(_ALLOC_FAILED.pattern, re.I))
     figures: list[Figure] = []

@@ -44,9 +44,10 @@ def measured_down(text: str) -> Change | None:
             if found is None:
                 break
             value, rest = float(found.group(1)), found.group(2)
-            if _DIED.search(rest):
+            said_died, said_held = bool(_DIED.search(rest)), bool(_HELD.search(rest))
+            if said_died and not said_held:
                 died.append(value)
-            elif _HELD.search(rest):
+            elif said_held and not said_died:
                 held.append(value)
         below = [v for v in held if died and v < min(died)]
         if not below:

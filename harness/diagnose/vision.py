@@ -10,9 +10,12 @@ from harness.diagnose.records import Change, Diagnosis
 
 # a diffusion model's generation: AUTOMATIC1111's web UI (its COMMANDLINE_ARGS, --medvram/--lowvram, txt2img/img2img,
 # its modules' paths), ComfyUI (-lowvram/-novram), diffusers' pipelines, the latent-diffusion code they run
-_DIFFUSION = re.compile(r"stable[-_ ]?diffusion|stable-diffusion-webui|\bwebui\b|COMMANDLINE_ARGS|-{1,2}(?:med|low|no)vram"
-                        r"\b|\btxt2img\b|\bimg2img\b|comfy\s?ui|\bdiffusers\b|\w*Diffusion\w*Pipeline|\bsdxl\b|"
-                        r"ldm[/\\.]modules|sd_hijack", re.I)
+_DIFFUSION = re.compile(r"stable[-_ ]?diffusion|stable-diffusion-webui|\bsd[-_]webui|\bwebui-user\b|COMMANDLINE_ARGS|"
+                        r"-{1,2}(?:med|low|no)vram\b|\btxt2img\b|\bimg2img\b|comfy\s?ui|\bdiffusers\b|"
+                        r"\w*Diffusion\w*Pipeline|\bsdxl\b|ldm[/\\.]modules|sd_hijack", re.I)
+# a vision-language model reads images as tokens (harness.diagnose.pytorch's image-token rule): no diffusion model
+_VISION_LANGUAGE = re.compile(r"qwen2?[-_.]?(?:\d[-_.]?\d?[-_]?)?vl|\bllava|internvl|\bVLM\b|-VL\b|pixel_values|"
+                              r"max_pixels|image_processor|vision[-_ ]language", re.I)
 # a picture and its size said in words or settings: "a picture at 1000x1000", "768 x 768", width/height
 _IMAGE_SAID = re.compile(r"\b(?:picture|image|img|photo)s?\b", re.I)
 _RESOLUTION = re.compile(r"\b(\d{3,4})\s*[x×]\s*(\d{3,4})\b")
@@ -39,13 +42,15 @@ def _largest_side(context: str) -> int:
 
 def image_generation(context: str) -> bool:
     """A diffusion model generating images: its UI or library named, or a picture with its size in pixels."""
+    if _VISION_LANGUAGE.search(context):
+        return False
     return bool(_DIFFUSION.search(context)) or (bool(_IMAGE_SAID.search(context)) and
                                                 _largest_side(context) >= LARGE_SIDE)
 
 
 def _kernel_change(context: str) -> Change:
-    if re.search(r"COMMANDLINE_ARGS|\bwebui\b|stable-diffusion-webui|-{1,2}(?:med|low)vram|txt2img|img2img|"
-                 r"sd_hijack", context, re.I) and not re.search(r"comfy", context, re.I):
+    if re.search(r"COMMANDLINE_ARGS|\bwebui-user\b|stable-diffusion-webui|\bsd[-_]webui|-{1,2}(?:med|low)vram|"
+                 r"txt2img|img2img|sd_hijack", context, re.I) and not re.search(r"comfy", context, re.I):
         setting = ("--xformers or --opt-sdp-attention in COMMANDLINE_ARGS (the web UI's memory-efficient "
                    "cross-attention)")
     elif re.search(r"comfy", context, re.I):
