@@ -1,7 +1,9 @@
 """Reader rules by kind of failure, each on a log written for the rule (not a corpus log): image models in their own
 terms (attention kernels, resolution, --no-half), flex attention run eagerly, an evaluation that keeps autograd's
 graphs, a small network's move to an occupied GPU, llama.cpp / ollama's own reader, a vLLM vision model on a release
-without --limit-mm-per-prompt, and a table of the person's own runs."""
+without --limit-mm-per-prompt, and a table of the person's own runs; with the tenth set: the tokens of a step chosen
+from what the log shows (a long or unset sequence at one sequence a step), transformers' masking_utils, quantization
+calibration, LMDeploy's TurboMind, a load moving every weight onto the GPU, and what the log says held or fixed it."""
 
 from __future__ import annotations
 
@@ -156,3 +158,131 @@ def test_llm_uis_vision_language_models_and_gguf_in_pytorch_are_not_read_as_imag
     both = "| batch_size | result |\n|---|---|\n| 8 | ok, no error |\n| 16 | OOM |\n"
     assert measured_down(both) is None  # 'ok' and 'error' in one run: neither held nor died
     assert measured_down(both.replace("ok, no error", "ok")).setting == "lower the batch size to 8"
+
+
+# rules of the tenth set's kinds: the tokens of a step chosen from what the log shows, quantization calibration,
+# LMDeploy's TurboMind, a load that moves every weight onto the GPU, and what the log says held or fixed it
+
+_NEW_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of "
+             "{total} GiB of which 200.00 MiB is free. Of the allocated memory {allocated} GiB is allocated by "
+             "PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.\n")
+_BACKWARD = ('  File "/usr/lib/python3/site-packages/torch/autograd/graph.py", line 825, in _engine_run_backward\n'
+             "    return Variable._execution_engine.run_backward(\n")
+
+
+def test_a_training_step_at_one_sequence_with_a_long_length_shortens_the_sequence_first():
+    log = ("torchrun train.py --per_device_train_batch_size 1 --max_seq_length 16384 "
+           "--attn_implementation flash_attention_2\n"
+           + _BACKWARD + _NEW_LINE.format(tried="4.00 GiB", total="79.11", allocated="75.00"))
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "max_model_len_down" and "8,192 (from 16,384)" in d.changes[0].setting
+    assert _levers(d).count("max_model_len_down") == 1
+
+
+def test_a_large_batch_is_still_lowered_as_a_batch_whatever_the_length():
+    log = ("torchrun train.py --per_device_train_batch_size 32 --max_seq_length 16384\n"
+           + _BACKWARD + _NEW_LINE.format(tried="4.00 GiB", total="79.11", allocated="75.00"))
+    assert diagnose_text(log, "x").changes[0].lever == "batch_size_down"
+
+
+def test_a_batch_of_two_or_a_short_length_keeps_the_batch_first():
+    for flags in ("--per_device_train_batch_size 2 --max_seq_length 16384 --attn_implementation sdpa",
+                  "--per_device_train_batch_size 1 --max_seq_length 1024 --attn_implementation sdpa"):
+        log = f"torchrun train.py {flags}\n" + _BACKWARD + _NEW_LINE.format(tried="4.00 GiB", total="79.11",
+                                                                           allocated="75.00")
+        assert diagnose_text(log, "x").changes[0].lever != "max_model_len_down", flags
+
+
+def test_an_ms_swift_fine_tune_without_max_length_sets_a_length_before_gradient_checkpointing():
+    log = ("swift sft --model Qwen/Qwen2.5-7B-Instruct --train_type lora --dataset my.jsonl\n"
+           "torch.OutOfMemoryError: CUDA out of memory.\n")
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "max_model_len_down" and "max_length" in d.changes[0].setting
+    assert "gradient_checkpointing" in _levers(d)
+    bounded = diagnose_text(log.replace("--train_type lora", "--train_type lora --max_length 1024"), "x")
+    assert bounded.changes[0].lever != "max_model_len_down"  # a short length in place: not the lever
+
+
+def test_an_attention_mask_built_in_transformers_masking_utils_is_lowered_in_length():
+    log = ('  File "/py/site-packages/transformers/masking_utils.py", line 130, in sdpa_mask\n'
+           "    causal_mask = _vmap_for_bhqkv(mask_function)(batch_arange, head_arange, cache_position, kv_arange)\n"
+           + _NEW_LINE.format(tried="8.00 GiB", total="31.36", allocated="24.00"))
+    d = diagnose_text(log, "x")
+    assert d.kind == "attention_mask" and d.changes[0].lever == "max_model_len_down"
+
+
+def test_a_calibration_pass_lowers_its_samples_or_their_length_from_what_it_shows():
+    awq = ("AWQ:   0%|          | 0/32 [00:05<?, ?it/s]\nTraceback (most recent call last):\n"
+           '  File "/py/awq/quantize/quantizer.py", line 160, in quantize\n'
+           "    input_feat = self._get_input_feat(self.modules[i], named_linears)\n"
+           '  File "/py/awq/quantize/quantizer.py", line 510, in _get_input_feat\n'
+           "    self.inps = layer(self.inps, **self.module_kwargs)[0]\n")
+    d = diagnose_text(awq + _NEW_LINE.format(tried="2.00 GiB", total="23.65", allocated="21.00"), "x",
+                      Context(flags_text="--n_samples 1024 --seqlen 512"))
+    assert d.changes[0].lever == "batch_size_down" and "n_samples 512" in d.changes[0].setting
+    assert "n_parallel_calib_samples" in d.changes[0].setting
+    cut = diagnose_text(awq, "x", Context(flags_text="--n_samples 1024"))  # its error line not pasted
+    assert cut.kind == "activation_peak" and cut.changes[0].lever == "batch_size_down"
+    long = diagnose_text(awq + _NEW_LINE.format(tried="2.00 GiB", total="23.65", allocated="21.00"), "x",
+                         Context(flags_text="--n_samples 128 --seqlen 8192"))
+    assert long.changes[0].lever == "max_model_len_down"
+
+
+def test_autogptq_with_inputs_cached_on_the_gpu_moves_them_to_the_cpu_first():
+    log = ('  File "/py/auto_gptq/modeling/_base.py", line 360, in quantize\n    layer_inputs.append(...)\n'
+           + _NEW_LINE.format(tried="500.00 MiB", total="23.65", allocated="22.80"))
+    d = diagnose_text(log, "x", Context(flags_text="--num_samples 128"))
+    assert "cache_examples_on_gpu=False" in d.changes[0].setting
+    off = diagnose_text(log + "quantize(examples, cache_examples_on_gpu=False)\n", "x")
+    assert all("cache_examples_on_gpu" not in c.setting for c in off.changes)  # in place: not offered again
+
+
+def test_turbomind_at_nearly_all_of_the_free_memory_lowers_its_kv_share_in_its_own_flags():
+    log = ("lmdeploy serve api_server internlm2-chat-7b --cache-max-entry-count 0.95 --session-len 8192\n"
+           "[TM][WARNING] [RejectInvalidRequests] Skipping invalid infer request for id 7, code = 6\n"
+           "[TM][WARNING] [forward] Request failed for 7, code 6\n")
+    d = diagnose_text(log, "x")
+    assert d.reader == "lmdeploy" and d.changes[0].setting == "--cache-max-entry-count 0.7"
+    assert d.changes[0].lever == "gpu_memory_utilization_down"
+    assert {"--session-len 4096", "a lower --max-batch-size"} <= {c.setting for c in d.changes}
+    oom = diagnose_text("lmdeploy serve api_server m --max-batch-size 128\n"
+                        "[TM][ERROR] CUDA runtime error: out of memory /lmdeploy/src/turbomind/utils/allocator.h:246\n",
+                        "x")
+    assert oom.reader == "lmdeploy" and oom.changes[0].setting == "--cache-max-entry-count 0.5"
+    assert "--max-batch-size 64" in [c.setting for c in oom.changes]
+
+
+def test_turbomind_sessions_longer_than_its_blocks_lower_the_session_length():
+    log = ("[TM][WARNING] No enough blocks for `session_len` (32768), `session_len` truncated to 12288.\n"
+           "[TM][WARNING] [RejectInvalidRequests] Skipping invalid infer request for id 1, code = 6\n")
+    d = diagnose_text(log, "x")
+    assert d.reader == "lmdeploy" and d.changes[0].setting == "--session-len 12288"
+
+
+def test_a_load_moving_every_weight_onto_the_gpu_caps_the_gpu_share_first():
+    move = ('  File "/py/torch/nn/modules/module.py", line 1143, in convert\n'
+            "    return t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, non_blocking)\n"
+            + _OLD_LINE.format(tried="314.00 MiB", total="8.00", allocated="6.75", reserved="6.98"))
+    d = diagnose_text(move, "x")
+    assert d.kind == "weights_loading" and d.changes[0].lever == "cpu_offload" and "6.5GiB" in d.changes[0].setting
+    capped = diagnose_text("python server.py --gpu-memory 7800\n" + move, "x")
+    assert capped.changes[0].lever == "cpu_offload" and "--gpu-memory 6246" in capped.changes[0].setting
+    training = diagnose_text(move + "loss.backward()\n", "x")
+    assert training.changes[0].lever != "cpu_offload"
+
+
+def test_a_value_the_log_says_held_comes_first_and_a_failed_one_does_not():
+    ran = ("CUDA out of memory on 8 GPUs.\nIt ran correctly only when set model_max_length = 512.\n")
+    d = diagnose_text(ran, "x")
+    assert d.changes[0].lever == "max_model_len_down" and d.changes[0].setting == "model_max_length 512"
+    ctx = diagnose_text("cuda out of memory at -c 32768. I need to reduce context to 8K to make it work.\n", "x")
+    assert ctx.changes[0].setting == "context 8192"
+    failed = diagnose_text("CUDA out of memory.\nIt does not work even when I set batch_size=1.\n", "x")
+    assert failed.changes[0].setting != "batch_size 1"
+
+
+def test_a_code_change_the_log_says_fixed_it_is_upgraded_to_first():
+    said = ("We hit torch.OutOfMemoryError during CUDA-graph capture on 16 nodes, and this PR resolves it.\n")
+    assert diagnose_text(said, "x").changes[0].lever == "upgrade"
+    tried = "torch.OutOfMemoryError: CUDA out of memory.\nUpgrading to 0.6.1 did not help, the OOM stays.\n"
+    assert diagnose_text(tried, "x").changes[0].lever != "upgrade"

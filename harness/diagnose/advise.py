@@ -20,7 +20,9 @@ from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trt
 from harness.diagnose.failures import (ENGINE_MARKERS, engine_of, failure_lines, identity_of, last_error,
                                       memory_failures)
 from harness.diagnose.levers import untried_first, with_levers
+from harness.diagnose.calibration import diagnose_calibration
 from harness.diagnose.llamacpp import diagnose_llama_cpp
+from harness.diagnose.lmdeploy import diagnose_lmdeploy
 from harness.diagnose.measured import measured_first
 from harness.diagnose.pytorch import diagnose_torch, quantized_model_dispatched
 from harness.diagnose.scale import model_params_billion, quantized, vllm_by_scale, weights_16bit_gib
@@ -50,7 +52,7 @@ class Context:
     flags_text: str = ""  # --flags as given: any engine's flags, KEY=VALUE environment variables
 
 
-READERS = ("vllm", "sglang", "tgi", "trtllm", "llama.cpp", "pytorch-oom", "nvidia-smi")
+READERS = ("vllm", "sglang", "tgi", "trtllm", "llama.cpp", "lmdeploy", "pytorch-oom", "nvidia-smi")
 V1_DEFAULT_FROM = (0, 8)  # vLLM 0.8.0 made the V1 engine the default; V0 could still be chosen (VLLM_USE_V1=0)
 V0_REMOVED_IN = (0, 11)  # from 0.11.0 there is only V1
 
@@ -177,6 +179,10 @@ def _read(text, source, context, settings, engine) -> Diagnosis | None:
         return dispatched
     if engine is None and (ggml := diagnose_llama_cpp(text, source, context.flags_text)) is not None:
         return ggml
+    if engine is None and (turbomind := diagnose_lmdeploy(text, source, context.flags_text)) is not None:
+        return turbomind
+    if engine is None and (calibration := diagnose_calibration(text, source, context.flags_text)) is not None:
+        return calibration
     if (oom := read_torch_oom(text)) is not None:
         return diagnose_torch(text, oom[0], oom[1], source, _named_weights(text, context, settings),
                               bool(context.model_source), settings, context.flags_text)

@@ -5,10 +5,14 @@ Memory another process holds and fragmentation come first (harness.diagnose.allo
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_in_words, free_other_process,
                                        gib, oom_figures)
+from harness.diagnose.levers import lever_of
+from harness.diagnose.offload import load_moving_weights
 from harness.diagnose.records import Change, Diagnosis
+from harness.diagnose.sequence import shorter_sequence_first
 from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
 from harness.measure.oom import OomFigures
 
@@ -38,7 +42,9 @@ _PHASES = (
              "optimizer state at a quarter of fp32 Adam's"),
       Change("lower the batch size (per_device_train_batch_size)", "fewer activations beside the state"),
       Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"))),
-    (r"attention_mask|_prepare_4d|causal_mask|_update_causal_mask|expand_mask|make_causal", "attention_mask",
+    # transformers >= 4.53 builds masks in masking_utils.py (sdpa_mask, eager_mask, and_masks' inner and_mask)
+    (r"attention_mask|_prepare_4d|causal_mask|_update_causal_mask|expand_mask|make_causal|masking_utils\.py|"
+     r"\b(?:sdpa|eager|and|or|padding)_mask\b", "attention_mask",
      "the attention mask ran out: it grows with the square of the sequence length",
      (Change("shorter sequences (max_length / truncation)", "the mask is batch x length x length"),
       Change("lower the batch size", "the mask grows with the batch too"),
@@ -326,13 +332,13 @@ def _in_eager_mode(context: str, settings: dict) -> bool:
 def _lmdeploy_graphs(settings: dict, figures: list, quoted: str, source: str) -> Diagnosis:
     batch = settings.get("max_batch_size")
     size = int(batch.value) if batch is not None and isinstance(batch.value, (int, float)) else None
-    return Diagnosis(source, "pytorch-oom", "cuda_graph_capture",
+    return Diagnosis(source, "lmdeploy", "cuda_graph_capture",
                      "LMDeploy ran out of memory with CUDA graphs on: its PyTorch engine captures a graph per batch "
                      "size up to max_batch_size, outside the KV share (cache_max_entry_count)", tuple(figures), (
                          Change("PytorchEngineConfig(eager_mode=True)", "no CUDA graphs: their memory is not "
                                 "allocated (slower decode at small batches)", "enforce_eager"),
                          Change("cache_max_entry_count 0.5 (EngineConfig)", "a smaller KV share of the free memory "
-                                "leaves the graphs and activations more room", "other"),
+                                "leaves the graphs and activations more room", "gpu_memory_utilization_down"),
                          Change(f"lower max_batch_size (EngineConfig) to {size // 4 if size and size >= 8 else 32}",
                                 "fewer and smaller graphs, fewer sequences at once", "batch_size_down")),
                      failing_line=quoted)
@@ -465,8 +471,31 @@ def _evaluation_keeps_autograd(context: str, oom: OomFigures | None, figures: li
     return _inference_mode_first(False, figures, quoted, source)
 
 
+# the changes that lower the tokens of one step, where the log leaves open which of batch and length to lower
+_STEP_LEVERS = ("batch_size_down", "gradient_checkpointing")
+_EVALUATING = re.compile(r"\beval(?:uation|uate|_steps|_strategy)?\b|\bgenerate\(", re.I)
+_EVAL_BATCH = re.compile(r"eval_batch_size|per_device_eval_batch_size", re.I)
+
+
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
                    has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
+    """The reader below, then the tokens of one step chosen from what the log shows (harness.diagnose.sequence): at a
+    batch of one with a long or unset sequence length, the shorter sequence comes before a smaller batch or
+    gradient checkpointing."""
+    diagnosis = _diagnose_torch(text, oom, line, source, weights_16bit_bytes, has_model, settings, flags_text)
+    if not diagnosis.changes or (diagnosis.changes[0].lever or lever_of(diagnosis.changes[0])) not in _STEP_LEVERS:
+        return diagnosis
+    if diagnosis.kind == "generate" or (_EVALUATING.search(text) and not _EVAL_BATCH.search(f"{text}\n{flags_text}")):
+        return diagnosis  # an evaluation or generate() runs its own batch, not the training batch the log shows
+    shorter = shorter_sequence_first(f"{text}\n{flags_text}", settings or {})
+    if shorter is None:
+        return diagnosis
+    return replace(diagnosis, changes=(shorter,) + tuple(c for c in diagnosis.changes
+                                                         if (c.lever or lever_of(c)) != "max_model_len_down"))
+
+
+def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
+                    has_model: bool, settings: dict | None = None, flags_text: str = "") -> Diagnosis:
     figures = oom_figures(oom, line) if oom is not None else []
     lines = text.splitlines()
     quoted = lines[line - 1].strip()[:300] if 0 < line <= len(lines) else ""
@@ -518,6 +547,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                              Change("quantize (awq or gptq 4-bit)", "a quarter of the 16-bit weights"),
                              Change("a larger GPU, or split the model over more GPUs", "more room")),
                          failing_line=quoted)
+    if (moving := load_moving_weights(text, flags_text, total, figures, quoted, source)) is not None:
+        return moving
     phase = next((p for p in _PHASES if re.search(p[0], around)), None)
     if phase is not None and phase[1] == "weights_loading" and _MOVED_TO_GPU.search(around) and \
             not re.search(_PHASES[0][0], around) and (held := _small_network_held(context, figures, quoted,

@@ -29,7 +29,7 @@ class Change:
 @dataclass(frozen=True)
 class Diagnosis:
     source: str  # the file read, or "stdin"
-    reader: Literal["pytorch-oom", "vllm", "sglang", "tgi", "trtllm", "llama.cpp", "nvidia-smi", "none"]
+    reader: Literal["pytorch-oom", "vllm", "sglang", "tgi", "trtllm", "llama.cpp", "lmdeploy", "nvidia-smi", "none"]
     kind: Kind
     summary: str  # which memory ran out, in one sentence
     figures: tuple[Figure, ...] = ()

@@ -1,0 +1,89 @@
+"""The tokens of one step are batch x sequence length; which of the two to lower first is read from what the log
+shows. A batch already at one sequence has nothing left to give, so where a sequence length is set long (4k
+tokens or more) or left unset (the framework then takes the model's whole context, or does not truncate at all) the
+shorter sequence comes first; a large batch is lowered as a batch."""
+
+from __future__ import annotations
+
+import re
+
+from harness.diagnose.records import Change
+
+# one sequence a step: the batch has nothing left to give (at 2, halving it frees as much as halving the length and
+# changes no sample)
+SMALL_BATCH = 1
+LONG_SEQUENCE = 4096  # tokens: at this length a sequence's activations (and eager attention's scores) dominate a step
+
+# the names a sequence length goes by: transformers' tokenizer and Trainer (max_length, model_max_length), LLaMA-Factory
+# (cutoff_len), trl / llm-compressor (max_seq_length), Megatron / NeMo (seq_length, --seq-length), nanoGPT / lit-gpt
+# (block_size), Axolotl (sequence_len), AutoAWQ / AutoRound (seqlen, max_calib_seq_len)
+_NAMES = (r"max_length|model_max_length|cutoff_len|max_seq_length|max_seq_len|seq_len|seqlen|seq_length|"
+          r"sequence_len|max_source_length|block_size|max_calib_seq_len|max_sequence_length")
+_SET = re.compile(rf"(?<![\w-])(?:--?)?(?:{_NAMES.replace('_', '[_-]')})[\"'`]?\s*(?:[:=]\s*|\s+)[\"'`]?"
+                  r"(\d[\d_,]*)(k\b)?", re.I)
+_SAID = re.compile(r"\b(?:sequence|context|seq)[ _-]?(?:length|len)\b(?:\s+(?:of|is|=|:))?\s+(\d[\d_,]*)\s*(k\b)?",
+                   re.I)
+# ms-swift 3.x: TemplateArguments.max_length defaults to None, which its __post_init__ turns into the model's
+# max_model_len (swift/llm/argument/base_args/template_args.py): a `swift sft` / `swift rlhf` command without
+# --max_length trains at the model's whole context
+_SWIFT_TRAIN = re.compile(r"\bswift\s+(?:sft|rlhf|pt)\b[^\n]*", re.I)
+# the length said to be unset in words
+_UNSET_IN_WORDS = re.compile(rf"\b(?:{_NAMES})\b[\"'`]?\s*(?:=|:|is|defaults? to)\s*None\b|"
+                             r"\bwithout (?:any )?(?:truncation|max[_ ]length|max_seq_length)\b|"
+                             r"\b(?:not|never|no) truncat\w*|\buntruncated\b", re.I)
+_BATCH = re.compile(r"(?<![\w-])(?:--?)?(?:per[_-]device[_-]train[_-]batch[_-]size|micro[_-]batch[_-]size|"
+                    r"micro_train_batch_size|train_micro_batch_size_per_gpu|batch[_-]size|MBS|bs)[\"'`]?"
+                    r"\s*(?:[:=]\s*|\s+(?:of\s+)?)(\d+)\b", re.I)
+# ms-swift 3.x's TrainArguments default one sequence per GPU (per_device_train_batch_size=1)
+_SWIFT_BATCH = 1
+
+
+def _count(digits: str, thousands: str | None) -> int:
+    value = int(digits.replace(",", "").replace("_", ""))
+    return value * 1024 if thousands else value
+
+
+def sequence_set(context: str) -> int | None:
+    """The longest sequence length the log or flags set (tokens)."""
+    found = [_count(m.group(1), m.group(2)) for m in _SET.finditer(context)]
+    found += [_count(m.group(1), m.group(2)) for m in _SAID.finditer(context)]
+    return max(found) if found else None
+
+
+def sequence_unset(context: str) -> bool:
+    """A length left unset where the framework then does not bound it: said in words, or a ms-swift training command
+    line shown without --max_length."""
+    if _UNSET_IN_WORDS.search(context):
+        return True
+    return any("max_length" not in m.group(0).replace("-", "_") for m in _SWIFT_TRAIN.finditer(context)) \
+        and sequence_set(context) is None
+
+
+def batch_shown(context: str, settings: dict) -> int | None:
+    """The batch one GPU runs a step, where the log, the flags or the framework's default shows it."""
+    shown = [int(m.group(1)) for m in _BATCH.finditer(context)]
+    setting = settings.get("batch_size")
+    if setting is not None and isinstance(setting.value, (int, float)) and not isinstance(setting.value, bool):
+        shown.append(int(setting.value))
+    if shown:
+        return min(shown)
+    return _SWIFT_BATCH if _SWIFT_TRAIN.search(context) else None
+
+
+def shorter_sequence_first(context: str, settings: dict) -> Change | None:
+    """The shorter sequence, where the batch is already small and the length long or unset; else None (the batch,
+    where large, is the tokens-per-step lever)."""
+    batch = batch_shown(context, settings)
+    if batch is None or batch > SMALL_BATCH:
+        return None
+    length = sequence_set(context)
+    if length is not None and length >= LONG_SEQUENCE:
+        return Change(f"shorter sequences: max_length / max_seq_length / cutoff_len {length // 2:,} (from "
+                      f"{length:,})", f"a step is {batch} x {length:,} tokens: at one sequence a step the length "
+                      "is what is left to lower (activations grow with it, eager attention's scores with its "
+                      "square)", "max_model_len_down")
+    if length is None and sequence_unset(context):
+        return Change("set a maximum sequence length (--max_length / max_seq_length / cutoff_len, e.g. 2048)",
+                      "no length is set, so each sample runs at its own length up to the model's whole context; at "
+                      "one sequence a step the length is what is left to lower", "max_model_len_down")
+    return None
