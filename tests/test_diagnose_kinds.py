@@ -286,3 +286,20 @@ def test_a_code_change_the_log_says_fixed_it_is_upgraded_to_first():
     assert diagnose_text(said, "x").changes[0].lever == "upgrade"
     tried = "torch.OutOfMemoryError: CUDA out of memory.\nUpgrading to 0.6.1 did not help, the OOM stays.\n"
     assert diagnose_text(tried, "x").changes[0].lever != "upgrade"
+
+
+def test_a_cpu_cache_switch_said_to_have_worked_is_offered_not_taken_as_in_place():
+    said = ("AutoGPTQ quantization of a 7B model goes OOM with more samples.\n"
+            "If I run with `cache_examples_on_gpu=False` it works, but it is a lot slower\n")
+    d = diagnose_text(said, "x")
+    assert d.changes[0].setting.endswith("cache_examples_on_gpu=False)")
+
+
+def test_llama_cpp_running_out_said_in_words_is_read_by_its_own_reader():
+    said = ("./main -m mixtral-8x7b.Q5_K_M.gguf -ngl 33 -c 32768\ncuda-out-of-memory error with 40000 MB in use.\n"
+            "Both GPUs are free before running llama.cpp\n")
+    d = diagnose_text(said, "x")
+    assert d.reader == "llama.cpp" and d.changes[0].lever == "cpu_offload" and "-ngl 16" in d.changes[0].setting
+    torch = diagnose_text("llama.cpp is not used here\n" + _NEW_LINE.format(tried="1.00 GiB", total="23.65",
+                                                                              allocated="22.00"), "x")
+    assert torch.reader != "llama.cpp"  # PyTorch's own message is PyTorch's to read

@@ -48,6 +48,15 @@ _CPU_CACHE = (
 )
 
 
+# "if I run with cache_examples_on_gpu=False it works": a switch said to have worked is the person's finding, not the
+# setting the failed run had
+_SAID_WORKED = re.compile(r"^[`'\")\s,]{0,4}(?:it\s+|that\s+)?(?:works?|worked|runs?|ran|fits?|helps?|helped)\b", re.I)
+
+
+def _in_place(switch: re.Pattern, context: str) -> bool:
+    return any(not _SAID_WORKED.search(context[m.end():m.end() + 40]) for m in switch.finditer(context))
+
+
 def _largest(pattern: re.Pattern, context: str) -> tuple[str, int] | None:
     found = [(m.group("name"), int(m.group("value"))) for m in pattern.finditer(context)]
     return max(found, key=lambda f: f[1]) if found else None
@@ -84,7 +93,7 @@ def diagnose_calibration(text: str, source: str, flags_text: str = "") -> Diagno
                                     "are otherwise as long as they come",
                      "activations grow with the length, an attention mask with its square", "max_model_len_down")
     cache = next(((setting, effect) for tool, on, setting, effect in _CPU_CACHE
-                  if tool.search(context) and not on.search(context)), None)
+                  if tool.search(context) and not _in_place(on, context)), None)
     on_cpu = (Change(cache[0], cache[1], "other"),) if cache else ()
     if _MASK.search(text) or (length is not None and length[1] >= LONG_CALIBRATION):
         changes, why = (shorter, fewer) + on_cpu, "the sequence length"

@@ -33,6 +33,10 @@ _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU", re.I)
 _NGL = re.compile(r"(?:\bnum_gpu\b\W{0,3}|(?:^|\s)-ngl\s+|--n-gpu-layers[=\s]+|--gpu-layers[=\s]+)(\d+)", re.I | re.M)
 _CTX = re.compile(r"(?:\bnum_ctx\b\W{0,3}|(?:^|\s)-c\s+|--ctx-size[=\s]+|\bn_ctx\s*=\s*)(\d+)", re.I | re.M)
 _LAYERS_IN_MODEL = re.compile(r"\bn_layer\s*=\s*(\d+)")
+# a report in words: llama.cpp named ("llama.cpp", "llama-cpp", its ./main or llama-server) and running out said in
+# any spelling ("cuda-out-of-memory error"), with no PyTorch message
+_NAMED = re.compile(r"\bllama[.-]cpp\b|\bllama-server\b|\bollama\b", re.I)
+_SAID_OOM = re.compile(r"out[ -]of[ -]memory|\bOOM\b", re.I)
 
 
 def _line_of(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
@@ -48,10 +52,11 @@ def diagnose_llama_cpp(text: str, source: str, flags_text: str = "") -> Diagnosi
     rest run from CPU memory), a smaller quantization or context the next ones; a KV-cache buffer puts the context
     first."""
     context = f"{text}\n{flags_text}"
-    if not _MARKERS.search(text) or not (_GGML_FAILED.search(text) or (
+    named = _NAMED.search(text) is not None and _SAID_OOM.search(text) is not None and not _PYTORCH.search(text)
+    if not (_MARKERS.search(text) or named) or not (_GGML_FAILED.search(text) or named or (
             _ALLOC_FAILED.search(text) and _LOADER.search(text) and not _PYTORCH.search(text))):
         return None
-    failing = _line_of(text, re.compile(_ALLOC_FAILED.pattern, re.I))
+    failing = _line_of(text, re.compile(_ALLOC_FAILED.pattern, re.I)) or _line_of(text, _SAID_OOM)
     figures: list[Figure] = []
     if (found := _ALLOCATING.search(text)) is not None:
         figures.append(Figure("buffer it could not allocate", f"{found.group(1)} MiB on GPU {found.group(2)}",
