@@ -303,3 +303,13 @@ def test_llama_cpp_running_out_said_in_words_is_read_by_its_own_reader():
     torch = diagnose_text("llama.cpp is not used here\n" + _NEW_LINE.format(tried="1.00 GiB", total="23.65",
                                                                               allocated="22.00"), "x")
     assert torch.reader != "llama.cpp"  # PyTorch's own message is PyTorch's to read
+
+
+def test_one_small_image_in_a_low_vram_mode_upgrades_the_ui_rather_than_shrinking_the_image():
+    log = ("1 batch, 256 x 256, 20 steps, euler a.\n"
+           + _OLD_LINE.format(tried="26.00 MiB", total="4.00", allocated="3.38", reserved="3.45")
+           + "It runs with --lowvram and still fails.\n")
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "upgrade" and "image_resolution_down" not in _levers(d)
+    large = diagnose_text(log.replace("256 x 256", "512 x 512").replace("1 batch", "4 batch"), "x")
+    assert large.changes[0].lever != "upgrade"  # four images: the batch still has something to give

@@ -97,11 +97,38 @@ def attention_first(context: str, frames: str, figures: list, quoted: str, sourc
                      tuple(figures), tuple(changes), failing_line=quoted)
 
 
+NATIVE_SIDE = 512  # px: Stable Diffusion 1.x's own resolution; below it the image has nothing left to give
+_ONE_IMAGE = re.compile(r"\b1 batch\b|\bbatch[ _-]?(?:size|count)\W{0,3}1\b|\bone image\b|\bn_?iter\W{0,3}1\b",
+                        re.I)
+# the UI's own low-memory modes, on or said tried: they keep the model's parts in CPU memory and move each in when used
+_LOW_VRAM = re.compile(r"-{1,2}(?:low|no)vram\b|\blow ?vram mode\b", re.I)
+
+
+def _low_vram_mode_failed(side: int, figures: list, quoted: str, source: str) -> Diagnosis:
+    """One image at or below the model's native size, in the UI's low-VRAM mode, and still out of memory: the image
+    and the batch have nothing left to give, and the mode exists to keep the model's parts off the GPU, so it is not
+    doing so: a release of the UI whose model management does comes first, a smaller checkpoint second."""
+    return Diagnosis(source, "pytorch-oom", "activation_peak",
+                     f"one image at {side} px in the UI's low-VRAM mode ran out: neither the image nor the batch can "
+                     "shrink further, and the mode that should keep the model in CPU memory did not", tuple(figures), (
+                         Change("upgrade the UI (ComfyUI / the web UI) to a release whose low-VRAM model management "
+                                "offloads the model on this card", "the weights then wait in CPU memory and only the "
+                                "part in use is on the GPU", "upgrade"),
+                         Change("a pruned half-precision checkpoint (an fp16 '-pruned' .safetensors)",
+                                "half the bytes of an fp32 checkpoint with EMA weights", "quantize_smaller"),
+                         Change("free the GPU of other programs (a laptop's display, a browser)",
+                                "what other programs hold on the card is not there for the model", "free_other_process")),
+                     failing_line=quoted)
+
+
 def image_generation_step(context: str, figures: list, quoted: str, source: str) -> Diagnosis | None:
     """A diffusion model's generation that ran out with nothing placing it in attention: the image's size and the
     batch are what its activations grow with; --no-half (fp32) doubles them where it is set."""
     if not image_generation(context):
         return None
+    side = _largest_side(context)
+    if 0 < side <= NATIVE_SIDE and _ONE_IMAGE.search(context) and _LOW_VRAM.search(context):
+        return _low_vram_mode_failed(side, figures, quoted, source)
     changes = []
     if _NO_HALF.search(context):
         changes.append(Change("drop --no-half (the model then runs in half precision)", "halves the weights' and "
