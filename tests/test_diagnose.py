@@ -1442,3 +1442,13 @@ def test_another_process_on_vllms_gpu_is_freed_first_then_a_share_that_leaves_it
     # another process holding most of the GPU: no share is offered that leaves vLLM next to nothing
     most = diagnose_text(oom.format(mine="20.00", tensors="18.00"), "x", Context(engine="vllm"))
     assert [c.lever for c in most.changes] == ["free_other_process"]
+
+
+def test_a_change_to_16_bits_where_the_model_ran_in_fp32_is_its_own_lever():
+    """Running the same checkpoint in fp16/bf16 instead of fp32 is neither a smaller checkpoint nor `other`."""
+    from harness.diagnose.levers import lever_of
+
+    assert lever_of("drop --no-half (the model then runs in half precision)") == "half_precision"
+    assert lever_of("torch_dtype=torch.bfloat16 in from_pretrained") == "half_precision"
+    assert lever_of("load the model in bf16 (the checkpoint's own dtype)") == "half_precision"
+    assert lever_of("a pruned half-precision checkpoint (an fp16 '-pruned' .safetensors)") != "half_precision"

@@ -50,7 +50,7 @@ def test_a_diffusion_ui_run_in_fp32_drops_no_half_first_and_speaks_of_images():
     log = ("COMMANDLINE_ARGS=--no-half --medvram\nError completing request\n"
            + _OLD_LINE.format(tried="648.00 MiB", total="6.00", allocated="4.66", reserved="4.70"))
     d = diagnose_text(log, "x")
-    assert "--no-half" in d.changes[0].setting and d.changes[0].lever == "other"
+    assert "--no-half" in d.changes[0].setting and d.changes[0].lever == "half_precision"
     assert d.changes[1].lever == "image_resolution_down" and "resolution" in d.changes[1].setting
     assert all("sequence length" not in c.setting for c in d.changes)
 

@@ -67,6 +67,8 @@ _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
     _row(r"flash[-_ ]?attn|flash_attention|attn_implementation|\bsdpa\b|(?:attn|attention)[-_ ]backend",
          "attention_kernel"),
     _row(r"max_pixels|image resolution|fewer image tiles", "image_resolution_down", None, ""),
+    _row(r"runs? in half precision|^drop --no-half|torch_dtype=torch\.b?float16|^load (?:it |the model )?in "
+         r"(?:bf16|bfloat16|fp16|float16)\b", "half_precision", None, ""),
     _row(r"map_location", "map_location"),
     _row(r"\bupgrade\b", "upgrade"),
     _row(r"batch size|per_device_train_batch_size|^--batch[-_]size|lower the tokens per step", "batch_size_down"),

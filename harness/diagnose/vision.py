@@ -87,7 +87,7 @@ def attention_first(context: str, frames: str, figures: list, quoted: str, sourc
                               "image_resolution_down"))
         if _NO_HALF.search(context):
             changes.append(Change("drop --no-half (the model then runs in half precision)", "halves the weights' "
-                                  "and activations' bytes", "other"))
+                                  "and activations' bytes", "half_precision"))
     else:
         changes.append(Change("lower the batch size or the sequence length (image size for a vision model)",
                               "the scores grow with the batch and the square of the length", "batch_size_down"))
@@ -132,7 +132,7 @@ def image_generation_step(context: str, figures: list, quoted: str, source: str)
     changes = []
     if _NO_HALF.search(context):
         changes.append(Change("drop --no-half (the model then runs in half precision)", "halves the weights' and "
-                              "activations' bytes", "other"))
+                              "activations' bytes", "half_precision"))
     changes.append(Change("lower the image resolution (width x height) or the batch size (images per batch)",
                           "activations grow with the pixels and the images at once", "image_resolution_down"))
     if not _KERNEL_ON.search(context):
