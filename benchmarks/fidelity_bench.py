@@ -435,6 +435,12 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
         if multi:
             lines += [f"- {m} alone, {g['points']} points: {_fit_line(g)}."
                       for m, g in (result.get("fit_by_model") or fit_by_model(result["rows"])).items() if g]
+            # a model's far rungs saturate (a task score cannot fall below zero), which flattens its line over every
+            # rung: the region's own fit per model is the one the limits are judged against
+            for m in sorted({row_model(r) for r in result["rows"]}):
+                g = fit([r for r in result["rows"] if row_model(r) == m], kl_below=REGION_MAX_KL)
+                if g:
+                    lines.append(f"- {m} alone in the decision region, {g['points']} points: {_fit_line(g)}.")
     found = coincidences(result["rows"], DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT)
     past = found["passes_past_margin"]
     lines += ["", f"Rows where fidelity passes (every family, decoys included): {found['fidelity_passes']} of "

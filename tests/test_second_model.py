@@ -104,6 +104,8 @@ def test_two_models_rows_go_in_one_table_with_the_fit_over_all_and_per_model():
     assert "| model | format | evalset |" in text and "| gemma3-270m | rtn4 | squad_200 |" in text
     assert "| demo | rtn8 | squad_200 |" in text and "| gemma3-270m | decoy-digits | NO-GO" in text
     assert f"- {DEMO} alone, 2 points" in text and f"- {SECOND_MODEL} alone, 2 points" in text
+    assert f"- {DEMO} alone in the decision region, 2 points" in text  # both of its rungs at KL 0.2 or less
+    assert f"- {SECOND_MODEL} alone in the decision region" not in text  # one point there: no fit
     single = "\n".join(render_fidelity_bench(merge_results([demo])))
     assert "| model |" not in single and "| rtn4 | squad_200 |" in single and "alone" not in single
     with pytest.raises(UserError, match="two results of model demo both hold rtn4 on squad_200"):
