@@ -943,19 +943,22 @@ def _share_over_what_others_leave(oom, share: float | None) -> tuple[float, floa
     outside = total - free - reserved
     if outside - CUDA_CONTEXT_GIB <= (1 - current) * total:
         return None
-    fits = math.floor(((total - outside) / total - 0.05) * 100) / 100
-    return (outside, total, current, fits) if LEAST_SHARE_LEFT <= fits < current else None
+    fits = _share_leaving(outside, total, current)
+    return (outside, total, current, fits) if fits is not None else None
+
+
+def _share_leaving(held_gib: float, total_gib: float, current: float) -> float | None:
+    """The vLLM share (in hundredths, 0.05 of headroom) that leaves held_gib of the GPU outside its budget, where it is
+    below the share in place and still a useful part of the GPU; else None."""
+    fits = math.floor(((total_gib - held_gib) / total_gib - 0.05) * 100) / 100
+    return fits if LEAST_SHARE_LEFT <= fits < current else None
 
 
 def _share_beside(oom, share: float | None) -> tuple[Change, ...]:
     """Beside freeing another process's memory (first): the vLLM share that leaves it outside, where the other process
     must stay and that share still leaves vLLM a useful part of the GPU."""
     held, total = held_elsewhere_gib(oom), size_gib(oom.total)
-    current = share or DEFAULT_UTILIZATION
-    if held is None or not total:
-        return ()
-    fits = math.floor(((total - held) / total - 0.05) * 100) / 100
-    if not LEAST_SHARE_LEFT <= fits < current:
+    if held is None or not total or (fits := _share_leaving(held, total, share or DEFAULT_UTILIZATION)) is None:
         return ()
     return (Change(f"--gpu-memory-utilization {fits:.2f}", f"if the other process must stay: a share that leaves its "
                    f"{held:.2f} GiB outside vLLM's budget", "gpu_memory_utilization_down"),)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from harness.diagnose.failures import quoted_line
 from harness.diagnose.records import Change, Diagnosis, Figure
 
 _MARKERS = re.compile(r"\[TM\]\[|\bturbomind\b|TurbomindEngineConfig|--cache-max-entry-count|cache_max_entry_count",
@@ -45,8 +46,7 @@ def diagnose_lmdeploy(text: str, source: str, flags_text: str = "") -> Diagnosis
         return None
     code = int(next(g for g in rejected.groups() if g)) if rejected else None
     found = oom or rejected
-    line = text.count("\n", 0, found.start()) + 1
-    quoted = text.splitlines()[line - 1].strip()[:300]
+    line, quoted = quoted_line(text, found.start())
     share = _value(_SHARE, context)
     set_share = share is not None
     share = share if set_share else DEFAULT_SHARE

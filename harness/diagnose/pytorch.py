@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_in_words, free_other_process,
                                        gib, oom_figures)
+from harness.diagnose.failures import quoted_line
 from harness.diagnose.levers import lever_of
 from harness.diagnose.offload import load_moving_weights
 from harness.diagnose.records import Change, Diagnosis
@@ -637,8 +638,7 @@ def quantized_model_dispatched(text: str, source: str) -> Diagnosis | None:
     found = _QUANTIZED_DISPATCHED.search(text)
     if found is None:
         return None
-    line = text.count("\n", 0, found.start()) + 1
-    quoted = text.splitlines()[line - 1].strip()[:300]
+    _, quoted = quoted_line(text, found.start())
     return Diagnosis(source, "pytorch-oom", "weights_do_not_fit",
                      "the quantized model's weights do not fit the GPU memory device_map was given: accelerate placed "
                      "some modules on the CPU or disk, which a quantized model refuses", (), (
