@@ -255,6 +255,46 @@ def test_a_cache_url_carries_results_and_sealed_artifacts_to_another_node(tmp_pa
     assert remote.pull(node_b, ("int8",)) == 0
 
 
+def test_tasks_pulling_and_pushing_the_same_files_at_once_never_half_copy_them(tmp_path):
+    """Two formats' tasks on one node pull the store into the same working copy as they start, and push to it as
+    they end: no copy raises on another's half-written file, and every file is whole afterwards (CI once lost both
+    formats of a run to a FileNotFoundError here)."""
+    import os
+    import threading
+
+    from harness.executors.remote_cache import RemoteCache
+
+    files = {f"stage-{i}.json": os.urandom(100_000 + i) for i in range(120)}
+    nodes = [tmp_path / f"node-{i}" for i in range(4)]
+    for node in nodes:
+        for name, data in files.items():
+            (node / "results").mkdir(parents=True, exist_ok=True)
+            (node / "results" / name).write_bytes(data)
+    store, working = tmp_path / "store", tmp_path / "working"
+    remote = RemoteCache(store.as_uri())
+    errors: list[BaseException] = []
+
+    def at_once(calls):
+        def call(fn):
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call, args=(fn,)) for fn in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    at_once([lambda node=node: remote.push(node) for node in nodes])
+    at_once([lambda: remote.pull(working) for _ in range(4)])
+    assert errors == []
+    for where in (store, working):
+        assert sorted(p.name for p in (where / "results").iterdir()) == sorted(files)  # no partial left behind
+        assert all((where / "results" / name).read_bytes() == data for name, data in files.items())
+
+
 def test_a_cache_url_is_checked_before_any_work(tmp_path):
     from harness.errors import UserError
     from harness.executors.registry import check_executor

@@ -10,10 +10,15 @@ converted models before any task starts and pulls the stage results as each task
 Only a sealed artifact is pushed (its quantgate_seal.json names its files' hashes, harness.cache.seal_dir): a pulled
 artifact whose files do not match its seal is quantized again, never used. A file already present with the same size
 is not copied again; stage results are small JSON files, artifacts the checkpoint itself (docs/scale.md).
+
+Tasks on one node share its working copy, and every task pulls the shared kinds as it starts: each copy goes to a
+name of its own and is renamed into place, so two pulls of one file (or two pushes to a mounted store) never write
+into each other's half-copied file; the last rename wins, with the same bytes.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +73,18 @@ class RemoteCache:
             if not fs.exists(top):
                 continue
             for remote, info in fs.find(top, detail=True).items():
+                if Path(remote).name.startswith("."):
+                    continue  # another node's push, half-way
                 target = local / Path(remote).relative_to(root)
                 if target.is_file() and target.stat().st_size == info.get("size"):
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(f".{target.name}.pull")
-                fs.get_file(remote, str(partial))
-                partial.replace(target)  # a reader sees the whole file or none
+                partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.pull")
+                try:
+                    fs.get_file(remote, str(partial))
+                    partial.replace(target)  # a reader sees the whole file or none
+                finally:
+                    partial.unlink(missing_ok=True)
                 copied += 1
         return copied
 
@@ -97,6 +107,27 @@ class RemoteCache:
                 if fs.exists(remote) and fs.size(remote) == path.stat().st_size:
                     continue
                 fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-                fs.put_file(str(path), remote)
+                _put_whole(fs, path, remote)
                 copied += 1
         return copied
+
+
+def _put_whole(fs, path: Path, remote: str) -> None:
+    """One file into the store so that a reader sees all of it or none: an object store's put is that already; a
+    mounted directory (file://) gets a copy under a name of its own, then a rename."""
+    if "file" not in _protocols(fs):
+        fs.put_file(str(path), remote)
+        return
+    head, _, name = remote.rpartition("/")
+    partial = f"{head}/.{name}.{uuid.uuid4().hex[:12]}.push"
+    try:
+        fs.put_file(str(path), partial)
+        fs.mv(partial, remote)
+    finally:
+        if fs.exists(partial):
+            fs.rm_file(partial)
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
