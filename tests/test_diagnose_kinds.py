@@ -313,3 +313,64 @@ def test_one_small_image_in_a_low_vram_mode_upgrades_the_ui_rather_than_shrinkin
     assert d.changes[0].lever == "upgrade" and "image_resolution_down" not in _levers(d)
     large = diagnose_text(log.replace("256 x 256", "512 x 512").replace("1 batch", "4 batch"), "x")
     assert large.changes[0].lever != "upgrade"  # four images: the batch still has something to give
+
+
+# with the eleventh set: checkpointing said off on a training step, a vision encoder's one allocation larger than the
+# GPU, a preference fine-tune's reference model, a colocated rollout's wake-up after a lower share failed
+
+def test_a_training_step_with_checkpointing_said_off_turns_it_on_before_a_smaller_batch():
+    said = ("8x H100 continued pretraining of a 14B model, recipe with activation_checkpointing: false\n"
+            "step=3 TRAIN peak=74.10 GiB\n" + _BACKWARD
+            + _NEW_LINE.format(tried="2.00 GiB", total="79.11", allocated="77.00"))
+    d = diagnose_text(said, "x")
+    assert d.changes[0].lever == "gradient_checkpointing" and "batch_size_down" in _levers(d)
+    flagged = diagnose_text("training step OOM\n" + _BACKWARD + _NEW_LINE.format(
+        tried="2.00 GiB", total="79.11", allocated="77.00"), "x",
+        Context(flags_text="--distributed.activation_checkpointing false"))
+    assert flagged.changes[0].lever == "gradient_checkpointing"  # a recipe's config path read as its key
+    on = diagnose_text(said.replace("activation_checkpointing: false", "activation_checkpointing: true"), "x")
+    assert on.changes[0].lever != "gradient_checkpointing" and "gradient_checkpointing" not in _levers(on)
+    large = diagnose_text(said + "per_device_train_batch_size=64\n", "x")
+    assert large.changes[0].lever == "batch_size_down"  # a batch of 64 shown: the batch rule comes first
+    assert "frozen" not in d.summary  # a full training run: every weight trains
+
+
+def test_a_vision_encoder_profile_asking_more_than_the_gpu_in_one_allocation_gets_a_kernel_first():
+    log = ("INFO [gpu_model_runner.py] Encoder cache will be initialized with a budget of 16384 tokens, and profiled "
+           "with 1 image items of the maximum feature size.\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of "
+           "23.55 GiB of which 9.00 GiB is free. Of the allocated memory 13.00 GiB is allocated by PyTorch, and "
+           "200.00 MiB is reserved by PyTorch but unallocated.\n")
+    d = diagnose_text(log.format(tried="40.00 GiB"), "x", Context(engine="vllm"))
+    assert d.changes[0].lever == "attention_kernel" and "flash-attn" in d.changes[0].setting
+    assert "limit_mm_per_prompt_down" in _levers(d)
+    small = diagnose_text(log.format(tried="2.00 GiB"), "x", Context(engine="vllm"))
+    assert small.changes[0].lever != "attention_kernel"  # a request the GPU could hold: no matrix to blame
+    hip = diagnose_text(log.format(tried="40.00 GiB").replace("torch.OutOfMemoryError: CUDA", "torch.OutOfMemoryError:"
+                                                               " HIP"), "x", Context(engine="vllm"))
+    assert hip.changes[0].lever != "attention_kernel"  # ROCm: flash-attn is no pip install there
+
+
+def test_a_lora_preference_step_at_one_pair_quantizes_the_shared_base_first():
+    said = ("llamafactory-cli train --stage dpo --finetuning_type lora --per_device_train_batch_size 1 "
+            "--model_name_or_path Qwen/Qwen2.5-32B\nCUDA out of memory\n")
+    d = diagnose_text(said, "x")
+    assert d.changes[0].lever == "quantize_smaller" and "quantization_bit" in d.changes[0].setting
+    quantized = diagnose_text(said.replace("--finetuning_type lora", "--finetuning_type lora --quantization_bit 4"),
+                              "x")
+    assert quantized.changes[0].lever != "quantize_smaller"  # in place: the step's own levers are left
+    larger = diagnose_text(said.replace("--per_device_train_batch_size 1", "--per_device_train_batch_size 8"), "x")
+    assert larger.changes[0].lever != "quantize_smaller"  # a batch left to lower
+    full = diagnose_text("DPOTrainer full fine-tune, per_device_train_batch_size=1\nCUDA out of memory\n", "x")
+    assert "precompute_ref_log_probs" in full.changes[0].setting and "quantize_smaller" in _levers(full)
+    sft = diagnose_text(said.replace("--stage dpo", "--stage sft"), "x")
+    assert "reference" not in sft.summary  # no reference model in a supervised fine-tune
+
+
+def test_a_colocated_wake_up_whose_lower_share_still_failed_pins_the_kv_cache_in_bytes():
+    log = ("(VllmWorker) ERROR  File \"vllm/device_allocator/cumem.py\", line 120, in wake_up\n"
+           "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62\n")
+    d = diagnose_text(log, "x", Context(engine="vllm"))
+    assert d.changes[0].lever == "gpu_memory_utilization_down" and "max_total_tokens_down" in _levers(d)
+    tried = diagnose_text(log + "lowering gpu_memory_utilization to 0.5 still OOM'ed\n", "x", Context(engine="vllm"))
+    assert tried.changes[0].lever == "max_total_tokens_down" and "kv-cache-memory-bytes" in tried.changes[0].setting

@@ -842,16 +842,18 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         else:
             changes = (fewer_items, shorter, fewer_seqs)
         items = settings.get("limit_mm_per_prompt")
-        if not facts.enc_dec and items is not None and tried_gib and total_gib \
-                and tried_gib >= WHOLE_GPUS_ASKED * total_gib:
-            # one allocation several whole GPUs large is an attention matrix the vision tower materialises (eager or
-            # SDPA with a full mask over all patches of the profile's items) where a memory-efficient kernel keeps
-            # none: with the item count the user chose (--limit-mm-per-prompt) that kernel comes before fewer items
+        if not facts.enc_dec and tried_gib and total_gib and tried_gib > total_gib and not _HIP.search(facts.text):
+            # one allocation larger than the whole GPU is no weight, KV block or graph pool: it is an attention matrix
+            # the vision tower materialises (eager or SDPA with a full mask over all patches of the profile's items)
+            # where a memory-efficient kernel keeps none (dots.ocr#179: without flash-attn vLLM profiles the vision
+            # encoder's 14,400 tokens with eager/SDPA attention). It comes before fewer items: one item of the
+            # largest size already builds it, and the item count the user chose (--limit-mm-per-prompt) stays
             kernel = Change("install flash-attn (pip install flash-attn) so the vision encoder uses a memory-efficient "
                             "attention kernel (recent vLLM: --mm-encoder-attn-backend FLASH_ATTN)",
-                            f"{tried_gib:,.0f} GiB in one allocation, {tried_gib / total_gib:.0f} times the GPU, is a "
-                            "full attention matrix over the profile's patches: a flash kernel never builds it, and the "
-                            f"--limit-mm-per-prompt {items.value} you set stays", "attention_kernel")
+                            f"{tried_gib:,.0f} GiB in one allocation, {tried_gib / total_gib:.1f} times the GPU, is a "
+                            "full attention matrix over the profile's patches: a flash kernel never builds it"
+                            + (f", and the --limit-mm-per-prompt {items.value} you set stays" if items is not None
+                               else ""), "attention_kernel")
             changes = (kernel,) + changes
         return Diagnosis(source, "vllm", "activation_peak",
                          f"the encoder's (vision, audio or encoder-decoder) profile run ran out of memory (tried "
@@ -864,6 +866,12 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                          "another user of it (a trainer colocated with the rollout engine)", tuple(figures), (
                              Change(f"--gpu-memory-utilization {min(0.5, float(lower)):.2f}",
                                     "vLLM's share must leave the colocated process its memory when both are awake"),
+                             # the KV cache sized in bytes (vLLM's kv_cache_memory_bytes, which takes precedence over
+                             # the share): what the start-up profile measures beside a colocated trainer, or a
+                             # release that profiles differently, no longer decides the pool re-mapped at wake-up
+                             Change("--kv-cache-memory-bytes (a fixed KV-cache budget, e.g. what the cache took when "
+                                    "wake-up still fitted)", "the sleep pool stops growing with what profiling sees",
+                                    "max_total_tokens_down"),
                              free_other_process()))
     if facts.oom_during == "loading weights":
         tp = int(number(settings, "tensor_parallel_size") or 1)
@@ -971,7 +979,9 @@ def _said_in_words_only(facts: VllmFacts) -> bool:
             and not facts.v0_lines and not facts.v1_lines and not facts.enc_dec and not facts.settings)
 
 
-WHOLE_GPUS_ASKED = 4  # an encoder allocation this many times the whole GPU: a materialised attention matrix
+# PyTorch on ROCm says "HIP out of memory": pip's flash-attn wheels are CUDA builds (its ROCm port covers MI200/MI300
+# only), so a kernel is no first change there and fewer or smaller items come first
+_HIP = re.compile(r"\bHIP out of memory|\bhipMalloc|\bROCm\b")
 LARGE_CAPTURE_BATCH = 128  # half of vLLM's default --max-num-seqs 256, the largest size it captures by default
 MANY_CAPTURE_SIZES = 32  # vLLM captures 35 sizes by default (1, 2, 4, then every 8 up to 256)
 # the capture as the log shows it: "35 FULL graphs", "FULL=35 (largest=256)", "Capturing CUDA graphs ... 0/51",

@@ -12,6 +12,7 @@ from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragm
 from harness.diagnose.failures import quoted_line
 from harness.diagnose.levers import lever_of
 from harness.diagnose.offload import load_moving_weights
+from harness.diagnose.preference import reference_weights_first
 from harness.diagnose.records import Change, Diagnosis
 from harness.diagnose.sequence import shorter_sequence_first
 from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
@@ -108,11 +109,35 @@ def _fine_tune_without_checkpointing(context: str, settings: dict) -> bool:
     return not _CHECKPOINTING_ON.search(context)
 
 
-def _checkpointing_first(figures: list, quoted: str, source: str) -> Diagnosis:
+# checkpointing said to be off for a training run: a config key or flag set false (TrainingArguments'
+# gradient_checkpointing, NeMo Automodel's distributed.activation_checkpointing, LLaMA-Factory's
+# --disable_gradient_checkpointing) or the words ("no activation checkpointing", "without gradient checkpointing")
+_CHECKPOINTING_OFF = re.compile(r"(?:gradient|activation)[_ -]checkpoint\w*\s*[:=]\s*false\b|"
+                                r"\b(?:no|without)\s+(?:gradient|activation)[_ -]checkpointing\b|"
+                                r"--disable[_-]gradient[_-]checkpointing\b", re.I)
+
+
+def _checkpointing_said_off(context: str, settings: dict) -> bool:
+    """A training run (any model, full or adapter fine-tune) whose log or flags say checkpointing is off. Then it is
+    the first lever, before a smaller batch: it keeps the step's math as it is (same batch, same optimizer steps) for
+    about a third more compute, where a smaller batch changes the run unless accumulation makes up for it; and where the
+    batch is shown at LARGE_BATCH+ the batch rule comes first. Never where it is on (nothing repeated in place)."""
+    if not _TRAINING.search(context):
+        return False
+    setting = settings.get("gradient_checkpointing")
+    if setting is not None:
+        return setting.value is False
+    return bool(_CHECKPOINTING_OFF.search(context)) and not _CHECKPOINTING_SET.search(context)
+
+
+def _checkpointing_first(figures: list, quoted: str, source: str, frozen: bool = True) -> Diagnosis:
     return Diagnosis(source, "pytorch-oom", "training_step",
                      "a fine-tuning step ran out of memory with gradient checkpointing off: with the base weights "
                      "frozen, the activations kept for the backward pass (batch x sequence length x layers) are the "
-                     "bulk of it", tuple(figures), (
+                     "bulk of it" if frozen else
+                     "a training step ran out of memory with activation (gradient) checkpointing said to be off: every "
+                     "layer's activations are kept for the backward pass at once (batch x sequence length x layers)",
+                     tuple(figures), (
                          Change("gradient_checkpointing=True (TrainingArguments / --gradient_checkpointing)",
                                 "keeps one activation per layer and recomputes the rest in the backward pass: the "
                                 "activations shrink by about the number of layers, for about a third more compute"),
@@ -183,7 +208,8 @@ _ATTENTION_ON = re.compile(r"flash[-_ ]?attn|flash[-_ ]?attention|attn_implement
                            r"use_flash|--attention[-_]backend", re.I)
 # gradient checkpointing switched on where the run shows it (a flag, a config key, the call)
 _CHECKPOINTING_SET = re.compile(r"--gradient[_-]checkpointing(?!\s*(?:=\s*)?(?:false|0)\b)|"
-                                r"gradient_checkpointing\s*[:=]\s*true|gradient_checkpointing_enable\(", re.I)
+                                r"(?:gradient|activation)_checkpointing\s*[:=]\s*true|gradient_checkpointing_enable\(",
+                                re.I)
 
 
 def _attention_left(context: str, settings: dict) -> bool:
@@ -484,6 +510,11 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
     batch of one with a long or unset sequence length, the shorter sequence comes before a smaller batch or
     gradient checkpointing."""
     diagnosis = _diagnose_torch(text, oom, line, source, weights_16bit_bytes, has_model, settings, flags_text)
+    setting = (settings or {}).get("gradient_checkpointing")
+    if setting.value is True if setting is not None else _CHECKPOINTING_SET.search(f"{text}\n{flags_text}"):
+        # on already, in a spelling settings do not parse (a YAML line): never offered again
+        diagnosis = replace(diagnosis, changes=tuple(c for c in diagnosis.changes
+                                                     if (c.lever or lever_of(c)) != "gradient_checkpointing"))
     if not diagnosis.changes or (diagnosis.changes[0].lever or lever_of(diagnosis.changes[0])) not in _STEP_LEVERS:
         return diagnosis
     if diagnosis.kind == "generate" or (_EVALUATING.search(text) and not _EVAL_BATCH.search(f"{text}\n{flags_text}")):
@@ -573,6 +604,9 @@ def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, w
                 and _at_default_batch(settings or {}, context):
             return _inference_mode_first(True, figures, quoted, source)
     training = phase is None or phase[1] in ("training_step", "optimizer_state")
+    if training and (reference := reference_weights_first(context, settings or {}, figures, quoted,
+                                                          source)) is not None:
+        return reference
     if training and _attention_left(context, settings or {}):
         return _attention_first(figures, quoted, source)
     if training and (offload := _zero_offload(context, settings or {})) is not None:
@@ -594,6 +628,8 @@ def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, w
         return _batch_first(large, figures, quoted, source)
     if training and _fine_tune_without_checkpointing(context, settings or {}):
         return _checkpointing_first(figures, quoted, source)
+    if training and _checkpointing_said_off(context, settings or {}):
+        return _checkpointing_first(figures, quoted, source, frozen=False)
     if phase is not None:
         _, kind, summary, changes = phase
         return Diagnosis(source, "pytorch-oom", kind, summary, tuple(figures), changes, failing_line=quoted)

@@ -49,7 +49,8 @@ ALIASES = {
     "batch_size": "batch_size", "per_device_train_batch_size": "batch_size", "train_batch_size": "batch_size",
     "micro_batch_size": "batch_size", "train_micro_batch_size_per_gpu": "batch_size",
     "per_device_eval_batch_size": "batch_size", "eval_batch_size": "batch_size",
-    "gradient_checkpointing": "gradient_checkpointing", "model": "model", "model_path": "model",
+    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "gradient_checkpointing",
+    "model": "model", "model_path": "model",
     "model_id": "model", "max_new_tokens": "max_new_tokens", "max_length": "max_length",
     "cutoff_len": "max_length", "max_seq_length": "max_length", "max_source_length": "max_length",
     "pytorch_cuda_alloc_conf": "pytorch_cuda_alloc_conf", "pytorch_alloc_conf": "pytorch_cuda_alloc_conf",
@@ -83,7 +84,10 @@ _RANGE = re.compile(r"^(\d*\.\d+)\s*[-–~]\s*\d*\.\d+\b")
 
 def key_of(name: str) -> str | None:
     key = name.strip().lstrip("-").replace("-", "_").lower()
-    return ALIASES.get(key[len("option."):] if key.startswith("option.") else key)  # LMI's serving.properties
+    key = key[len("option."):] if key.startswith("option.") else key  # LMI's serving.properties
+    if key not in ALIASES and "." in key:
+        key = key.rsplit(".", 1)[1]  # a recipe's config path (NeMo's distributed.activation_checkpointing): its key
+    return ALIASES.get(key)
 
 
 def settings_in(text: str) -> dict[str, Setting]:
