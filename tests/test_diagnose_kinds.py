@@ -374,3 +374,7 @@ def test_a_colocated_wake_up_whose_lower_share_still_failed_pins_the_kv_cache_in
     assert d.changes[0].lever == "gpu_memory_utilization_down" and "max_total_tokens_down" in _levers(d)
     tried = diagnose_text(log + "lowering gpu_memory_utilization to 0.5 still OOM'ed\n", "x", Context(engine="vllm"))
     assert tried.changes[0].lever == "max_total_tokens_down" and "kv-cache-memory-bytes" in tried.changes[0].setting
+    pinned = diagnose_text("vllm_kwargs: kv_cache_memory_bytes: 21474836480\n" + log, "x", Context(engine="vllm"))
+    assert "max_total_tokens_down" not in _levers(pinned)  # fixed in bytes already: not offered again
+    fix = diagnose_text(log + "+      kv_cache_memory_bytes: 21474836480  # 20 GiB\n", "x", Context(engine="vllm"))
+    assert "max_total_tokens_down" in _levers(fix)  # a diff's added line is the fix, not the failing run

@@ -872,6 +872,9 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                              Change("--kv-cache-memory-bytes (a fixed KV-cache budget, e.g. what the cache took when "
                                     "wake-up still fitted)", "the sleep pool stops growing with what profiling sees",
                                     "max_total_tokens_down"),
+                             free_other_process()) if not _KV_BYTES_SET.search(facts.text) else (
+                             Change(f"--gpu-memory-utilization {min(0.5, float(lower)):.2f}",
+                                    "vLLM's share must leave the colocated process its memory when both are awake"),
                              free_other_process()))
     if facts.oom_during == "loading weights":
         tp = int(number(settings, "tensor_parallel_size") or 1)
@@ -979,6 +982,8 @@ def _said_in_words_only(facts: VllmFacts) -> bool:
             and not facts.v0_lines and not facts.v1_lines and not facts.enc_dec and not facts.settings)
 
 
+# a KV cache already fixed in bytes (a flag or config line of the run; a diff's added line is the fix, not the run)
+_KV_BYTES_SET = re.compile(r"^(?![ \t]*\+).*\bkv[-_]cache[-_]memory(?:[-_]bytes)?\b[\"']?\s*[:=\s]\s*\d", re.I | re.M)
 # PyTorch on ROCm says "HIP out of memory": pip's flash-attn wheels are CUDA builds (its ROCm port covers MI200/MI300
 # only), so a kernel is no first change there and fewer or smaller items come first
 _HIP = re.compile(r"\bHIP out of memory|\bhipMalloc|\bROCm\b")
