@@ -378,3 +378,21 @@ def test_a_colocated_wake_up_whose_lower_share_still_failed_pins_the_kv_cache_in
     assert "max_total_tokens_down" not in _levers(pinned)  # fixed in bytes already: not offered again
     fix = diagnose_text(log + "+      kv_cache_memory_bytes: 21474836480  # 20 GiB\n", "x", Context(engine="vllm"))
     assert "max_total_tokens_down" in _levers(fix)  # a diff's added line is the fix, not the failing run
+
+
+def test_a_step_filling_the_card_that_asks_for_one_tensor_of_gibs_shortens_the_sequences_first():
+    filled = _OLD_LINE.format(tried="3.00 GiB", total="47.54", allocated="44.90", reserved="45.60")
+    d = diagnose_text(filled, "x")
+    assert d.changes[0].lever == "max_model_len_down" and "batch_size_down" in _levers(d)
+    backward = diagnose_text(_BACKWARD + _NEW_LINE.format(tried="2.50 GiB", total="79.11", allocated="76.80"), "x")
+    assert backward.changes[0].lever == "max_model_len_down"
+    set_long = diagnose_text("--max_seq_length 8192\n" + filled, "x")
+    assert "4,096 (from 8,192)" in set_long.changes[0].setting
+    small = diagnose_text(filled.replace("3.00 GiB", "300.00 MiB"), "x")
+    assert small.changes[0].lever != "max_model_len_down"  # one small tensor: nothing says which dimension
+    batch = diagnose_text("per_device_train_batch_size=8\n" + filled, "x")
+    assert batch.changes[0].lever == "batch_size_down"  # a batch shown: the batch rules read it
+    short = diagnose_text("--max_seq_length 1024\n" + filled, "x")
+    assert short.changes[0].lever != "max_model_len_down"  # short already: nothing repeated in place
+    room = diagnose_text(_OLD_LINE.format(tried="4.00 GiB", total="10.73", allocated="4.41", reserved="4.60"), "x")
+    assert room.changes[0].lever != "max_model_len_down"  # a half-empty card: the request says nothing of length

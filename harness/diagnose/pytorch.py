@@ -14,7 +14,7 @@ from harness.diagnose.levers import lever_of
 from harness.diagnose.offload import load_moving_weights
 from harness.diagnose.preference import reference_weights_first
 from harness.diagnose.records import Change, Diagnosis
-from harness.diagnose.sequence import shorter_sequence_first
+from harness.diagnose.sequence import shorter_for_one_large_request, shorter_sequence_first
 from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
 from harness.measure.oom import OomFigures
 
@@ -520,6 +520,10 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
     if diagnosis.kind == "generate" or (_EVALUATING.search(text) and not _EVAL_BATCH.search(f"{text}\n{flags_text}")):
         return diagnosis  # an evaluation or generate() runs its own batch, not the training batch the log shows
     shorter = shorter_sequence_first(f"{text}\n{flags_text}", settings or {})
+    if shorter is None and oom is not None and (diagnosis.changes[0].lever or lever_of(diagnosis.changes[0])) == \
+            "batch_size_down":  # checkpointing said off or left off on a fine-tune stays first
+        shorter = shorter_for_one_large_request(f"{text}\n{flags_text}", settings or {}, oom.bytes_of("tried"),
+                                                oom.bytes_of("allocated"), oom.bytes_of("total"))
     if shorter is None:
         return diagnosis
     return replace(diagnosis, changes=(shorter,) + tuple(c for c in diagnosis.changes

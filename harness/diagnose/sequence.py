@@ -87,3 +87,37 @@ def shorter_sequence_first(context: str, settings: dict) -> Change | None:
                       "no length is set, so each sample runs at its own length up to the model's whole context; at "
                       "one sequence a step the length is what is left to lower", "max_model_len_down")
     return None
+
+
+# one request of this size in a step whose batch is not shown: a tensor that large in a transformer's step is the
+# length's (eager attention's scores, batch x heads x length x length, or the logits, batch x length x vocabulary)
+ONE_LARGE_REQUEST = 2 * 1024 ** 3
+HELD_BY_TENSORS = 0.85  # the step's own tensors hold this share of the GPU (as harness.diagnose.pytorch reads it)
+
+
+def shorter_for_one_large_request(context: str, settings: dict, tried_bytes: int | None,
+                                   allocated_bytes: int | None, total_bytes: int | None) -> Change | None:
+    """A step whose own tensors already fill the card (HELD_BY_TENSORS of it) and that failed asking for one more
+    tensor of 2 GiB or more, where neither a batch nor a short length is shown: the tensor grows with the length (its
+    square for eager attention's scores), and data prepared without a maximum length lets one long sample ask for it
+    whatever the batch; a shorter maximum length comes before a smaller batch. None where a batch is shown (the batch
+    rules read it), a length under LONG_SEQUENCE is set already, or the card was not filled (a request as large as the
+    room left on a half-empty card says nothing of which dimension)."""
+    if tried_bytes is None or tried_bytes < ONE_LARGE_REQUEST or batch_shown(context, settings) is not None:
+        return None
+    if not allocated_bytes or not total_bytes or allocated_bytes < HELD_BY_TENSORS * total_bytes:
+        return None
+    length = sequence_set(context)
+    if length is not None and length < LONG_SEQUENCE:
+        return None
+    gib = tried_bytes / 1024 ** 3
+    if length is not None:
+        return Change(f"shorter sequences: max_length / max_seq_length / cutoff_len {length // 2:,} (from "
+                      f"{length:,})", f"the step failed asking for one {gib:.2f} GiB tensor: a tensor that large is "
+                      "the length's (attention scores grow with its square, logits with length x vocabulary)",
+                      "max_model_len_down")
+    return Change("set a maximum sequence length (--max_length / max_seq_length / cutoff_len, e.g. 2048)",
+                  f"the step failed asking for one {gib:.2f} GiB tensor and no batch or length is shown: a tensor "
+                  "that large is the length's (attention scores grow with its square, logits with length x "
+                  "vocabulary), and one sample longer than the rest asks for it whatever the batch",
+                  "max_model_len_down")
