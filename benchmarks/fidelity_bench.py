@@ -249,7 +249,8 @@ def collect_result(work: Path, model: str, items: int, sets: tuple[str, ...], ru
     return {"model": label, "model_note": _model_note(model), "refused_formats": refused,
             "rows": rows, "fit": fit(rows), "items": items, "sets": list(sets),
             "calibration_samples": calibration_samples,
-            "time_shares": time_shares(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else {},
+            "time_shares": time_shares(log.read_text(encoding="utf-8", errors="replace"), set(report["formats"]),
+                                       set(sets)) if log.is_file() else {},
             "rungs": list(rungs), "command": command, "wall_s": wall_s,
             "unfinished": sorted(name for name, fmt in report["formats"].items() if fmt.get("status") != "ok"),
             "device": report.get("device", {}).get("name"), "compute_dtype": report["formats"]["baseline"].get(

@@ -112,13 +112,14 @@ _PROGRESS = re.compile(r"^\[quantgate\] (?P<fmt>[^:\s]+): (?P<step>generating|fi
                        r"\[#+\] (?P<done>\d+)/(?P=done)\s+(?P<s>[\d.]+)s\s*$")
 
 
-def time_shares(run_log: str) -> dict[str, dict]:
+def time_shares(run_log: str, formats=None, sets=None) -> dict[str, dict]:
     """{format: {generation_s, fidelity_s, share}} from a `quantgate run` log's finished progress bars: fidelity's
-    cost beside the format's generation on the same sets (the baseline's is its reference pass)."""
+    cost beside the format's generation on the same sets (the baseline's is its reference pass). The log of a work
+    directory is appended to by every ladder run there: `formats` and `sets`, where given, keep this run's bars."""
     shares: dict[str, dict] = {}
     for line in run_log.splitlines():
         m = _PROGRESS.match(line.strip())
-        if not m:
+        if not m or (formats is not None and m["fmt"] not in formats) or (sets is not None and m["set"] not in sets):
             continue
         entry = shares.setdefault(m["fmt"], {"generation_s": 0.0, "fidelity_s": 0.0})
         entry["generation_s" if m["step"] == "generating" else "fidelity_s"] += float(m["s"])

@@ -66,6 +66,10 @@ def test_time_shares_from_finished_progress_bars():
     shares = fidelity_fit.time_shares(log)
     assert shares["gptq"] == {"generation_s": 100.0, "fidelity_s": 10.0, "share": 0.1}
     assert shares["baseline"]["share"] == 0.05
+    # a later ladder in the same work directory appends to the log: only its own formats and sets are counted
+    later = log + "\n[quantgate] baseline: generating cnndm_100 [########################] 30/30  90.0s"
+    assert fidelity_fit.time_shares(later, {"baseline"}, {"cnndm_100"}) == {
+        "baseline": {"generation_s": 90.0, "fidelity_s": 0.0, "share": 0.0}}
 
 
 def test_the_plot_is_written(tmp_path):
