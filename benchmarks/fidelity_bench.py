@@ -318,9 +318,10 @@ def row_model(row: dict) -> str:
     return row.get("model") or DEMO
 
 
-def fit_by_model(rows: list[dict]) -> dict[str, dict]:
-    """fit() over each model's rows alone."""
-    return {m: fit([r for r in rows if row_model(r) == m]) for m in sorted({row_model(r) for r in rows})}
+def fit_by_model(rows: list[dict], kl_below: float | None = None) -> dict[str, dict]:
+    """fit() over each model's rows alone (those with KL at most kl_below, where given)."""
+    return {m: fit([r for r in rows if row_model(r) == m], kl_below=kl_below)
+            for m in sorted({row_model(r) for r in rows})}
 
 
 def merge_results(results: list[dict]) -> dict:
@@ -438,10 +439,8 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
                       for m, g in (result.get("fit_by_model") or fit_by_model(result["rows"])).items() if g]
             # a model's far rungs saturate (a task score cannot fall below zero), which flattens its line over every
             # rung: the region's own fit per model is the one the limits are judged against
-            for m in sorted({row_model(r) for r in result["rows"]}):
-                g = fit([r for r in result["rows"] if row_model(r) == m], kl_below=REGION_MAX_KL)
-                if g:
-                    lines.append(f"- {m} alone in the decision region, {g['points']} points: {_fit_line(g)}.")
+            lines += [f"- {m} alone in the decision region, {g['points']} points: {_fit_line(g)}."
+                      for m, g in fit_by_model(result["rows"], kl_below=REGION_MAX_KL).items() if g]
     found = coincidences(result["rows"], DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT)
     past = found["passes_past_margin"]
     lines += ["", f"Rows where fidelity passes (every family, decoys included): {found['fidelity_passes']} of "

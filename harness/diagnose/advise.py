@@ -861,21 +861,18 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
                          + (" (an encoder-decoder model: one encoder input per sequence)" if facts.enc_dec else ""),
                          tuple(figures), changes)
     if facts.oom_during == "wake up":
+        # the KV cache sized in bytes (vLLM's kv_cache_memory_bytes, which takes precedence over the share): what the
+        # start-up profile measures beside a colocated trainer, or a release that profiles differently, no longer
+        # decides the pool re-mapped at wake-up; not offered where the run sizes it in bytes already
+        kv_bytes = () if _KV_BYTES_SET.search(facts.text) else (
+            Change("--kv-cache-memory-bytes (a fixed KV-cache budget, e.g. what the cache took when wake-up still "
+                   "fitted)", "the sleep pool stops growing with what profiling sees", "max_total_tokens_down"),)
         return Diagnosis(source, "vllm", "memory_held_elsewhere",
                          "vLLM's sleep-mode allocator (cumem) ran out of memory waking up: it shares the GPU with "
                          "another user of it (a trainer colocated with the rollout engine)", tuple(figures), (
                              Change(f"--gpu-memory-utilization {min(0.5, float(lower)):.2f}",
                                     "vLLM's share must leave the colocated process its memory when both are awake"),
-                             # the KV cache sized in bytes (vLLM's kv_cache_memory_bytes, which takes precedence over
-                             # the share): what the start-up profile measures beside a colocated trainer, or a
-                             # release that profiles differently, no longer decides the pool re-mapped at wake-up
-                             Change("--kv-cache-memory-bytes (a fixed KV-cache budget, e.g. what the cache took when "
-                                    "wake-up still fitted)", "the sleep pool stops growing with what profiling sees",
-                                    "max_total_tokens_down"),
-                             free_other_process()) if not _KV_BYTES_SET.search(facts.text) else (
-                             Change(f"--gpu-memory-utilization {min(0.5, float(lower)):.2f}",
-                                    "vLLM's share must leave the colocated process its memory when both are awake"),
-                             free_other_process()))
+                             *kv_bytes, free_other_process()))
     if facts.oom_during == "loading weights":
         tp = int(number(settings, "tensor_parallel_size") or 1)
         return Diagnosis(source, "vllm", "weights_do_not_fit",

@@ -77,13 +77,13 @@ _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"",
                   "_dummy_sampler_run", "capture_model")
 
 
-@functools.lru_cache(maxsize=4)
 def quoted_line(text: str, position: int) -> tuple[int, str]:
     """The number (from 1) of the line that holds text[position], and that line as a diagnosis quotes it."""
     number = text.count("\n", 0, position) + 1
     return number, text.splitlines()[number - 1].strip()[:300]
 
 
+@functools.lru_cache(maxsize=4)
 def failure_lines(text: str) -> tuple[FailureLine, ...]:
     found = []
     for number, line in enumerate(text.splitlines(), 1):
