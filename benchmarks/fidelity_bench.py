@@ -448,6 +448,13 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
                   + (" (" + ", ".join(f"{row_model(r)}/{r['format']}/{r['evalset']}" for r in past) + ")" if past
                      else "") + f"; GO formats with a set past the margin: {len(found['go_past_margin'])}"
                   + (" (" + ", ".join(found["go_past_margin"]) + ")" if found["go_past_margin"] else "") + "."]
+    real, carried = found["passes_with_real_drop"], found["go_by_fidelity_over_real_drop"]
+    lines += ["", f"Rows where fidelity passes while the task interval lies wholly below 0 (a real drop, which the "
+                  f"fidelity rule may not talk over): {len(real)}"
+                  + (" (" + ", ".join(f"{row_model(r)}/{r['format']}/{r['evalset']} {r['verdict']}" for r in real)
+                     + ")" if real else "") + f"; GO by the fidelity rule over such a set: {len(carried)}"
+                  + (" (" + ", ".join(f"{row_model(r)}/{r['format']}/{r['evalset']}" for r in carried) + ")"
+                     if carried else "") + "."]
     if plot is not None and plot_rows(result["rows"], plot, DEFAULT_MAX_KL):
         lines += ["", f"![drop in margins against KL, every rung and set]({plot.name})"]
     lines += _time_share_lines(result)

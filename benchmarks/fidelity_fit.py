@@ -98,14 +98,23 @@ def past_margin(row: dict) -> bool:
 def coincidences(rows: list[dict], max_kl: float, min_agreement: float) -> dict:
     """Rows (every family, decoys included) where fidelity passes (the run's own check where it has one, else the
     intervals against the limits) while the task interval lies past the margin, and
-    rungs given GO while one of their sets lies past the margin. Both must be empty at the defaults."""
+    rungs given GO while one of their sets lies past the margin. Both must be empty at the defaults. Beside them: the
+    passes whose task interval lies wholly below 0, and GOs the fidelity rule carried over such a set (must be none)."""
     passing = [r for r in rows if r.get("fidelity_status") == "pass"
                or (r.get("fidelity_status") is None and fidelity_passes(r, max_kl, min_agreement))]
     bad_rows = [r for r in passing if past_margin(r)]
     bad_go = sorted({f"{r.get('model', '')}/{r['format']}".lstrip("/") for r in rows
                      if r.get("verdict") == "GO" and past_margin(r)})
     return {"rows": len(rows), "fidelity_passes": len(passing), "passes_past_margin": bad_rows,
-            "share": len(bad_rows) / len(rows) if rows else None, "go_past_margin": bad_go}
+            "share": len(bad_rows) / len(rows) if rows else None, "go_past_margin": bad_go,
+            "passes_with_real_drop": [r for r in passing if real_drop(r)],
+            "go_by_fidelity_over_real_drop": [r for r in rows if r.get("rule") == "fidelity" and real_drop(r)]}
+
+
+def real_drop(row: dict) -> bool:
+    """The task interval lies wholly below 0: the format loses score measurably on this set, which the fidelity
+    rule may not talk over (harness.decide._real_drop), within the margin or not."""
+    return row.get("ci_high") is not None and row["ci_high"] < 0
 
 
 _PROGRESS = re.compile(r"^\[quantgate\] (?P<fmt>[^:\s]+): (?P<step>generating|fidelity reference|fidelity) (?P<set>\S+) "

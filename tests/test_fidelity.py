@@ -149,6 +149,32 @@ def test_a_task_drop_beyond_the_margin_is_never_talked_over_by_fidelity():
     assert gone > 10
 
 
+def test_a_drop_the_task_interval_shows_to_be_real_is_never_talked_over_by_fidelity():
+    """Fidelity is teacher-forced and vouches for the free-running output only up to its first departure; a task
+    interval wholly below 0 says departures cost score, so with a mean drop inside the margin it still keeps the
+    verdict from GO (Gemma 3 270M's CNN/DM, docs/fidelity.md): planted drops of 1.5 points against a 2-point margin,
+    perfect fidelity."""
+    held = 0
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        baseline = {f"q{i}": {"f1": float(rng.uniform(20, 100))} for i in range(35)}
+        candidate = {i: {"f1": row["f1"] - 1.5 + float(rng.normal(0, 3))} for i, row in baseline.items()}
+        fidelity = {"faq": {i: FidelityItem(20, 0.0, 20) for i in baseline}}
+        decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
+                                 FormatOutcome("fp8", items={"faq": candidate}, gates={"faq": ["f1"]},
+                                               fidelity=fidelity), Policy())
+        score = decision.scores["faq"]["f1"]
+        assert decision.fidelity["faq"]["status"] == "pass"
+        if score["ci_high"] < 0 and score["ci_low"] < -2.0 <= score["delta"]:
+            held += 1
+            assert decision.verdict == "INCONCLUSIVE", decision.reasons
+            assert any("the drop is real: its interval lies wholly below 0" in r for r in decision.reasons)
+            assert any("a drop its interval shows to be real" in r for r in decision.reasons)
+        if decision.verdict == "GO":
+            assert score["ci_high"] >= 0 or score["ci_low"] > -2.0, "fidelity talked over a real drop"
+    assert held >= 5
+
+
 @pytest.mark.parametrize("fidelity, message", [
     ({"max_kl": -0.1}, "fidelity.max_kl"),
     ({"max_kl": "0.05"}, "fidelity.max_kl"),

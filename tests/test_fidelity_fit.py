@@ -49,6 +49,11 @@ def test_coincidences_find_a_fidelity_pass_past_the_margin_and_a_go_past_it():
     assert found["fidelity_passes"] == 2
     assert [r["format"] for r in found["passes_past_margin"]] == ["decoy-x"]
     assert found["go_past_margin"] == ["demo/r3"]
+    assert found["passes_with_real_drop"] == [fooled] and found["go_by_fidelity_over_real_drop"] == []
+    carried = row("fp8", 0.007, -0.8, spread=0.6, agree=98.0, verdict="GO")  # [-1.4, -0.2]: within 2, yet real
+    carried["rule"] = "fidelity"
+    found = fidelity_fit.coincidences([fine, carried], max_kl=0.05, min_agreement=90.0)
+    assert found["passes_past_margin"] == [] and found["go_by_fidelity_over_real_drop"] == [carried]
     # the run's own check outranks the interval test: a row the rule failed (tail condition) is not a pass
     fooled["fidelity_status"] = "fail"
     assert fidelity_fit.coincidences([fooled], 0.05, 90.0)["passes_past_margin"] == []
