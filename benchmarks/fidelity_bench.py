@@ -244,7 +244,7 @@ def collect_result(work: Path, model: str, items: int, sets: tuple[str, ...], ru
     partial report) has finished, for `--collect`."""
     report = json.loads((work / "run" / "report.json").read_text(encoding="utf-8"))
     label = model_label(model)
-    rows = ladder_rows(report, label)
+    rows = with_item_figures(ladder_rows(report, label), work / "run" / "samples.jsonl")
     log = work / "run.log"
     return {"model": label, "model_note": _model_note(model), "refused_formats": refused,
             "rows": rows, "fit": fit(rows), "items": items, "sets": list(sets),
@@ -304,6 +304,32 @@ def ladder_rows(report: dict, model: str | None = None) -> list[dict]:
                              "ci_low": score["ci_low"], "ci_high": score["ci_high"], "margin": score["margin"],
                              "verdict": fmt.get("verdict"), "rule": fmt.get("rule")})
     return rows
+
+
+def with_item_figures(rows: list[dict], samples: Path) -> list[dict]:
+    """Each row with its items' figures from the run's samples.jsonl, `items_figures`: [id, tokens compared,
+    first flip (None: the format reproduces the baseline's output to its end), KL, the item's score difference];
+    what a per-item condition (the share of items that depart, the score a departure costs) is tested on later
+    without rerunning the ladder."""
+    if not samples.is_file():
+        return rows
+    scores: dict[tuple[str, str, str], dict] = {}
+    for line in samples.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        scores[(record["format"], record["evalset"], record["id"])] = record
+    figured = []
+    for row in rows:
+        items = []
+        for (fmt, evalset, item), record in sorted(scores.items()):
+            base = scores.get(("baseline", evalset, item))
+            fid = record.get("fidelity")
+            if fmt != row["format"] or evalset != row["evalset"] or not fid or base is None:
+                continue
+            got, had = record.get(row["metric"]), base.get(row["metric"])
+            items.append([item, fid.get("tokens"), fid.get("first_flip"), round(float(fid["kl"]), 6),
+                          None if got is None or had is None else round(float(got) - float(had), 4)])
+        figured.append({**row, "items_figures": items} if items else row)
+    return figured
 
 
 def decoy_verdicts(report: dict) -> dict[str, dict]:
@@ -383,6 +409,14 @@ def _time_share_lines(result: dict) -> list[str]:
     return lines
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
+def _points(delta: float | None) -> str:
+    return "-" if delta is None else f"{delta:+.2f}"
+
+
 def _row_line(r: dict, with_model: bool = False) -> str:
     kl, agree = r["kl"], r["top1_agreement"]
     return (("| " + row_model(r) + " " if with_model else "")
@@ -395,7 +429,7 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
     """The bench report's section 6; with `plot`, the scatter is written there and linked by its name."""
     if not result:
         return []
-    from benchmarks.fidelity_fit import coincidences, safety_factor
+    from benchmarks.fidelity_fit import coincidences, departures, safety_factor
     from benchmarks.fidelity_fit import plot as plot_rows
     from harness.policy import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1_AGREEMENT
 
@@ -455,6 +489,16 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
                      + ")" if real else "") + f"; GO by the fidelity rule over such a set: {len(carried)}"
                   + (" (" + ", ".join(f"{row_model(r)}/{r['format']}/{r['evalset']}" for r in carried) + ")"
                      if carried else "") + "."]
+    departed = [(r, departures(r)) for r in result["rows"] if r.get("items_figures")]
+    if departed:
+        lines += ["", "Departures, on the rows whose run kept per-item figures: the items whose greedy output "
+                      "leaves the baseline's (a teacher-forced first flip), the share of compared tokens before "
+                      "each item's first flip, and the mean score difference of the departed items and of the rest.",
+                  "", "| model | format | evalset | departed items | tokens before the first flip | delta, departed "
+                      "| delta, the rest |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {row_model(r)} | {r['format']} | {r['evalset']} | {d['departed']} of {d['items']} | "
+                  f"{_percent(d['verbatim_token_share'])} | {_points(d['delta_departed'])} | {_points(d['delta_kept'])} |"
+                  for r, d in departed]
     if plot is not None and plot_rows(result["rows"], plot, DEFAULT_MAX_KL):
         lines += ["", f"![drop in margins against KL, every rung and set]({plot.name})"]
     lines += _time_share_lines(result)

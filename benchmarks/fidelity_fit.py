@@ -111,6 +111,27 @@ def coincidences(rows: list[dict], max_kl: float, min_agreement: float) -> dict:
             "go_by_fidelity_over_real_drop": [r for r in rows if r.get("rule") == "fidelity" and real_drop(r)]}
 
 
+def departures(row: dict) -> dict | None:
+    """From a row's per-item figures (fidelity_bench.with_item_figures): the share of items whose greedy output
+    departs from the baseline's (a teacher-forced first flip), the share of compared tokens before each item's
+    first flip (what fidelity vouches for verbatim), and the mean score difference of the departed items and of
+    the rest (the rest reproduce the baseline, so theirs is 0 up to a tie broken the other way)."""
+    figures = row.get("items_figures") or []
+    if not figures:
+        return None
+    departed = [f for f in figures if f[2] is not None]
+    tokens = sum(f[1] or 0 for f in figures)
+    verbatim = sum(min(f[2], f[1] or 0) if f[2] is not None else (f[1] or 0) for f in figures)
+
+    def mean_delta(group: list) -> float | None:
+        values = [f[4] for f in group if f[4] is not None]
+        return sum(values) / len(values) if values else None
+
+    return {"items": len(figures), "departed": len(departed), "departed_share": len(departed) / len(figures),
+            "verbatim_token_share": verbatim / tokens if tokens else None,
+            "delta_departed": mean_delta(departed), "delta_kept": mean_delta([f for f in figures if f[2] is None])}
+
+
 def real_drop(row: dict) -> bool:
     """The task interval lies wholly below 0: the format loses score measurably on this set, which the fidelity
     rule may not talk over (harness.decide._real_drop), within the margin or not."""
