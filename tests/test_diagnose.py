@@ -1294,6 +1294,24 @@ def test_a_v0_engine_config_line_is_no_multimodal_profile_run():
         assert oom_phase(["torch.OutOfMemoryError: CUDA out of memory.", multimodal], 0) == "encoder", multimodal
 
 
+def test_a_setting_named_after_capture_in_a_command_line_or_args_dump_is_no_capture_phase():
+    """max_seq_len_to_capture / cudagraph_capture_sizes given as arguments name what capture would use; an OOM beside
+    them (and the same name in the person's words) is no CUDA-graph capture. A capture that ran still is."""
+    from harness.diagnose.readers import oom_phase
+
+    oom = "torch.OutOfMemoryError: CUDA out of memory."
+    for given in ("llm = LLM(model=path, tensor_parallel_size=2, max_seq_len_to_capture=512)",
+                  "vllm serve Qwen/Qwen2.5-7B --max-seq-len-to-capture 8192",
+                  "non-default args: {'model': 'Qwen/Qwen2.5-7B', 'cudagraph_capture_sizes': [1, 2, 4]}",
+                  "compilation_config={\"cudagraph_mode\": \"FULL\", \"max_capture_size\": 512}"):
+        assert oom_phase([given, oom], 1) != "cuda graph capture", given
+    said = ["llm = LLM(model=path, max_seq_len_to_capture=512)", "OOM with any `max_seq_len_to_capture` I tried", oom]
+    assert oom_phase(said, 2) != "cuda graph capture"
+    for ran in ("Capturing CUDA graph shapes:  40%|####      | 14/35", 'File "vllm/worker/model_runner.py", line 1'
+                "520, in capture_model"):
+        assert oom_phase(["vllm serve m --max-seq-len-to-capture 8192", ran, oom], 2) == "cuda graph capture", ran
+
+
 def test_a_container_image_field_is_no_multimodal_input():
     from harness.diagnose.readers import oom_phase
 

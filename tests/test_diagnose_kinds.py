@@ -396,3 +396,53 @@ def test_a_step_filling_the_card_that_asks_for_one_tensor_of_gibs_shortens_the_s
     assert short.changes[0].lever != "max_model_len_down"  # short already: nothing repeated in place
     room = diagnose_text(_OLD_LINE.format(tried="4.00 GiB", total="10.73", allocated="4.41", reserved="4.60"), "x")
     assert room.changes[0].lever != "max_model_len_down"  # a half-empty card: the request says nothing of length
+
+
+# with the twelfth set: a per-GPU batch by its NeMo Automodel / torchtitan name, packed training data at a long packed
+# length, a model whose training state alone exceeds the card
+
+def test_a_local_batch_size_is_the_batch_one_gpu_runs():
+    log = ("torchrun --nproc-per-node=8 finetune.py --step_scheduler.local_batch_size {batch} "
+           "--step_scheduler.global_batch_size 512 --dataset.max_length 16384 --attn_implementation sdpa\n"
+           + _BACKWARD + _NEW_LINE.format(tried="4.00 GiB", total="79.11", allocated="75.00"))
+    d = diagnose_text(log.format(batch=1), "x")
+    assert d.changes[0].lever == "max_model_len_down" and "8,192 (from 16,384)" in d.changes[0].setting
+    assert diagnose_text(log.format(batch=8), "x").changes[0].lever != "max_model_len_down"  # a batch left to give
+    large = diagnose_text(log.format(batch=64), "x")
+    assert "to 32 (from 64)" in large.changes[0].setting  # the per-GPU batch, not the global 64 beside it
+
+
+def test_packed_rows_of_a_long_length_halve_the_packed_length_first():
+    said = ("Reproduced the OOM with the recipe's {packing}: every rank hit torch.OutOfMemoryError trying to "
+            "allocate 6.00 GiB with 75.00 GiB already used\n")
+    d = diagnose_text(said.format(packing="packed_sequence_size: 8192"), "x")
+    assert d.changes[0].lever == "max_model_len_down" and "4,096 (from 8,192)" in d.changes[0].setting
+    assert "packed" in d.changes[0].setting and "batch_size_down" in _levers(d)
+    switched = diagnose_text(said.format(packing="sample_packing: true, sequence_len: 16384"), "x")
+    assert switched.changes[0].lever == "max_model_len_down"  # packing on by its switch, the length by its name
+    for other in ("sample_packing: false, sequence_len: 16384",  # packing off: the rows are the samples' own lengths
+                  "packed_sequence_size: 2048",  # a short pack: nothing says the length is what grew
+                  "packed_sequence_size: 8192, per_device_train_batch_size: 4"):  # several packs a step: the batch
+        assert diagnose_text(said.format(packing=other), "x").changes[0].lever != "max_model_len_down", other
+
+
+def test_a_model_whose_training_state_exceeds_the_card_gets_a_smaller_model_first():
+    printed = "Total number of parameters in the model: {count}\n"
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of "
+           "39.38 GiB of which 15.38 MiB is free. Of the allocated memory {allocated} GiB is allocated by PyTorch, and "
+           "138.61 MiB is reserved by PyTorch but unallocated.\n")
+    d = diagnose_text(printed.format(count="3,161,117,824") + oom.format(allocated="38.73"), "x")
+    assert d.changes[0].lever == "quantize_smaller" and "smaller model" in d.changes[0].setting
+    assert "cpu_offload" in _levers(d) and "47.1 GiB" in d.summary  # 16 bytes a parameter
+    nanogpt = diagnose_text("python train.py config/train_big.py\nnumber of parameters: 3200.00M\n"
+                            + oom.format(allocated="20.00"), "x")
+    assert nanogpt.changes[0].lever == "quantize_smaller"  # training said: the state is coming whatever is held yet
+    for other in (printed.format(count="124,439,808") + oom.format(allocated="38.73"),  # 2 GB of state: fits
+                  printed.format(count="3,161,117,824") + oom.format(allocated="12.00"),  # no sign of training
+                  "generate.py\n" + printed.format(count="3,161,117,824") + oom.format(allocated="38.73"),
+                  "trainable params: 4,194,304 || all params: 3,161,117,824\ntrain.py\n" + oom.format(
+                      allocated="38.73"),  # an adapter: the base keeps no gradients or optimizer state
+                  "deepspeed --zero_stage 3 train.py\n" + printed.format(count="3,161,117,824")
+                  + oom.format(allocated="38.73")):  # sharded already
+        assert diagnose_text(other, "x").changes[0].lever != "quantize_smaller", other
+

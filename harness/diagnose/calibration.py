@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from harness.diagnose.failures import QUOTED_CHARS, first_line_matching
 from harness.diagnose.records import Change, Diagnosis
 
 _TOOL = re.compile(r"awq/quantize/|awq/models/|\bAwqQuantizer\b|_get_input_feat|\binit_quant\b|\bAutoAWQ\w*|"
@@ -64,13 +65,12 @@ def _largest(pattern: re.Pattern, context: str) -> tuple[str, int] | None:
 
 def _failed(text: str) -> tuple[bool, str]:
     """(a failure is shown, the line quoted): an out-of-memory line, or a traceback cut inside the calibration pass."""
-    for line in text.splitlines():
-        if _OOM.search(line):
-            return True, line.strip()[:300]
+    if (said := first_line_matching(text, _OOM)) is not None:
+        return True, said[1]
     lines = [line for line in text.splitlines() if line.strip()]
     if "Traceback" in text and lines and _CALIBRATION_FRAME.search("\n".join(lines[-4:])) and \
             not re.match(r"\s*\w+(?:\.\w+)*(?:Error|Exception)\b", lines[-1]):
-        return True, lines[-1].strip()[:300]
+        return True, lines[-1].strip()[:QUOTED_CHARS]
     return False, ""
 
 

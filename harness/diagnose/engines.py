@@ -15,7 +15,7 @@ import math
 import re
 
 from harness.diagnose.allocator import allocator_verdict, oom_figures
-from harness.diagnose.failures import says_oom
+from harness.diagnose.failures import first_line_matching, says_oom
 from harness.diagnose.readers import EngineFacts, read_other_engines, read_torch_oom
 from harness.diagnose.records import Change, Diagnosis, Figure
 from harness.diagnose.settings import Setting, number
@@ -329,8 +329,8 @@ def diagnose_trtllm(text: str, source: str, settings: dict[str, Setting], total_
     if decided is not None:
         return decided
     fraction = number(settings, "kv_cache_free_gpu_memory_fraction") or TRTLLM_DEFAULT_FRACTION
-    if (exhausted := _first_line(text, _TRTLLM_NO_BLOCKS)) is not None:
-        return _trtllm_blocks_exhausted(source, settings, fraction, tuple(figures), exhausted)
+    if (exhausted := first_line_matching(text, _TRTLLM_NO_BLOCKS)) is not None:
+        return _trtllm_blocks_exhausted(source, settings, fraction, tuple(figures), exhausted[1])
     hit = _oom_line(text)
     if hit is not None:
         line, quoted = hit
@@ -401,10 +401,6 @@ TRTLLM_LONG_SEQ = 32768  # a max_seq_len above this is a long-context model's de
 # No free blocks left."); the runtime docs (gpt_runtime.md, "KV cache"): raised when the paged KV cache is not large
 # enough for the whole batch
 _TRTLLM_NO_BLOCKS = re.compile(r"Can't allocate new blocks\. No free blocks left")
-
-
-def _first_line(text: str, pattern: re.Pattern) -> str | None:
-    return next((line.strip() for line in text.splitlines() if pattern.search(line)), None)
 
 
 def _trtllm_blocks_exhausted(source: str, settings: dict[str, Setting], fraction: float, figures: tuple,

@@ -77,10 +77,22 @@ _FAILURE_WORDS = ("error", "exception", "memory", "oom", "traceback", "file \"",
                   "_dummy_sampler_run", "capture_model")
 
 
+QUOTED_CHARS = 300  # of a line a diagnosis quotes
+
+
 def quoted_line(text: str, position: int) -> tuple[int, str]:
     """The number (from 1) of the line that holds text[position], and that line as a diagnosis quotes it."""
     number = text.count("\n", 0, position) + 1
-    return number, text.splitlines()[number - 1].strip()[:300]
+    return number, text.splitlines()[number - 1].strip()[:QUOTED_CHARS]
+
+
+def first_line_matching(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
+    """The first line on which pattern matches (searched line by line, so no match spans two lines): its number (from
+    1) and the line as a diagnosis quotes it; None where no line matches."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if pattern.search(line):
+            return number, line.strip()[:QUOTED_CHARS]
+    return None
 
 
 @functools.lru_cache(maxsize=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from harness.diagnose.failures import first_line_matching
 from harness.diagnose.records import Change, Diagnosis, Figure
 
 # llama.cpp's own lines (ggml, its loader and context), and the servers that run it: ollama, llama-server
@@ -39,13 +40,6 @@ _NAMED = re.compile(r"\bllama[.-]cpp\b|\bllama-server\b|\bollama\b", re.I)
 _SAID_OOM = re.compile(r"out[ -]of[ -]memory|\bOOM\b", re.I)
 
 
-def _line_of(text: str, pattern: re.Pattern) -> tuple[int, str] | None:
-    for number, line in enumerate(text.splitlines(), 1):
-        if pattern.search(line):
-            return number, line.strip()[:300]
-    return None
-
-
 def diagnose_llama_cpp(text: str, source: str, flags_text: str = "") -> Diagnosis | None:
     """ggml could not allocate a buffer on the GPU: the model's layers placed there (all of them unless num_gpu /
     -ngl says fewer) or the KV cache of the context did not fit. Fewer layers on the GPU is llama.cpp's own lever (the
@@ -56,7 +50,7 @@ def diagnose_llama_cpp(text: str, source: str, flags_text: str = "") -> Diagnosi
     if not (_MARKERS.search(text) or named) or not (_GGML_FAILED.search(text) or named or (
             _ALLOC_FAILED.search(text) and _LOADER.search(text) and not _PYTORCH.search(text))):
         return None
-    failing = _line_of(text, re.compile(_ALLOC_FAILED.pattern, re.I)) or _line_of(text, _SAID_OOM)
+    failing = first_line_matching(text, _ALLOC_FAILED) or first_line_matching(text, _SAID_OOM)
     figures: list[Figure] = []
     if (found := _ALLOCATING.search(text)) is not None:
         figures.append(Figure("buffer it could not allocate", f"{found.group(1)} MiB on GPU {found.group(2)}",

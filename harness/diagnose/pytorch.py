@@ -15,6 +15,7 @@ from harness.diagnose.offload import load_moving_weights
 from harness.diagnose.preference import reference_weights_first
 from harness.diagnose.records import Change, Diagnosis
 from harness.diagnose.sequence import shorter_for_one_large_request, shorter_sequence_first
+from harness.diagnose.training_state import model_too_large_to_train
 from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
 from harness.measure.oom import OomFigures
 
@@ -171,8 +172,10 @@ LARGE_BATCH = 32  # a training batch this large is the first lever: halving it h
 
 
 # the batch one GPU runs per step where a run names it apart from the global batch (DeepSpeed's train_batch_size is
-# micro batch x accumulation x GPUs): OpenRLHF's --micro_train_batch_size, DeepSpeed's train_micro_batch_size_per_gpu
-_MICRO_BATCH = re.compile(r"\b(?:micro_train_batch_size|train_micro_batch_size_per_gpu|micro_batch_size)\b[\"']?"
+# micro batch x accumulation x GPUs): OpenRLHF's --micro_train_batch_size, DeepSpeed's train_micro_batch_size_per_gpu,
+# NeMo Automodel's and torchtitan's local_batch_size (beside global_batch_size)
+_MICRO_BATCH = re.compile(r"\b(?:micro_train_batch_size|train_micro_batch_size_per_gpu|micro_batch_size|"
+                          r"local_batch_size)\b[\"']?"
                           r"(?:\s*[:=]\s*|\s+)(\d+)\b", re.I)
 
 
@@ -429,11 +432,13 @@ def _inference_mode_first(evaluation: bool, figures: list, quoted: str, source: 
 _TRAINER_EVAL = re.compile(r"trainer\.evaluate|evaluation_loop|prediction_step|\beval(?:uation)?\s+(?:would\s+)?"
                            r"(?:starts?|step|loop)|crash\w*\s+on\s+eval|\bon\s+eval\b", re.I)
 _TRAIN_BATCH_IN_CONFIG = re.compile(r"^\s*(?:per_device_train_)?batch_size\s*[:=]\s*(\d+)\s*$", re.M)
-_EVAL_BATCH_SET = re.compile(r"eval_batch_size|per_device_eval_batch_size", re.I)
+# an evaluation batch of its own set (per_device_eval_batch_size, a script's eval_batch_size): the evaluation runs it,
+# not the training batch
+_EVAL_BATCH = re.compile(r"eval_batch_size|per_device_eval_batch_size", re.I)
 
 
 def _trainer_eval(settings: dict, context: str, figures: list, quoted: str, source: str) -> Diagnosis | None:
-    if not _TRAINER_EVAL.search(context) or _EVAL_BATCH_SET.search(context) or \
+    if not _TRAINER_EVAL.search(context) or _EVAL_BATCH.search(context) or \
             re.search(r"eval_accumulation_steps", context):
         return None
     batch = settings.get("batch_size")
@@ -477,9 +482,10 @@ def _small_network_held(context: str, figures: list, quoted: str, source: str) -
                      failing_line=quoted)
 
 
-# an evaluation run (a script's evaluate / --eval-*, MMLU-style multiple-choice scoring, predict / test loops)
-_EVALUATION = re.compile(r"\bevaluat\w*|--eval[-_]\w+|\beval(?:_loop|uation)?\b|\bmmlu\b|\bhellaswag\b|"
-                         r"\bpredict(?:ion)?s?\b|\btest(?:ing)?[_ ](?:loop|set|step)", re.I)
+# an evaluation run (a script's evaluate / --eval-*, a trainer's eval_steps / eval_strategy, MMLU-style
+# multiple-choice scoring, predict / test loops, a generate() call): it runs a batch of its own, not the training batch
+_EVALUATION = re.compile(r"\bevaluat\w*|--eval[-_]\w+|\beval(?:_loop|uation|_steps|_strategy)?\b|\bmmlu\b|"
+                         r"\bhellaswag\b|\bpredict(?:ion)?s?\b|\btest(?:ing)?[_ ](?:loop|set|step)|\bgenerate\(", re.I)
 SMALL_REQUEST = 0.01  # of the GPU: a request this small is the last straw, not one batch's activations
 FILLED = 0.85  # of the GPU held by this process's tensors
 
@@ -500,8 +506,6 @@ def _evaluation_keeps_autograd(context: str, oom: OomFigures | None, figures: li
 
 # the changes that lower the tokens of one step, where the log leaves open which of batch and length to lower
 _STEP_LEVERS = ("batch_size_down", "gradient_checkpointing")
-_EVALUATING = re.compile(r"\beval(?:uation|uate|_steps|_strategy)?\b|\bgenerate\(", re.I)
-_EVAL_BATCH = re.compile(r"eval_batch_size|per_device_eval_batch_size", re.I)
 
 
 def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, weights_16bit_bytes: int | None,
@@ -517,7 +521,7 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
                                                      if (c.lever or lever_of(c)) != "gradient_checkpointing"))
     if not diagnosis.changes or (diagnosis.changes[0].lever or lever_of(diagnosis.changes[0])) not in _STEP_LEVERS:
         return diagnosis
-    if diagnosis.kind == "generate" or (_EVALUATING.search(text) and not _EVAL_BATCH.search(f"{text}\n{flags_text}")):
+    if diagnosis.kind == "generate" or (_EVALUATION.search(text) and not _EVAL_BATCH.search(f"{text}\n{flags_text}")):
         return diagnosis  # an evaluation or generate() runs its own batch, not the training batch the log shows
     shorter = shorter_sequence_first(f"{text}\n{flags_text}", settings or {})
     if shorter is None and oom is not None and (diagnosis.changes[0].lever or lever_of(diagnosis.changes[0])) == \
@@ -586,6 +590,9 @@ def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, w
     if (moving := load_moving_weights(text, flags_text, total, figures, quoted, source)) is not None:
         return moving
     phase = next((p for p in _PHASES if re.search(p[0], around)), None)
+    if (phase is None or phase[1] in ("training_step", "optimizer_state")) and \
+            (too_large := model_too_large_to_train(context, oom, figures, quoted, source)) is not None:
+        return too_large
     if phase is not None and phase[1] == "weights_loading" and _MOVED_TO_GPU.search(around) and \
             not re.search(_PHASES[0][0], around) and (held := _small_network_held(context, figures, quoted,
                                                                                   source)) is not None:

@@ -182,6 +182,11 @@ _LM_EVAL_VLLM = re.compile(r"lm[_-]eval\b[^\n]*--model[ =]vllm\b|vllm_causallms"
 # "in version 0.5.4", in a text read as vLLM's)
 _VERSION_SAID = re.compile(r"\bvllm(?:==| version | v| )v?(\d+\.\d+\.\d+)\b|(?<![\d.])(\d+\.\d+\.\d+)\s*版本", re.I)
 _CAPTURE = re.compile(r"captur|cudagraph|cuda_graph|cuda graph|vllm/compilation/", re.I)
+# a setting whose name speaks of capture (max_seq_len_to_capture, cudagraph_capture_sizes, cuda_graph_sizes,
+# --cuda-graph-max-bs), given in a command line or an args dump (a --flag, or name = value / 'name': value): it names
+# what capture would use, not a capture that ran; once given, the same name in the person's words is the setting too
+_CAPTURE_WORD = r"[\w-]*(?:captur|cudagraph|cuda[_-]graph)[\w-]*"
+_CAPTURE_SETTING = re.compile(rf"--({_CAPTURE_WORD})|\b({_CAPTURE_WORD})[\"'`]?\s*[:=]", re.I)
 # "CUDA graph (memory) profiling": the start-up profile estimating the graphs' memory (vLLM from 0.21), not a capture
 _GRAPH_PROFILING = re.compile(r"(?:cuda[ _]?graph|cudagraph)s?(?: memory)? profil\w*", re.I)
 # the functions that check the KV cache's memory at start-up and raise when none is left or one sequence does not fit
@@ -342,6 +347,15 @@ _MULTIMODAL_PHASE = re.compile(r"(?<![a-z])(?:encoder|enc_dec|dummy_mm|multi[-_ 
                                r"pixel_values)")
 
 
+def _capture_settings(text: str) -> list[str]:
+    """The names of arguments about capture that the log gives a value (an argument-shaped name: lower-case words
+    joined by _ or -, or a --flag), longest first so that a name holding another is taken whole. Environment
+    variables (in capitals) are not arguments and are read as before."""
+    names = {m.group(1) or m.group(2) for m in _CAPTURE_SETTING.finditer(text)
+             if m.group(1) or (re.search(r"\w[_-]\w", m.group(2)) and not m.group(2).isupper())}
+    return sorted(names, key=len, reverse=True)
+
+
 def oom_phase(lines: list[str], number: int) -> str | None:
     """What vLLM was doing when memory ran out, from the lines and traceback frames around the error."""
     around = _GRAPH_PROFILING.sub("", _TORCH_POOLS.sub("", "\n".join(lines[max(0, number - 40):min(len(lines),
@@ -355,7 +369,8 @@ def oom_phase(lines: list[str], number: int) -> str | None:
         return "mamba"
     if "lora" in lowered:
         return "lora"
-    if _CAPTURE.search(around):
+    named = _capture_settings("\n".join(lines))
+    if _CAPTURE.search(re.sub("|".join(map(re.escape, named)), "", around, flags=re.I) if named else around):
         return "cuda graph capture"
     # a container image ("the vLLM docker image") is no multimodal input; a word's start, not a substring: V0's
     # engine config line prints "revision=None, tokenizer_revision=None", which holds "vision"

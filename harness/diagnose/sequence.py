@@ -1,7 +1,9 @@
 """The tokens of one step are batch x sequence length; which of the two to lower first is read from what the log
 shows. A batch already at one sequence has nothing left to give, so where a sequence length is set long (4k
 tokens or more) or left unset (the framework then takes the model's whole context, or does not truncate at all) the
-shorter sequence comes first; a large batch is lowered as a batch."""
+shorter sequence comes first; a large batch is lowered as a batch. Packed training data fills every row to the
+packed length whatever the samples' own lengths, so a long packed length comes first unless a batch of several packs
+is shown."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ LONG_SEQUENCE = 4096  # tokens: at this length a sequence's activations (and eag
 
 # the names a sequence length goes by: transformers' tokenizer and Trainer (max_length, model_max_length), LLaMA-Factory
 # (cutoff_len), trl / llm-compressor (max_seq_length), Megatron / NeMo (seq_length, --seq-length), nanoGPT / lit-gpt
-# (block_size), Axolotl (sequence_len), AutoAWQ / AutoRound (seqlen, max_calib_seq_len)
+# (block_size), Axolotl (sequence_len), AutoAWQ / AutoRound (seqlen, max_calib_seq_len), a packed row's length (NeMo
+# Automodel's packed_sequence_size, a VLM recipe's pack_size)
 _NAMES = (r"max_length|model_max_length|cutoff_len|max_seq_length|max_seq_len|seq_len|seqlen|seq_length|"
-          r"sequence_len|max_source_length|block_size|max_calib_seq_len|max_sequence_length")
+          r"sequence_len|max_source_length|block_size|max_calib_seq_len|max_sequence_length|packed_sequence_size|"
+          r"pack_size")
 _SET = re.compile(rf"(?<![\w-])(?:--?)?(?:{_NAMES.replace('_', '[_-]')})[\"'`]?\s*(?:[:=]\s*|\s+)[\"'`]?"
                   r"(\d[\d_,]*)(k\b)?", re.I)
 _SAID = re.compile(r"\b(?:sequence|context|seq)[ _-]?(?:length|len)\b(?:\s+(?:of|is|=|:))?\s+(\d[\d_,]*)\s*(k\b)?",
@@ -31,11 +35,21 @@ _SWIFT_TRAIN = re.compile(r"\bswift\s+(?:sft|rlhf|pt)\b[^\n]*", re.I)
 _UNSET_IN_WORDS = re.compile(rf"\b(?:{_NAMES})\b[\"'`]?\s*(?:=|:|is|defaults? to)\s*None\b|"
                              r"\bwithout (?:any )?(?:truncation|max[_ ]length|max_seq_length)\b|"
                              r"\b(?:not|never|no) truncat\w*|\buntruncated\b", re.I)
+# the batch one GPU runs: transformers' per_device_train_batch_size, Megatron's micro_batch_size, DeepSpeed's
+# train_micro_batch_size_per_gpu, OpenRLHF's micro_train_batch_size, NeMo Automodel's and torchtitan's local_batch_size
+# (beside global_batch_size), a script's batch_size
 _BATCH = re.compile(r"(?<![\w-])(?:--?)?(?:per[_-]device[_-]train[_-]batch[_-]size|micro[_-]batch[_-]size|"
-                    r"micro_train_batch_size|train_micro_batch_size_per_gpu|batch[_-]size|MBS|bs)[\"'`]?"
+                    r"micro_train_batch_size|train_micro_batch_size_per_gpu|local[_-]batch[_-]size|batch[_-]size|MBS|"
+                    r"bs)[\"'`]?"
                     r"\s*(?:[:=]\s*|\s+(?:of\s+)?)(\d+)\b", re.I)
 # ms-swift 3.x's TrainArguments default one sequence per GPU (per_device_train_batch_size=1)
 _SWIFT_BATCH = 1
+# packing on: a packed length set (NeMo Automodel's packed_sequence_size, pack_size), or the switch said on (Axolotl's
+# sample_packing, trl's / LLaMA-Factory's packing, LLaMA-Factory's neat_packing); a switch said off is no packing
+_PACKED_LENGTH = re.compile(r"(?<![\w-])(?:--?)?(?:packed[_-]sequence[_-]size|pack[_-]size)[\"'`]?\s*(?:[:=]\s*|\s+)"
+                            r"[\"'`]?[1-9]", re.I)
+_PACKING_ON = re.compile(r"(?<![\w-])(?:--?)?(?:sample[_-]|neat[_-])?packing[\"'`]?\s*(?:[:=]\s*|\s+)[\"'`]?"
+                         r"(?:true|1)\b", re.I)
 
 
 def _count(digits: str, thousands: str | None) -> int:
@@ -70,13 +84,26 @@ def batch_shown(context: str, settings: dict) -> int | None:
     return _SWIFT_BATCH if _SWIFT_TRAIN.search(context) else None
 
 
+def packed(context: str) -> bool:
+    """Packed training data: a packed length set, or packing switched on."""
+    return bool(_PACKED_LENGTH.search(context) or _PACKING_ON.search(context))
+
+
 def shorter_sequence_first(context: str, settings: dict) -> Change | None:
-    """The shorter sequence, where the batch is already small and the length long or unset; else None (the batch,
-    where large, is the tokens-per-step lever)."""
-    batch = batch_shown(context, settings)
-    if batch is None or batch > SMALL_BATCH:
+    """The shorter sequence, where the batch is already small and the length long or unset, or where packed rows of a
+    long length are shown with no batch of several; else None (the batch, where large, is the tokens-per-step
+    lever)."""
+    batch, packs = batch_shown(context, settings), packed(context)
+    if (batch is None and not packs) or (batch is not None and batch > SMALL_BATCH):
         return None
     length = sequence_set(context)
+    if packs and length is not None and length >= LONG_SEQUENCE:
+        return Change(f"a shorter packed length: packed_sequence_size / pack_size / max_length {length // 2:,} (from "
+                      f"{length:,})", f"packing fills every row to {length:,} tokens whatever the samples' own "
+                      "lengths, so the packed length is what a step's activations (and eager attention's scores, "
+                      "its square) grow with; half the length halves the tokens of a row", "max_model_len_down")
+    if batch is None:
+        return None
     if length is not None and length >= LONG_SEQUENCE:
         return Change(f"shorter sequences: max_length / max_seq_length / cutoff_len {length // 2:,} (from "
                       f"{length:,})", f"a step is {batch} x {length:,} tokens: at one sequence a step the length "
