@@ -198,8 +198,8 @@ def test_first_change_is_a_confirmed_lever_on_held_out_logs():
     """Issue #40's done-when: the share holds on logs the readers were never shaped on as well."""
     held_out = [case for case in HELD_OUT if case["failed"]]
     if not held_out:
-        pytest.skip("no held-out failure logs: the twelfth set was graded blind (4 of 9) and moved into the corpus; "
-                    "set 13 is being collected (tests/fixtures/diagnose_holdout/README.md)")
+        pytest.skip("no held-out failure logs: the last set was graded blind and moved into the corpus; the next "
+                    "is being collected (tests/fixtures/diagnose_holdout/README.md)")
     rows, table = graded_table(held_out)
     print("\n" + table)
     share = sum(g.right for g in rows) / len(rows)
