@@ -308,9 +308,12 @@ def ladder_rows(report: dict, model: str | None = None) -> list[dict]:
 
 def with_item_figures(rows: list[dict], samples: Path) -> list[dict]:
     """Each row with its items' figures from the run's samples.jsonl, `items_figures`: [id, tokens compared,
-    first flip (None: the format reproduces the baseline's output to its end), KL, the item's score difference];
-    what a per-item condition (the share of items that depart, the score a departure costs) is tested on later
-    without rerunning the ladder."""
+    teacher-forced first flip (None: none), KL, the item's score difference, whether the format's output text is
+    the baseline's]; what a per-item condition (the share of items that depart, the score a departure costs) is
+    tested on later without rerunning the ladder. The output's identity is read from the texts, not from the first
+    flip: the flip compares top-1 tokens under teacher forcing, and a bf16 baseline's own top-1 is a tie at a few
+    positions an item (its logits' resolution), which the batch's shape breaks one way in generation and may break
+    the other in the teacher-forced forward (docs/fidelity.md)."""
     if not samples.is_file():
         return rows
     scores: dict[tuple[str, str, str], dict] = {}
@@ -327,7 +330,8 @@ def with_item_figures(rows: list[dict], samples: Path) -> list[dict]:
                 continue
             got, had = record.get(row["metric"]), base.get(row["metric"])
             items.append([item, fid.get("tokens"), fid.get("first_flip"), round(float(fid["kl"]), 6),
-                          None if got is None or had is None else round(float(got) - float(had), 4)])
+                          None if got is None or had is None else round(float(got) - float(had), 4),
+                          record.get("prediction") == base.get("prediction")])
         figured.append({**row, "items_figures": items} if items else row)
     return figured
 
@@ -491,14 +495,16 @@ def render_fidelity_bench(result: dict | None, plot: Path | None = None) -> list
                      if carried else "") + "."]
     departed = [(r, departures(r)) for r in result["rows"] if r.get("items_figures")]
     if departed:
-        lines += ["", "Departures, on the rows whose run kept per-item figures: the items whose greedy output "
-                      "leaves the baseline's (a teacher-forced first flip), the share of compared tokens before "
-                      "each item's first flip, and the mean score difference of the departed items and of the rest.",
-                  "", "| model | format | evalset | departed items | tokens before the first flip | delta, departed "
-                      "| delta, the rest |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "Departures, on the rows whose run kept per-item figures: the items whose output text differs "
+                      "from the baseline's; of them, those where teacher forcing saw no flip (a tie in the baseline's "
+                      "own top-1, broken the other way in generation); the items with a teacher-forced flip and the "
+                      "share of compared tokens before it; the mean score difference of the departed items and of "
+                      "the rest.",
+                  "", "| model | format | evalset | outputs differ | of them, no flip seen | flipped | tokens before "
+                      "the first flip | delta, differing | delta, the same |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {row_model(r)} | {r['format']} | {r['evalset']} | {d['departed']} of {d['items']} | "
-                  f"{_percent(d['verbatim_token_share'])} | {_points(d['delta_departed'])} | {_points(d['delta_kept'])} |"
-                  for r, d in departed]
+                  f"{d['departed_unflipped']} | {d['flipped']} | {_percent(d['verbatim_token_share'])} | "
+                  f"{_points(d['delta_departed'])} | {_points(d['delta_kept'])} |" for r, d in departed]
     if plot is not None and plot_rows(result["rows"], plot, DEFAULT_MAX_KL):
         lines += ["", f"![drop in margins against KL, every rung and set]({plot.name})"]
     lines += _time_share_lines(result)

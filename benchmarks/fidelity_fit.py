@@ -112,14 +112,15 @@ def coincidences(rows: list[dict], max_kl: float, min_agreement: float) -> dict:
 
 
 def departures(row: dict) -> dict | None:
-    """From a row's per-item figures (fidelity_bench.with_item_figures): the share of items whose greedy output
-    departs from the baseline's (a teacher-forced first flip), the share of compared tokens before each item's
-    first flip (what fidelity vouches for verbatim), and the mean score difference of the departed items and of
-    the rest (the rest reproduce the baseline, so theirs is 0 up to a tie broken the other way)."""
+    """From a row's per-item figures (fidelity_bench.with_item_figures): the items whose output text differs from
+    the baseline's, those of them where teacher forcing saw no flip, the items with a teacher-forced flip and the
+    share of compared tokens before it (what fidelity vouches for verbatim), and the mean score difference of the
+    items whose output differs and of the rest (0 up to scoring noise: the same text scores the same)."""
     figures = row.get("items_figures") or []
     if not figures:
         return None
-    departed = [f for f in figures if f[2] is not None]
+    same = [f for f in figures if len(f) > 5 and f[5]]
+    departed = [f for f in figures if not (len(f) > 5 and f[5])]
     tokens = sum(f[1] or 0 for f in figures)
     verbatim = sum(min(f[2], f[1] or 0) if f[2] is not None else (f[1] or 0) for f in figures)
 
@@ -128,8 +129,10 @@ def departures(row: dict) -> dict | None:
         return sum(values) / len(values) if values else None
 
     return {"items": len(figures), "departed": len(departed), "departed_share": len(departed) / len(figures),
+            "departed_unflipped": sum(1 for f in departed if f[2] is None),
+            "flipped": sum(1 for f in figures if f[2] is not None),
             "verbatim_token_share": verbatim / tokens if tokens else None,
-            "delta_departed": mean_delta(departed), "delta_kept": mean_delta([f for f in figures if f[2] is None])}
+            "delta_departed": mean_delta(departed), "delta_kept": mean_delta(same)}
 
 
 def real_drop(row: dict) -> bool:

@@ -109,26 +109,27 @@ def test_departures_from_a_runs_per_item_figures(tmp_path):
     from benchmarks.fidelity_bench import render_fidelity_bench, with_item_figures
 
     samples = tmp_path / "samples.jsonl"
-    records = [{"format": "baseline", "evalset": "s", "id": f"q{i}", "f1": 50.0} for i in range(4)]
-    records += [{"format": "fp8", "evalset": "s", "id": "q0", "f1": 50.0,
+    records = [{"format": "baseline", "evalset": "s", "id": f"q{i}", "f1": 50.0, "prediction": f"answer {i}"}
+               for i in range(4)]
+    records += [{"format": "fp8", "evalset": "s", "id": "q0", "f1": 50.0, "prediction": "answer 0",
                  "fidelity": {"kl": 0.001, "tokens": 10, "first_flip": None}},
-                {"format": "fp8", "evalset": "s", "id": "q1", "f1": 40.0,
+                {"format": "fp8", "evalset": "s", "id": "q1", "f1": 40.0, "prediction": "other 1",
                  "fidelity": {"kl": 0.02, "tokens": 10, "first_flip": 2}},
-                {"format": "fp8", "evalset": "s", "id": "q2", "f1": 48.0,
-                 "fidelity": {"kl": 0.01, "tokens": 20, "first_flip": 10}},
-                {"format": "fp8", "evalset": "t", "id": "q3", "f1": 0.0,
+                {"format": "fp8", "evalset": "s", "id": "q2", "f1": 48.0, "prediction": "other 2",
+                 "fidelity": {"kl": 0.01, "tokens": 20, "first_flip": None}},  # a tie broken the other way
+                {"format": "fp8", "evalset": "t", "id": "q3", "f1": 0.0, "prediction": "x",
                  "fidelity": {"kl": 0.5, "tokens": 5, "first_flip": 0}}]
     samples.write_text("".join(json.dumps(r) + "\n" for r in records))
     rows = with_item_figures([row("fp8", 0.01, -4.0), row("int8", 0.01, 0.0)], samples)
-    assert rows[0]["items_figures"] == [["q0", 10, None, 0.001, 0.0], ["q1", 10, 2, 0.02, -10.0],
-                                        ["q2", 20, 10, 0.01, -2.0]]
+    assert rows[0]["items_figures"] == [["q0", 10, None, 0.001, 0.0, True], ["q1", 10, 2, 0.02, -10.0, False],
+                                        ["q2", 20, None, 0.01, -2.0, False]]
     assert "items_figures" not in rows[1]  # no sample of that format: the row as it was
     found = fidelity_fit.departures(rows[0])
-    assert found["departed"] == 2 and found["items"] == 3
-    assert found["verbatim_token_share"] == (10 + 2 + 10) / 40
+    assert (found["items"], found["departed"], found["departed_unflipped"], found["flipped"]) == (3, 2, 1, 1)
+    assert found["verbatim_token_share"] == (10 + 2 + 20) / 40
     assert found["delta_departed"] == -6.0 and found["delta_kept"] == 0.0
     assert fidelity_fit.departures(rows[1]) is None
     text = "\n".join(render_fidelity_bench({"rows": rows, "fit": {}, "items": 3, "command": "quantgate run",
                                             "wall_s": 1, "device": "cpu", "compute_dtype": "bfloat16",
                                             "rungs": ["fp8"]}))
-    assert "| demo | fp8 | s | 2 of 3 | 55% | -6.00 | +0.00 |" in text
+    assert "| demo | fp8 | s | 2 of 3 | 1 | 1 | 80% | -6.00 | +0.00 |" in text
