@@ -446,3 +446,94 @@ def test_a_model_whose_training_state_exceeds_the_card_gets_a_smaller_model_firs
                   + oom.format(allocated="38.73")):  # sharded already
         assert diagnose_text(other, "x").changes[0].lever != "quantize_smaller", other
 
+
+
+# with the thirteenth set: an encoder-decoder model named by --model, an older message whose memory outside the process
+# is most of the card, a shortage spelled "out-of-memory", a batch size of 0 (auto), a failure said to come after
+# earlier steps fitted, a regression since a dated or committed build, gradient checkpointing that cannot run
+
+_V0_PROFILE = ("(VllmWorkerProcess pid=214) ERROR 09-27 05:20:38 multiproc_worker_utils.py:233] Exception in worker "
+               "VllmWorkerProcess while processing method determine_num_available_blocks: CUDA out of memory. Tried to "
+               "allocate 12.00 GiB. GPU 1 has a total capacity of 79.15 GiB of which 9.00 GiB is free. Process 7 has "
+               "70.10 GiB memory in use. Of the allocated memory 66.00 GiB is allocated by PyTorch, and 1.50 GiB is "
+               "reserved by PyTorch but unallocated.\n")
+
+
+def test_an_encoder_decoder_model_named_by_model_profiles_one_encoder_input_per_sequence():
+    named = diagnose_text(_V0_PROFILE, "x", Context(flags_text="--model meta-llama/Llama-3.2-90B-Vision-Instruct "
+                                                                "--tensor-parallel-size 8 --max-model-len 8192"))
+    assert named.changes[0].lever == "max_num_seqs_down" and "--max-num-seqs 16" in named.changes[0].setting
+    # V0 refuses chunked prefill for an encoder-decoder model (worker/utils.py): never offered there
+    assert "enable_chunked_prefill" not in _levers(named)
+    frame = ('  File "/usr/local/lib/python3.12/dist-packages/vllm/worker/model_runner.py", line 1220, in profile_run\n'
+             + _V0_PROFILE)  # the profile run named by its frame: an encoder-decoder model's profile all the same
+    assert diagnose_text(frame, "x", Context(flags_text="--model meta-llama/Llama-3.2-11B-Vision-Instruct")).changes[
+        0].lever == "max_num_seqs_down"
+    decoder_only = diagnose_text(_V0_PROFILE, "x", Context(flags_text="--model meta-llama/Llama-3.1-70B-Instruct "
+                                                                       "--tensor-parallel-size 8"))
+    assert decoder_only.changes[0].lever != "max_num_seqs_down"  # a decoder-only profile: its tokens, not its images
+    seqs = diagnose_text(_V0_PROFILE, "x", Context(flags_text="--model openai/whisper-large-v3 --max-num-seqs 128"))
+    assert seqs.changes[0].setting == "--max-num-seqs 32"  # a quarter of the 128 in place
+
+
+def test_an_older_message_with_most_of_the_card_outside_this_process_frees_the_gpu_first():
+    held = _OLD_LINE.format(tried="64.00 MiB", total="23.69", allocated="3.90", reserved="4.10")  # 19.6 GiB outside
+    d = diagnose_text(held, "x")
+    assert d.kind == "memory_held_elsewhere" and d.changes[0].lever == "free_other_process"
+    assert "CUDA_VISIBLE_DEVICES" in d.changes[0].setting  # or run where nothing else is
+    own = _OLD_LINE.format(tried="64.00 MiB", total="23.69", allocated="21.90", reserved="22.40")  # the context only
+    assert diagnose_text(own, "x").changes[0].lever != "free_other_process"
+    quarter = _OLD_LINE.format(tried="64.00 MiB", total="23.69", allocated="16.90", reserved="17.40")  # 6 GiB: unsure
+    assert diagnose_text(quarter, "x").changes[0].lever != "free_other_process"
+
+
+def test_a_shortage_spelled_out_of_memory_with_hyphens_is_a_memory_failure():
+    said = "Fine-tuning a 7B model, the trainer stops with a CUDA out-of-memory error in the first epoch.\n"
+    d = diagnose_text(said, "x")
+    assert d.kind != "not_recognised" and d.changes  # read as the shortage it is, not an unknown error
+
+
+def test_a_batch_size_of_zero_is_an_automatic_choice_not_a_batch_nothing_can_go_below():
+    log = "* Chosen batch size: 128\nObtaining hidden states for the prompts\nCUDA out of memory\n"
+    auto = diagnose_text(log, "x", Context(flags_text="--batch-size 0"))
+    assert auto.changes[0].lever == "batch_size_down"
+    one = diagnose_text(log, "x", Context(flags_text="--batch-size 1"))
+    assert "batch_size_down" not in _levers(one)  # at one already: nothing to lower
+
+
+def test_a_failure_said_to_come_after_earlier_steps_fitted_grows_segments_first():
+    said = ("GRPO with the repository's settings on my own data: after a few training steps, at step {step} during "
+            "loss.backward() for the actor, I get a CUDA out-of-memory error.\n")
+    d = diagnose_text(said.format(step=4), "x")
+    assert d.kind == "fragmentation" and d.changes[0].lever == "expandable_segments"
+    assert "batch_size_down" in _levers(d)  # a longer batch than the earlier ones is the other reading
+    on = diagnose_text(said.format(step=4), "x", Context(flags_text="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"))
+    assert "expandable_segments" not in _levers(on)  # in place already
+    second = ("Training always OOMs at the second step during loss computation.\n")  # Adam's state arrives there
+    assert diagnose_text(second, "x").changes[0].lever != "expandable_segments"
+    first = "The first step runs out of memory: torch.OutOfMemoryError: CUDA out of memory.\n"
+    assert diagnose_text(first, "x").changes[0].lever != "expandable_segments"
+    figures = ("after 300 iterations:\n" + _NEW_LINE.format(tried="2.00 GiB", total="79.11", allocated="76.00"))
+    assert diagnose_text(figures, "x").kind != "fragmentation"  # the figures say the tensors fill the card
+
+
+def test_a_run_that_has_failed_since_a_dated_or_committed_build_upgrades_first():
+    log = ("benchmark.py + Llama-3-8B + FSDP hits OOM since {since} on H100\n"
+           "torchrun --nproc-per-node=8 benchmark.py --micro_batch_size 1 --model_name Llama-3-8B\n")
+    for since in ("5/4/24", "2024-05-04", "commit ba561bf", "nightly 20240504"):
+        assert diagnose_text(log.format(since=since), "x").changes[0].lever == "upgrade", since
+    for since in ("upgrading to 0.25.1",  # a release's new defaults: a setting may answer them
+                  "image tokens grew",  # "since" as "because"
+                  "0.9"):
+        assert diagnose_text(log.format(since=since), "x").changes[0].lever != "upgrade", since
+
+
+def test_gradient_checkpointing_that_fails_on_frozen_inputs_upgrades_the_libraries_first():
+    log = ("SFTTrainer with a LoRA adapter on a 4-bit model, per_device_train_batch_size=1\n"
+           "If I turn on gradient checkpointing I get: RuntimeError: element 0 of tensors does not require grad and "
+           "does not have a grad_fn\nWithout it: " + _NEW_LINE.format(tried="150.00 MiB", total="3.80",
+                                                                   allocated="3.52"))
+    d = diagnose_text(log, "x")
+    assert d.changes[0].lever == "upgrade" and "enable_input_require_grads" in d.changes[1].setting
+    other = log.replace("If I turn on gradient checkpointing I get", "The loss function raised")  # not checkpointing
+    assert diagnose_text(other, "x").changes[0].lever != "upgrade"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 
 from harness.diagnose.readers import (GIB, EngineFacts, Quoted, VllmFacts, read_nvidia_smi, read_other_engines,
-                                      read_torch_oom, read_vllm, size_gib)
+                                      names_encoder_decoder, read_torch_oom, read_vllm, size_gib)
 from harness.diagnose.colocated import colocated_trainer
 from harness.diagnose.allocator import LIST_PROCESSES, allocator_verdict, free_other_process, held_elsewhere_gib
 from harness.diagnose.engines import diagnose_sglang, diagnose_tgi, diagnose_trtllm, quoted_figures
@@ -289,6 +289,10 @@ def _with_settings(facts: VllmFacts, settings: dict, context: Context) -> VllmFa
             facts.flags.setdefault(key, Quoted(setting.value, setting.line))
     if facts.version is None and context.version:
         facts.version = Quoted(context.version, 0)
+    # the model a command line or --flags names (--model meta-llama/Llama-3.2-11B-Vision-Instruct) is read like one a
+    # log line names: an encoder-decoder model's start-up profile runs one encoder input per sequence
+    model = settings.get("model")
+    facts.enc_dec = facts.enc_dec or (model is not None and names_encoder_decoder(str(model.value)))
     facts.settings = settings
     return facts
 
@@ -736,9 +740,12 @@ def _vllm_oom(facts: VllmFacts, source: str, figures: list[Figure], generation: 
         # a vision-language model on a release without --limit-mm-per-prompt: its start-up profile gives each of
         # --max-num-seqs dummy sequences an image of the largest size, and nothing else placed the failure
         facts.oom_during = "encoder"
-    if facts.oom_during is None and facts.enc_dec:
-        # an encoder-decoder or audio model (Whisper, Llama 3.2 Vision) and nothing else placing the failure: its
-        # start-up profile runs one encoder input per sequence, up to --max-num-seqs, beside the decoder's tokens
+    if facts.oom_during in (None, "profile run") and facts.enc_dec:
+        # an encoder-decoder or audio model (Whisper, Llama 3.2 Vision) and nothing else placing the failure, or the
+        # profile run: its start-up profile (V0 EncoderDecoderModelRunner.profile_run) builds one sequence group with
+        # an encoder input per sequence, up to --max-num-seqs, beside the decoder's tokens; this branch, not the
+        # profile's tokens below, since V0 refuses chunked prefill for an encoder-decoder model (worker/utils.py
+        # assert_enc_dec_mr_supported_scenario)
         facts.oom_during = "encoder"
     share = number(settings, "gpu_memory_utilization") or DEFAULT_UTILIZATION
     if facts.oom_during in (None, "profile run", "loading weights") and facts.weights_gib is None and allocated_gib \

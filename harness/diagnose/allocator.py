@@ -12,6 +12,10 @@ from harness.measure.oom import OomFigures, parse_size
 
 GIB = 2**30
 OTHER_PROCESS_GIB = 0.5  # total - free - this process above this: another process holds memory
+# PyTorch's older message has no per-process figure: total - free - reserved is what neither this process's tensors nor
+# its allocator hold, which is its CUDA context and libraries' workspaces (0.4-1.6 GiB in the corpus's older messages)
+# and other processes' memory; above half the card it cannot be this process's own
+OLDER_MESSAGE_OTHERS_SHARE = 0.5
 FRAGMENTED_SHARE = 0.05  # or unallocated above this share of the GPU (and at least the request)
 FRAGMENTED_RATIO = 2.0  # or unallocated at least twice the request: the request would fit in it but for the holes
 FREE_BUT_FAILED = 10.0  # free memory this many times the request, yet it failed: the allocator, not the GPU, is full
@@ -42,6 +46,9 @@ def oom_figures(oom: OomFigures, line: int) -> list[Figure]:
 
 def held_elsewhere_gib(oom: OomFigures) -> float | None:
     total, free, in_use = gib(oom.total), gib(oom.free), gib(oom.in_use)
+    if total is not None and free is not None and in_use is None and oom.reserved_is_total and oom.reserved:
+        outside = total - free - gib(oom.reserved)
+        return outside if outside > OLDER_MESSAGE_OTHERS_SHARE * total else None
     if total is None or free is None or in_use is None:
         return None
     # the process's own figure comes from NVML, which sees no process inside some containers ("this process has
@@ -92,6 +99,11 @@ def fragmentation_said(text: str) -> str | None:
     return None
 
 
+_GROW_SEGMENTS = Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                        "the allocator grows segments instead of needing one free block of the request's size")
+_EMPTY_CACHE = Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")
+
+
 def fragmentation_in_words(text: str) -> Verdict | None:
     """An OOM the log says is fragmentation, with no allocator figures to weigh: the allocator's own switch first."""
     said = fragmentation_said(text)
@@ -100,11 +112,38 @@ def fragmentation_in_words(text: str) -> Verdict | None:
     return Verdict("fragmentation",
                    f"the log says the memory is fragmented ({said[:120]!r}) and gives no allocator figures to weigh: "
                    "the caching allocator's expandable segments are the first thing to try",
-                   (Change("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                           "the allocator grows segments instead of needing one free block of the request's size"),
-                    Change("torch.cuda.empty_cache() between phases", "returns the cached blocks")))
+                   (_GROW_SEGMENTS, _EMPTY_CACHE))
+
+
+# the failure came at a later step of a run whose earlier steps ran ("after a few training steps", "at step 4", "after
+# 300 iterations", "OOMing at later steps"): the step's own peak fitted the card before
+_LATER_STEP = re.compile(r"\bafter (?:a few|several|some|\d+) (?:training |optimi[sz]ation )?(?:steps|iterations|"
+                         r"batches)\b|\bat (?:training )?(?:step|iteration) (?:[3-9]|[1-9]\d+)\b|"
+                         r"\bat (?:the )?(?:very )?(?:third|fourth|fifth|later|\d+(?:rd|th)) (?:training )?"
+                         r"(?:steps?|iterations?)\b", re.I)
+# the second step is the first that carries the optimizer's state (Adam allocates its moments at the first step()): a
+# failure there is a step that no longer fits beside that state, not holes that grew
+_SECOND_STEP = re.compile(r"\b(?:at|in|on|during) (?:the )?(?:very )?(?:second|2nd) (?:training )?(?:step|iteration)\b|"
+                          r"\bat (?:training )?(?:step|iteration) 2\b", re.I)
+
+
+def fragmentation_after_steps(text: str) -> Verdict | None:
+    """An OOM said in words to come after earlier steps of the same run fitted, with no allocator figures to weigh:
+    the step's own peak fitted before, and what grows from step to step is the caching allocator's holes (the shapes
+    change between steps: rollouts of varying length, dynamic padding), so the allocator's expandable segments come
+    before a smaller step. Not where the log says the second step failed (the optimizer's state arrives there)."""
+    found = _LATER_STEP.search(text)
+    if found is None or _SECOND_STEP.search(text):
+        return None
+    return Verdict("fragmentation",
+                   f"the failure came after earlier steps of the same run fitted ({found.group(0)!r}) and the message "
+                   "gives no allocator figures: a step that fitted before does not outgrow the card by itself, the "
+                   "caching allocator's holes between steps of changing shapes do; expandable segments first",
+                   (_GROW_SEGMENTS, Change("lower the tokens per step (batch x sequence length)",
+                                           "if a longer batch than the earlier ones is what grew"), _EMPTY_CACHE))
 
 
 def free_other_process(held_gib: float | None = None) -> Change:
-    return Change(f"stop the other process ({LIST_PROCESSES} names it)",
+    return Change(f"stop the other process ({LIST_PROCESSES} names it), or run on a GPU no process holds "
+                  "(CUDA_VISIBLE_DEVICES)",
                   f"frees {held_gib:.2f} GiB for this one" if held_gib else "frees what it holds for this one")

@@ -18,8 +18,9 @@ EXCEEDS_MEMORY = (r"\bexceed(?:s|ed|ing)?\s+(?:(?:the|its|our|available|total|GP
                   r"memory|\bmemory\s+(?:limit\s+|budget\s+)?(?:was\s+|is\s+)?exceeded")
 # OOM as the failure, also as a verb and in any case ("OOMs at the KV-cache check", "OOMed", "OOM'd", "it ooms")
 OOM_WORD = r"(?<![A-Za-z])OOM(?:s|ed|ing|'d|'s)?(?![A-Za-z])"
-# a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM")
-SHORT_OF_MEMORY = (r"out of (?:GPU |CUDA |device |video )?(?:memory|VRAM)|insufficient (?:GPU |device )?(?:memory|VRAM)|"
+# a stated shortage in other words ("ran out of GPU memory", "insufficient VRAM", "a CUDA out-of-memory error")
+SHORT_OF_MEMORY = (r"out[ -]of[ -](?:GPU |CUDA |device |video )?(?:memory|VRAM)|"
+                   r"insufficient (?:GPU |device )?(?:memory|VRAM)|"
                    r"(?:memory|VRAM) is insufficient|显存不足|显存不够|内存不足|内存不够|爆显存|显存爆|显存炸|显存溢出|"
                    r"内存溢出|メモリ不足|메모리 부족")
 _MEMORY = re.compile(SHORT_OF_MEMORY + r"|OutOfMemoryError|Not enough memory|No available memory for the cache blocks|"

@@ -133,6 +133,8 @@ def in_place(change: Change, lever: str, settings: dict[str, Setting]) -> bool:
         return is_on(settings, lever)
     key = _key_of(change.setting)
     current = number(settings, key) if key else None
+    if current is not None and current <= 0 and lever.endswith("_down"):
+        return False  # no size to lower from: the tool chooses it (a batch size of 0 = auto), or none is set
     if current is not None and value is None and lever.endswith("_down") and current <= 1:
         return True  # "lower the batch size" where it is already 1
     if current is None or value is None:

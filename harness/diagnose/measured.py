@@ -2,7 +2,8 @@
 ("| MAX_SEQS | free after boot | one prompt |" then "| 12 | 416 MiB | ok |", "| 16 | 356 MiB | dead |"): the largest
 value that held, below the smallest that died, is a measured answer, and it comes first. So is a value the person
 says a run held at ("runs correctly only when set model_max_length = 256", "reduce context to 16K to make it work",
-"with n_samples=512 it works"), where it lowers what was in place."""
+"with n_samples=512 it works"), where it lowers what was in place, and a code change or build the person says fixed it
+or the run has failed since ("this PR resolves it", "hits OOM since 5/4/24")."""
 
 from __future__ import annotations
 
@@ -110,6 +111,26 @@ def said_fixed_by_code(text: str) -> Change | None:
                   f"the log's own words: {found.group(0).strip()[:80]!r}", "upgrade")
 
 
+# the log says the same run has failed since a development build it names by date or commit ("hits OOM since 5/4/24",
+# "OOMs since commit ba561bf", "broken since nightly 20240504"): it fitted on the build before, so a build regressed,
+# and its fix lands in a later build (a stable release's upgrade is not this: "since upgrading to 0.25.1" may be a
+# change of defaults that a setting answers)
+_REGRESSED_SINCE = re.compile(r"\b(?:OOM\w*|hits?\s+(?:an?\s+)?OOM|out of memory|fail\w*|broken|broke|regress\w*)"
+                              r"[^\n.]{0,40}?\bsince\s+(?:\d{1,4}[/-]\d{1,2}(?:[/-]\d{2,4})?(?![\d/-])|"
+                              r"(?:commit|build|nightly|container|image)\s+[\w.:/-]*\d|[0-9a-f]{7,40}\b)", re.I)
+
+
+def said_regressed(text: str) -> Change | None:
+    """A development build the log says the run has failed since: upgrading to the build that fixes the regression
+    (or pinning the last good one) comes first."""
+    found = _REGRESSED_SINCE.search(text)
+    if found is None or _NOT.search(text[max(0, found.start() - 20):found.start()]):
+        return None
+    return Change("upgrade to the build that fixes the regression (or pin the last build that ran)",
+                  f"the log's own words: {found.group(0).strip()[:80]!r}: the same run fitted on the build before",
+                  "upgrade")
+
+
 def said_to_hold(text: str) -> Change | None:
     """A value the person says a run held at, for a setting whose lower value is a lever."""
     for pattern in _SAID_HELD:
@@ -127,7 +148,7 @@ def said_to_hold(text: str) -> Change | None:
 
 
 def measured_first(changes: tuple[Change, ...], text: str) -> tuple[Change, ...]:
-    measured = measured_down(text) or said_to_hold(text) or said_fixed_by_code(text)
+    measured = measured_down(text) or said_to_hold(text) or said_fixed_by_code(text) or said_regressed(text)
     if measured is None:
         return changes
     return (measured,) + tuple(c for c in changes if c.lever != measured.lever)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_in_words, free_other_process,
+from harness.diagnose.allocator import (LIST_PROCESSES, allocator_verdict, fragmentation_after_steps,
+                                       fragmentation_in_words, free_other_process,
                                        gib, oom_figures)
 from harness.diagnose.failures import quoted_line
 from harness.diagnose.levers import lever_of
@@ -21,6 +22,9 @@ from harness.measure.oom import OomFigures
 
 GIB = 2**30
 
+# a training step's batch lowered without changing the optimizer's step (accumulation makes up the rest)
+_SMALLER_TRAINING_BATCH = Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
+                                 "activations grow with the batch")
 # (pattern over the traceback and the lines before the error, kind, summary, changes)
 _PHASES = (
     # torch.load deserializes each tensor onto the device it was saved from (torch/serialization.py:
@@ -64,8 +68,7 @@ _PHASES = (
     (r"\.backward\(|loss\.backward|autograd|training_step|trainer\.py|train_step|accelerator\.backward|"
      r"inner_training_loop|solver\.cpp|caffe", "training_step",
      "a training step ran out: activations kept for the backward pass grow with batch x sequence length",
-     (Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
-             "activations grow with the batch"),
+     (_SMALLER_TRAINING_BATCH,
       Change("gradient_checkpointing=True", "recomputes activations instead of keeping them"),
       Change("shorter sequences (max_length)", "activations grow with the length"))),
     (r"from_pretrained|load_state_dict|load_checkpoint|_load_pretrained|modeling_utils\.py|\.cuda\(\)|\.to\(['\"]cuda|"
@@ -142,10 +145,37 @@ def _checkpointing_first(figures: list, quoted: str, source: str, frozen: bool =
                          Change("gradient_checkpointing=True (TrainingArguments / --gradient_checkpointing)",
                                 "keeps one activation per layer and recomputes the rest in the backward pass: the "
                                 "activations shrink by about the number of layers, for about a third more compute"),
-                         Change("lower the batch size (per_device_train_batch_size), with gradient accumulation",
-                                "activations grow with the batch"),
+                         _SMALLER_TRAINING_BATCH,
                          Change("shorter sequences (max_length / cutoff_len / max_seq_length)",
                                 "activations grow with the length")),
+                     failing_line=quoted)
+
+
+# gradient checkpointing that does not run: with the base frozen (an adapter, a quantized model) the embeddings' output
+# carries no grad, so reentrant checkpointing's recomputed segment has nothing to differentiate and backward raises
+# "element 0 of tensors does not require grad and does not have a grad_fn" (peft#137; FastChat#581 / PR#1489,
+# axolotl#312: model.enable_input_require_grads()); later transformers / PEFT / TRL releases make the inputs require
+# grad themselves when checkpointing an adapter
+_CHECKPOINTING_BROKEN = re.compile(r"element 0 of tensors does not require grad and does not have a grad_fn", re.I)
+_CHECKPOINTING_WORD = re.compile(r"(?:gradient|activation)[_ -]?checkpoint|use_reentrant", re.I)
+
+
+def _checkpointing_broken(context: str, figures: list, quoted: str, source: str) -> Diagnosis | None:
+    """The log says gradient checkpointing, the lever for a training step's activations, fails with the frozen-inputs
+    error: the memory lever is there but does not run in this library pairing, so the releases that run it (or the
+    call they make) come before a smaller step."""
+    if not (_CHECKPOINTING_BROKEN.search(context) and _CHECKPOINTING_WORD.search(context)):
+        return None
+    return Diagnosis(source, "pytorch-oom", "training_step",
+                     "a training step ran out of memory, and gradient checkpointing, the lever for its activations, "
+                     "fails here with 'element 0 of tensors does not require grad': with the base frozen its inputs "
+                     "carry no grad, which this transformers / PEFT / TRL pairing does not handle", tuple(figures), (
+                         Change("upgrade transformers, PEFT and TRL to releases that make the inputs require grad when "
+                                "checkpointing an adapter, then turn gradient checkpointing on",
+                                "checkpointing then runs: one activation kept per layer", "upgrade"),
+                         Change("model.enable_input_require_grads() before training (or gradient_checkpointing_kwargs="
+                                "{'use_reentrant': False})", "the same fix by hand in the release in place", "other"),
+                         _SMALLER_TRAINING_BATCH),
                      failing_line=quoted)
 
 
@@ -542,7 +572,7 @@ def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, w
     if oom is not None and (verdict := allocator_verdict(oom)) is not None:
         return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
                          failing_line=quoted)
-    if oom is None and (verdict := fragmentation_in_words(text)) is not None:
+    if oom is None and (verdict := fragmentation_in_words(text) or fragmentation_after_steps(text)) is not None:
         return Diagnosis(source, "pytorch-oom", verdict.kind, verdict.summary, tuple(figures), verdict.changes,
                          failing_line=quoted)
     if _WORKS_ALONE.search(text):
@@ -574,6 +604,8 @@ def _diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, w
     context = f"{text}\n{flags_text}"
     if (uncompiled := flex_uncompiled(context, figures, quoted, source)) is not None:
         return uncompiled
+    if (broken := _checkpointing_broken(context, figures, quoted, source)) is not None:
+        return broken
     if (attention := attention_first(context, around, figures, quoted, source)) is not None:
         return attention
     if (kept := _evaluation_keeps_autograd(context, oom, figures, quoted, source)) is not None:

@@ -207,6 +207,12 @@ _PHASE_FRAME = re.compile(r"in (?:capture_model|_capture_cudagraphs|_dummy_sampl
 _EXCEPTION = re.compile(r"(?:^|\] |\s)((?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)): (.+)$")
 
 
+def names_encoder_decoder(text: str) -> bool:
+    """The text names V0's encoder-decoder runner or a model vLLM runs as one (a --model given in --flags as well as a
+    line of the log)."""
+    return bool(_ENC_DEC.search(text))
+
+
 def _non_memory_exception(lines: list[str]) -> str | None:
     """The last exception a log raised, when it is not a memory failure (None: none, or a memory one)."""
     for line in reversed(lines):
@@ -291,7 +297,7 @@ def read_vllm(text: str) -> VllmFacts | None:
             seen = True
             seqs, blocks = (match.group(1), match.group(2)) if match.group(1) else ("", match.group(3))
             facts.mamba_blocks = Quoted(f"{seqs}:{blocks}", number)
-        facts.enc_dec = facts.enc_dec or bool(_ENC_DEC.search(line))
+        facts.enc_dec = facts.enc_dec or names_encoder_decoder(line)
         facts.v0_lines = facts.v0_lines or bool(_V0_ONLY.search(line))
         facts.v1_lines = facts.v1_lines or bool(_V1_ONLY.search(line))
         if facts.oom is None and (oom := torch_oom_at(lines, number - 1)):
