@@ -537,3 +537,18 @@ def test_gradient_checkpointing_that_fails_on_frozen_inputs_upgrades_the_librari
     assert d.changes[0].lever == "upgrade" and "enable_input_require_grads" in d.changes[1].setting
     other = log.replace("If I turn on gradient checkpointing I get", "The loss function raised")  # not checkpointing
     assert diagnose_text(other, "x").changes[0].lever != "upgrade"
+
+
+def test_a_serving_start_up_profiled_at_a_long_context_shortens_the_context_first():
+    """An engine's peak-memory profile run (a vLLM fork's own words) at a model's whole context, with no batch shown:
+    the profile prefills that context in one step, so a shorter --max-model-len comes before a smaller batch."""
+    log = ("$ myengine serve org/Some-8B-Instruct --kv-cache-dtype fp8\n"
+           "INFO:     Context Length = {length}\nINFO:     Total model weights memory usage: 5.40 GiB\n"
+           "INFO:     Profiling peak memory usage...\nTraceback (most recent call last):\n"
+           + _NEW_LINE.format(tried="1024.00 MiB", total="11.66", allocated="10.90"))
+    d = diagnose_text(log.format(length=131072), "x")
+    assert d.changes[0].lever == "max_model_len_down" and "131,072" in d.changes[0].setting
+    assert d.kind != "fits"
+    assert diagnose_text(log.format(length=4096), "x").changes[0].lever != "max_model_len_down"  # a short context
+    unprofiled = log.replace("Profiling peak memory usage...", "Serving requests")  # no profile run shown
+    assert diagnose_text(unprofiled.format(length=131072), "x").changes[0].lever != "max_model_len_down"

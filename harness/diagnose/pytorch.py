@@ -15,7 +15,8 @@ from harness.diagnose.levers import lever_of
 from harness.diagnose.offload import load_moving_weights
 from harness.diagnose.preference import reference_weights_first
 from harness.diagnose.records import Change, Diagnosis
-from harness.diagnose.sequence import shorter_for_one_large_request, shorter_sequence_first
+from harness.diagnose.sequence import (shorter_for_a_profile_run, shorter_for_one_large_request,
+                                       shorter_sequence_first)
 from harness.diagnose.training_state import model_too_large_to_train
 from harness.diagnose.vision import attention_first, flex_uncompiled, image_generation_step, step_change
 from harness.measure.oom import OomFigures
@@ -558,6 +559,8 @@ def diagnose_torch(text: str, oom: OomFigures | None, line: int, source: str, we
             "batch_size_down":  # checkpointing said off or left off on a fine-tune stays first
         shorter = shorter_for_one_large_request(f"{text}\n{flags_text}", settings or {}, oom.bytes_of("tried"),
                                                 oom.bytes_of("allocated"), oom.bytes_of("total"))
+    if shorter is None:
+        shorter = shorter_for_a_profile_run(f"{text}\n{flags_text}")
     if shorter is None:
         return diagnosis
     return replace(diagnosis, changes=(shorter,) + tuple(c for c in diagnosis.changes

@@ -148,3 +148,25 @@ def shorter_for_one_large_request(context: str, settings: dict, tried_bytes: int
                   "that large is the length's (attention scores grow with its square, logits with length x "
                   "vocabulary), and one sample longer than the rest asks for it whatever the batch",
                   "max_model_len_down")
+
+
+# a serving engine's start-up profile run (vLLM's and its forks' profile_run / determine_num_available_blocks,
+# Aphrodite's "Profiling peak memory usage"): with chunked prefill off it prefills one sequence of the whole context,
+# so the context length, not a batch, is what the profile's activations grow with
+_PROFILE_RUN = re.compile(r"\bProfiling peak memory\b|\bprofile_run\b|\bdetermine_num_available_blocks\b|"
+                          r"\bMemory profiling\b", re.I)
+# a context this long is a model's own default (Llama 3.1's 131,072, Qwen2.5's 32,768), not a length the task chose
+PROFILED_CONTEXT = 32768
+
+
+def shorter_for_a_profile_run(context: str) -> Change | None:
+    """A start-up that ran out of memory in the engine's peak-memory profile run at a context of PROFILED_CONTEXT or
+    more: the profile prefills that whole context in one step, so a shorter --max-model-len comes before a smaller
+    batch. None where no profile run or no such length is shown."""
+    length = sequence_set(context)
+    if length is None or length < PROFILED_CONTEXT or not _PROFILE_RUN.search(context):
+        return None
+    return Change(f"--max-model-len {length // 4:,} (from {length:,})",
+                  f"the start-up's profile run prefills the whole {length:,}-token context in one step (the "
+                  "model's own context when no length is given); its activations grow with the length, not with "
+                  "a batch", "max_model_len_down")
