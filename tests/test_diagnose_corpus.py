@@ -168,10 +168,10 @@ def test_first_change_is_a_confirmed_lever_in_most_logs():
 
 
 def held_out_block(held_out: list[dict]) -> str:
-    """The held-out set's grading, or, while the folder holds no case, that the next set is being collected."""
+    """The held-out set's grading, or, while the folder holds no case, where the blind gradings are recorded."""
     if not held_out:
-        return ("No held-out logs at present: the earlier sets joined the corpus once they had been seen, and the "
-                "next one is being collected (tests/fixtures/diagnose_holdout/README.md).")
+        return ("No held-out logs at present: the earlier sets joined the corpus once they had been graded blind "
+                "(their gradings, and why no new set is there, are in tests/fixtures/diagnose_holdout/README.md).")
     return ("The held-out logs (tests/fixtures/diagnose_holdout/, collected blind and never used to tune which change "
             "comes first; the rules for what is a failure were fixed after their one blind grading, see its README):"
             "\n\n" + graded_table(held_out)[1])
@@ -198,8 +198,8 @@ def test_first_change_is_a_confirmed_lever_on_held_out_logs():
     """Issue #40's done-when: the share holds on logs the readers were never shaped on as well."""
     held_out = [case for case in HELD_OUT if case["failed"]]
     if not held_out:
-        pytest.skip("no held-out failure logs: the last set was graded blind and moved into the corpus; the next "
-                    "is being collected (tests/fixtures/diagnose_holdout/README.md)")
+        pytest.skip("no held-out failure logs: the last set was graded blind and moved into the corpus "
+                    "(tests/fixtures/diagnose_holdout/README.md has the gradings and why no new set is there)")
     rows, table = graded_table(held_out)
     print("\n" + table)
     share = sum(g.right for g in rows) / len(rows)
@@ -253,7 +253,7 @@ def test_held_out_logs_share_no_source_with_the_corpus():
 
 
 def test_the_docs_say_so_while_no_held_out_log_is_there():
-    assert "being collected" in held_out_block([])
+    assert "No held-out logs at present" in held_out_block([])
     graded = held_out_block([c for c in CASES if c["failed"]][:2])
     assert "First change confirmed in" in graded and "of 2 logs" in graded
 
