@@ -552,3 +552,14 @@ def test_a_serving_start_up_profiled_at_a_long_context_shortens_the_context_firs
     assert diagnose_text(log.format(length=4096), "x").changes[0].lever != "max_model_len_down"  # a short context
     unprofiled = log.replace("Profiling peak memory usage...", "Serving requests")  # no profile run shown
     assert diagnose_text(unprofiled.format(length=131072), "x").changes[0].lever != "max_model_len_down"
+
+
+def test_a_bare_oom_line_whose_allocator_caches_freed_blocks_is_a_step_not_the_weights():
+    """PyTorch's OOM line alone on a consumer card its tensors fill: where reserved equals allocated nothing was freed
+    (a load), so the weights come first; where the allocator caches freed blocks a step ran and released its
+    activations, so the step's tokens come before quantizing."""
+    loading = _OLD_LINE.format(tried="24.00 MiB", total="10.89", allocated="9.69", reserved="9.70")
+    assert diagnose_text(loading, "x").changes[0].lever == "quantize_smaller"
+    stepped = diagnose_text(_OLD_LINE.format(tried="24.00 MiB", total="10.89", allocated="9.69", reserved="9.79"), "x")
+    assert stepped.changes[0].lever == "batch_size_down" and "quantize_smaller" not in _levers(stepped)[:1]
+    assert stepped.kind != "fits"
