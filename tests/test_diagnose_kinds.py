@@ -233,6 +233,7 @@ def test_autogptq_with_inputs_cached_on_the_gpu_moves_them_to_the_cpu_first():
            + _NEW_LINE.format(tried="500.00 MiB", total="23.65", allocated="22.80"))
     d = diagnose_text(log, "x", Context(flags_text="--num_samples 128"))
     assert "cache_examples_on_gpu=False" in d.changes[0].setting
+    assert d.changes[0].lever == "calibration_cache_on_cpu"  # its own id: a catch-all "other" is never graded right
     off = diagnose_text(log + "quantize(examples, cache_examples_on_gpu=False)\n", "x")
     assert all("cache_examples_on_gpu" not in c.setting for c in off.changes)  # in place: not offered again
 
@@ -286,6 +287,15 @@ def test_a_code_change_the_log_says_fixed_it_is_upgraded_to_first():
     assert diagnose_text(said, "x").changes[0].lever == "upgrade"
     tried = "torch.OutOfMemoryError: CUDA out of memory.\nUpgrading to 0.6.1 did not help, the OOM stays.\n"
     assert diagnose_text(tried, "x").changes[0].lever != "upgrade"
+
+
+def test_every_tools_cpu_cache_switch_is_one_lever():
+    from harness.diagnose.levers import lever_of
+
+    for setting in ("quantize(..., cache_examples_on_gpu=False)", "AutoRound(..., low_gpu_mem_usage=True)",
+                    "GPTQModifier(..., offload_hessians=True)", "GPTQQuantizer(..., cache_block_outputs=False)"):
+        assert lever_of(setting) == "calibration_cache_on_cpu", setting
+    assert lever_of("quantize the weights (load_in_4bit / awq / gptq)") == "quantize_smaller"
 
 
 def test_a_cpu_cache_switch_said_to_have_worked_is_offered_not_taken_as_in_place():

@@ -94,7 +94,7 @@ def diagnose_calibration(text: str, source: str, flags_text: str = "") -> Diagno
                      "activations grow with the length, an attention mask with its square", "max_model_len_down")
     cache = next(((setting, effect) for tool, on, setting, effect in _CPU_CACHE
                   if tool.search(context) and not _in_place(on, context)), None)
-    on_cpu = (Change(cache[0], cache[1], "other"),) if cache else ()
+    on_cpu = (Change(cache[0], cache[1], "calibration_cache_on_cpu"),) if cache else ()
     if _MASK.search(text) or (length is not None and length[1] >= LONG_CALIBRATION):
         changes, why = (shorter, fewer) + on_cpu, "the sequence length"
     elif samples is not None and samples[1] >= MANY_SAMPLES:

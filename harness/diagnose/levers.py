@@ -55,6 +55,8 @@ _LEVERS: tuple[tuple[str, str, str | None, str], ...] = (
     _row(r"^--chunked-prefill-size", "chunked_prefill_size_down"),
     _row(r"^--max-prefill-tokens", "max_prefill_tokens_down"),
     _row(r"^--kv-cache-dtype|kv_cache_config\.dtype|--kv_cache_dtype", "kv_cache_dtype_fp8"),
+    _row(r"cache_examples_on_gpu\s*=\s*False|low_gpu_mem_usage\s*=\s*True|offload_hessians\s*=\s*True|"
+         r"cache_block_outputs\s*=\s*False", "calibration_cache_on_cpu", None, ""),
     _row(r"^quantize|--quantize", "quantize_smaller"),
     _row(r"^--num-shard", "num_shard_up", "tensor_parallel_size"),
     _row(r"^--tensor-parallel-size|^--tp\b|^--tp-size|^--tp_size", "tensor_parallel_up", "tensor_parallel_size"),
