@@ -425,7 +425,7 @@ def _real_drop(c: PairedComparison) -> str:
     """Why the fidelity rule may not carry a GO past this metric although its mean drop is within the margin, or "".
     Fidelity is teacher-forced: it shows the format's next-token distributions stay close along the baseline's own
     output, and vouches for the free-running output only up to the first position where the format's top token
-    differs. On long generations nearly every item departs somewhere (97-98% top-1 agreement over 100-token
+    differs (or sooner: a tie in a bf16 baseline's own top-1 can break either way in generation). On long generations nearly every item departs somewhere (97-98% top-1 agreement over 100-token
     summaries), and whether a departure costs score is what the task metric measures. Where its interval lies
     wholly below 0 the departures do cost score, measurably, whatever the KL (Gemma 3 270M on CNN/DM: fp8 at KL
     0.0074 loses 2.0 [-3.9, -0.1] ROUGE-L, docs/fidelity.md), so the drop may pass the margin and only more items

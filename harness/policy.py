@@ -76,11 +76,12 @@ class ServingTarget(BaseModel):
 DEFAULT_SERVING_LEN = 4096
 
 # Defaults of the fidelity rule (harness.fidelity; docs/fidelity.md has the calibration they come from: on the
-# ladder at 100 items a set, 81 points on the demo model and Gemma 3 270M, every RTN rung on both, the fitted task
-# drop reaches one margin at KL 0.103 over the decision region (above 0.068 at 95%), at 0.064 on Gemma alone there and
-# at 0.073 [0.038, 0.110] on the demo model's CNN/DM, so max_kl keeps a factor of 2.7 below the region's low end and
-# 1.5 below that set's; on Gemma's CNN/DM the drop does not follow KL at all, and the mean-drop guard in
-# harness/decide.py is what blocks a fidelity GO there; agreement is a guard that binds after KL).
+# ladder at 100 items a set, 85 points on the demo model and Gemma 3 270M, every RTN rung on both, the fitted task
+# drop reaches one margin at KL 0.100 over the decision region (above 0.070 at 95%), at 0.070 on Gemma alone there and
+# at 0.073 [0.038, 0.110] on the demo model's CNN/DM, so max_kl keeps a factor of 2.8 below the region's low end and
+# 1.5 below that set's; on Gemma's CNN/DM the drop does not follow KL at all, and the guards in harness/decide.py (a
+# mean drop past the margin, an interval wholly below 0) are what block a fidelity GO there; agreement is a guard
+# that binds after KL).
 DEFAULT_MAX_KL = 0.025  # nats per token, KL(baseline || format)
 DEFAULT_MIN_TOP1_AGREEMENT = 90.0  # percent of output positions
 

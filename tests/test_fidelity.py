@@ -130,18 +130,23 @@ def test_too_few_items_or_a_straddling_interval_cannot_carry_a_go():
     assert decision.verdict == "INCONCLUSIVE" and "straddles" in decision.fidelity["faq"]["detail"]
 
 
+def _planted_drop(seed: int, drop: float, spread: float):
+    """The verdict on 35 items whose F1 drops by `drop` points with noise of `spread`, fidelity perfect."""
+    rng = np.random.default_rng(seed)
+    baseline = {f"q{i}": {"f1": float(rng.uniform(20, 100))} for i in range(35)}
+    candidate = {i: {"f1": row["f1"] - drop + float(rng.normal(0, spread))} for i, row in baseline.items()}
+    fidelity = {"faq": {i: FidelityItem(20, 0.0, 20) for i in baseline}}
+    return decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
+                         FormatOutcome("fp8", items={"faq": candidate}, gates={"faq": ["f1"]}, fidelity=fidelity),
+                         Policy())
+
+
 def test_a_task_drop_beyond_the_margin_is_never_talked_over_by_fidelity():
     """A mean task drop past the margin keeps the verdict from GO whatever the fidelity figures say: planted drops
     of twice the margin, noisy enough that the task interval straddles, with perfect fidelity."""
     gone = 0
     for seed in range(40):
-        rng = np.random.default_rng(seed)
-        baseline = {f"q{i}": {"f1": float(rng.uniform(20, 100))} for i in range(35)}
-        candidate = {i: {"f1": row["f1"] - 4.0 + float(rng.normal(0, 12))} for i, row in baseline.items()}
-        fidelity = {"faq": {i: FidelityItem(20, 0.0, 20) for i in baseline}}
-        decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
-                                 FormatOutcome("gptq", items={"faq": candidate}, gates={"faq": ["f1"]},
-                                               fidelity=fidelity), Policy())
+        decision = _planted_drop(seed, drop=4.0, spread=12.0)
         delta = decision.scores["faq"]["f1"]["delta"]
         if decision.verdict == "GO":
             assert delta >= -2.0, "GO with a mean drop past the margin"
@@ -156,13 +161,7 @@ def test_a_drop_the_task_interval_shows_to_be_real_is_never_talked_over_by_fidel
     perfect fidelity."""
     held = 0
     for seed in range(30):
-        rng = np.random.default_rng(seed)
-        baseline = {f"q{i}": {"f1": float(rng.uniform(20, 100))} for i in range(35)}
-        candidate = {i: {"f1": row["f1"] - 1.5 + float(rng.normal(0, 3))} for i, row in baseline.items()}
-        fidelity = {"faq": {i: FidelityItem(20, 0.0, 20) for i in baseline}}
-        decision = decide_format(FormatOutcome("baseline", items={"faq": baseline}, gates={"faq": ["f1"]}),
-                                 FormatOutcome("fp8", items={"faq": candidate}, gates={"faq": ["f1"]},
-                                               fidelity=fidelity), Policy())
+        decision = _planted_drop(seed, drop=1.5, spread=3.0)
         score = decision.scores["faq"]["f1"]
         assert decision.fidelity["faq"]["status"] == "pass"
         if score["ci_high"] < 0 and score["ci_low"] < -2.0 <= score["delta"]:
