@@ -1,3 +1,3 @@
-from harness.cli import main
+from harness.cli import console
 
-raise SystemExit(main())
+console()

@@ -60,6 +60,17 @@ def _accept_debug_after_subcommands(parser: argparse.ArgumentParser) -> None:
                 _accept_debug_after_subcommands(sub)
 
 
+def console() -> None:
+    """The `quantgate` command and `python -m harness`: main(), then the process's end. A process that was a Ray
+    driver ends through harness.executors.ray.exit_after_ray (Ray's native destructors can hang it at exit);
+    main() itself returns, for callers in the same process."""
+    code = main()
+    ray_executor = sys.modules.get("harness.executors.ray")
+    if ray_executor is not None and ray_executor.DRIVER_RAN.is_set():
+        ray_executor.exit_after_ray(code)
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         code = _run(sys.argv[1:] if argv is None else argv)

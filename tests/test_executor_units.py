@@ -309,3 +309,24 @@ def test_a_cache_url_is_checked_before_any_work(tmp_path):
         check_url((tmp_path / "file" / "cache").as_uri())
     with pytest.raises(UserError, match="a cache URL is for --executor ray"):
         check_executor(RunSpec(cache_url=(tmp_path / "store").as_uri()))
+
+
+def test_a_process_that_was_a_ray_driver_ends_with_its_code_its_output_and_its_atexit_handlers(tmp_path):
+    """exit_after_ray skips the C++ static destructors that can hang a finished Ray driver (harness.__main__), but
+    not what Python promises at exit: atexit handlers run, buffered output reaches the reader, the code is kept."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "atexit-ran"
+    script = ("import atexit, sys\n"
+              "from harness.executors import ray as r\n"
+              f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+              "sys.stdout.write('report written')\n"  # no newline: still in the buffer
+              "r.exit_after_ray(3)\n"
+              "raise SystemExit('not reached')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "report written" and marker.read_text() == "ran"
+    assert "not reached" not in done.stderr
+

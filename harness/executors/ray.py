@@ -38,6 +38,8 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
 RAY_TEMP_DIR_MAX = 40
 CONNECT_TIMEOUT_S = 5.0
 CANCEL_GRACE_S = 15.0  # for a cancelled task to kill its worker subprocesses before Ray kills the task
+# Set once this process has been a Ray driver: harness.__main__ then ends it with exit_after_ray().
+DRIVER_RAN = threading.Event()
 
 
 def check(spec) -> None:
@@ -82,6 +84,7 @@ class RayExecutor(Executor):
                      configure_logging=False, log_to_driver=True, _temp_dir=local_ray_temp_dir())
         else:
             ray.init(address=address, configure_logging=False, log_to_driver=True)
+        DRIVER_RAN.set()
         if threading.current_thread() is threading.main_thread() and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)  # ray.init's own handler exits; ours writes the partial report
         self._pending: dict[object, str] = {}
@@ -160,6 +163,26 @@ class RayExecutor(Executor):
 
     def placement(self) -> Placement:
         return Placement(self._cluster, dict(self._nodes))
+
+
+def exit_after_ray(code: int) -> None:
+    """End a process that was a Ray driver, after ray.shutdown(), without C++ static destructors. Ray 2.x's
+    _raylet.so joins its IO thread pool in a static destructor at exit(), and that thread can be blocked on the
+    pool's own mutex, so the process hangs for ever after its report is written (seen in CI: a resumed
+    `quantgate run --executor ray` alive 30 minutes after "Driver shutdown complete"; gdb: exit() ->
+    ~thread_pool -> join, worker.io in scheduler::stopped()). Ray ends its own workers with os._exit for the same
+    reason (ray-project/ray#18899). Python's atexit handlers run first, and stdout/stderr are flushed, so nothing
+    the run printed or registered is lost."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, or a closed stream: nothing left to write to
+            pass
+    os._exit(code)
 
 
 def local_ray_temp_dir() -> str:
