@@ -316,17 +316,18 @@ def with_item_figures(rows: list[dict], samples: Path) -> list[dict]:
     the other in the teacher-forced forward (docs/fidelity.md)."""
     if not samples.is_file():
         return rows
-    scores: dict[tuple[str, str, str], dict] = {}
-    for line in samples.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        scores[(record["format"], record["evalset"], record["id"])] = record
+    from harness.jsonl import read_jsonl
+
+    by_set: dict[tuple[str, str], dict[str, dict]] = {}  # (format, evalset) -> item id -> its sample
+    for record in read_jsonl(samples):
+        by_set.setdefault((record["format"], record["evalset"]), {})[record["id"]] = record
     figured = []
     for row in rows:
+        baseline = by_set.get(("baseline", row["evalset"]), {})
         items = []
-        for (fmt, evalset, item), record in sorted(scores.items()):
-            base = scores.get(("baseline", evalset, item))
-            fid = record.get("fidelity")
-            if fmt != row["format"] or evalset != row["evalset"] or not fid or base is None:
+        for item, record in sorted(by_set.get((row["format"], row["evalset"]), {}).items()):
+            base, fid = baseline.get(item), record.get("fidelity")
+            if not fid or base is None:
                 continue
             got, had = record.get(row["metric"]), base.get(row["metric"])
             items.append([item, fid.get("tokens"), fid.get("first_flip"), round(float(fid["kl"]), 6),

@@ -119,8 +119,8 @@ def departures(row: dict) -> dict | None:
     figures = row.get("items_figures") or []
     if not figures:
         return None
-    same = [f for f in figures if len(f) > 5 and f[5]]
-    departed = [f for f in figures if not (len(f) > 5 and f[5])]
+    same = [f for f in figures if f[5]]
+    departed = [f for f in figures if not f[5]]
     tokens = sum(f[1] or 0 for f in figures)
     verbatim = sum(min(f[2], f[1] or 0) if f[2] is not None else (f[1] or 0) for f in figures)
 

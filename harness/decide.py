@@ -404,20 +404,19 @@ def _metric_check(
     flat = _flat(metric, base, cand)
     if flat is not None:
         return check("inconclusive", flat)
+    real = _real_drop(c)
     if c.ci_low > -margin:
         gaps = _evidence_gaps(c, margin, evidence)
         if not gaps:
             return check("pass", f"{measured} lies above {bound}")
         return check("inconclusive", f"{measured} lies above {bound}, but that is not evidence yet: {'; '.join(gaps)}; "
-                                     f"{_items_to_add(c, margin, evidence)}{_real_drop(c)}",
-                     wants_evidence=not _real_drop(c))
+                                     f"{_items_to_add(c, margin, evidence)}{real}", wants_evidence=not real)
     # A mean drop beyond the margin is a task signal the fidelity rule must not talk over, however wide the interval;
-    # so is a drop the interval shows to be real (below).
+    # so is a drop the interval shows to be real (_real_drop).
     return check(
         "inconclusive",
-        f"{measured} straddles {bound}; add items: this set can detect drops of {num(c.mde)} points or more"
-        + _real_drop(c),
-        wants_evidence=c.delta is not None and c.delta >= -margin and not _real_drop(c),
+        f"{measured} straddles {bound}; add items: this set can detect drops of {num(c.mde)} points or more{real}",
+        wants_evidence=c.delta is not None and c.delta >= -margin and not real,
     )
 
 
@@ -425,8 +424,8 @@ def _real_drop(c: PairedComparison) -> str:
     """Why the fidelity rule may not carry a GO past this metric although its mean drop is within the margin, or "".
     Fidelity is teacher-forced: it shows the format's next-token distributions stay close along the baseline's own
     output, and vouches for the free-running output only up to the first position where the format's top token
-    differs (or sooner: a tie in a bf16 baseline's own top-1 can break either way in generation). On long generations nearly every item departs somewhere (97-98% top-1 agreement over 100-token
-    summaries), and whether a departure costs score is what the task metric measures. Where its interval lies
+    differs (or sooner: a tie in a bf16 baseline's own top-1 can break either way in generation). On long
+    generations nearly every item departs somewhere (97-98% top-1 agreement over 100-token summaries), and whether a departure costs score is what the task metric measures. Where its interval lies
     wholly below 0 the departures do cost score, measurably, whatever the KL (Gemma 3 270M on CNN/DM: fp8 at KL
     0.0074 loses 2.0 [-3.9, -0.1] ROUGE-L, docs/fidelity.md), so the drop may pass the margin and only more items
     can say."""
